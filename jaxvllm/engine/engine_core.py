@@ -1,0 +1,55 @@
+"""EngineCore: the busy loop's body. Schedule, execute, update; nothing else.
+
+It owns the scheduler (host) and the worker (device) and sees requests only as
+EngineCoreRequests, so the same core can later run in its own process behind ZMQ.
+"""
+from __future__ import annotations
+
+import logging
+
+from jaxvllm.config import EngineConfig
+from jaxvllm.core.request import Request, RequestStatus
+from jaxvllm.core.scheduler import Scheduler
+from jaxvllm.engine.messages import EngineCoreOutput, EngineCoreRequest
+from jaxvllm.worker.worker import Worker
+
+logger = logging.getLogger(__name__)
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, model_path: str, hf_config):
+        self.config = config
+        self.worker = Worker(config, model_path, hf_config)
+        num_blocks = self.worker.determine_num_blocks()
+        bs, max_len = config.cache.block_size, config.scheduler.max_model_len
+        if (num_blocks - 1) * bs < max_len:
+            raise ValueError(
+                f"The KV cache holds {(num_blocks - 1) * bs} tokens ({num_blocks - 1} usable blocks of "
+                f"{bs}), fewer than max_model_len ({max_len}); raise the KV cache budget "
+                f"(kv_cache_memory_bytes, num_gpu_blocks_override) or lower max_model_len.")
+        self.model_runner = self.worker.initialize_cache(num_blocks)
+        self.scheduler = Scheduler(
+            max_num_seqs=config.scheduler.max_num_seqs,
+            max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
+            max_model_len=max_len, num_blocks=num_blocks, block_size=bs)
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        if request.request_id in self.scheduler.requests:
+            raise ValueError(f"Request id {request.request_id!r} is already running.")
+        self.scheduler.add_request(Request(
+            request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
+            sampling_params=request.sampling_params, eos_token_id=request.eos_token_id,
+            sampling_seed=request.sampling_seed, arrival_time=request.arrival_time))
+
+    def abort_requests(self, request_ids) -> None:
+        self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def step(self) -> list[EngineCoreOutput]:
+        if not self.scheduler.has_unfinished_requests():
+            return []
+        scheduler_output = self.scheduler.schedule()
+        runner_output = self.model_runner.execute_model(scheduler_output)
+        return self.scheduler.update_from_output(scheduler_output, runner_output)

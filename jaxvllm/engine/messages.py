@@ -1,0 +1,42 @@
+"""Plain dataclasses exchanged between the front end and the EngineCore.
+
+They hold only builtins and other such dataclasses so that they can later cross a
+process boundary as msgpack.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from jaxvllm.sampling_params import SamplingParams
+
+
+class FinishReason(enum.IntEnum):
+    STOP = 0
+    LENGTH = 1
+    ABORT = 2
+
+    def __str__(self) -> str:
+        return self.name.lower()
+
+
+@dataclass
+class EngineCoreRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_id: int | None
+    sampling_seed: int
+    arrival_time: float
+
+
+@dataclass
+class EngineCoreOutput:
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

@@ -1,0 +1,57 @@
+"""Processor: turns a user's prompt and SamplingParams into a validated EngineCoreRequest.
+
+Everything that can be rejected is rejected here, before the request reaches the engine
+core, so a bad request never holds KV blocks or disturbs the others.
+"""
+from __future__ import annotations
+
+import random
+import time
+
+from jaxvllm.config import EngineConfig
+from jaxvllm.engine.messages import EngineCoreRequest
+from jaxvllm.sampling_params import SamplingParams
+
+
+class Processor:
+    def __init__(self, config: EngineConfig, tokenizer, vocab_size: int, eos_token_id: int | None):
+        self.max_model_len = config.scheduler.max_model_len
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.eos_token_id = eos_token_id
+        # Seeds for requests without one: reproducible per engine seed, distinct per request.
+        self._seed_rng = random.Random(config.seed)
+
+    def process_inputs(self, request_id: str, prompt, params: SamplingParams,
+                       arrival_time: float | None = None) -> tuple[EngineCoreRequest, str | None]:
+        """Returns the request and the prompt text (None when given as token ids)."""
+        text, token_ids = self._tokenize(prompt)
+        if not token_ids:
+            raise ValueError("The prompt must not be empty.")
+        bad = [t for t in token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt_token_ids must lie in [0, {self.vocab_size}); got {bad[:5]}.")
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(f"The prompt (length {len(token_ids)}) is longer than the maximum model "
+                             f"length of {self.max_model_len} minus one generated token; shorten it "
+                             f"or raise max_model_len.")
+        if any(t >= self.vocab_size for t in params.stop_token_ids):
+            raise ValueError(f"stop_token_ids must lie in [0, {self.vocab_size}).")
+        seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
+        return EngineCoreRequest(
+            request_id=request_id, prompt_token_ids=token_ids, sampling_params=params,
+            eos_token_id=self.eos_token_id, sampling_seed=seed,
+            arrival_time=arrival_time if arrival_time is not None else time.time(),
+        ), text
+
+    def _tokenize(self, prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict):  # vLLM's TextPrompt / TokensPrompt
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            prompt = prompt.get("prompt")
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, (list, tuple)):
+            return None, list(prompt)
+        raise ValueError(f"prompt must be a string, a list of token ids or a dict with 'prompt' or "
+                         f"'prompt_token_ids'; got {type(prompt).__name__}.")

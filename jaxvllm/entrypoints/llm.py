@@ -1,0 +1,86 @@
+"""LLM: offline batch generation, the class a vLLM user reaches for first."""
+from __future__ import annotations
+
+import itertools
+from typing import Sequence
+
+from tqdm.auto import tqdm
+
+from jaxvllm.config import EngineArgs
+from jaxvllm.engine.llm_engine import LLMEngine
+from jaxvllm.outputs import RequestOutput
+from jaxvllm.sampling_params import SamplingParams
+
+
+class LLM:
+    """`LLM(model=None, **engine_args)`: with no model, the default SmolLM2-135M-Instruct.
+
+    Engine arguments carry vLLM's names (max_model_len, max_num_seqs,
+    max_num_batched_tokens, block_size, gpu_memory_utilization, ...).
+    """
+
+    def __init__(self, model: str | None = None, **kwargs):
+        config_file = kwargs.pop("config", None)
+        args = (EngineArgs.from_file(config_file, model=model, **kwargs) if config_file
+                else EngineArgs(model=model, **kwargs))
+        self.llm_engine = LLMEngine.from_engine_args(args)
+        self._counter = itertools.count()
+
+    def get_tokenizer(self):
+        return self.llm_engine.tokenizer
+
+    def generate(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """prompts: a string, a list of strings, a list of token ids, a list of token-id
+        lists, or vLLM-style dicts with `prompt` / `prompt_token_ids`."""
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts
+                                                and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            sampling_params = [sampling_params] * len(prompts)
+        if len(sampling_params) != len(prompts):
+            raise ValueError(f"Got {len(prompts)} prompts but {len(sampling_params)} sampling_params.")
+        request_ids = []
+        try:
+            for prompt, params in zip(prompts, sampling_params):
+                request_id = str(next(self._counter))
+                self.llm_engine.add_request(request_id, prompt, params)
+                request_ids.append(request_id)
+            return self._run_engine(request_ids, use_tqdm)
+        except BaseException:
+            self.llm_engine.abort_request(request_ids)  # nothing of a failed call stays queued
+            raise
+
+    def chat(self, messages, sampling_params=None, use_tqdm: bool = True,
+             add_generation_prompt: bool = True, chat_template_kwargs: dict | None = None
+             ) -> list[RequestOutput]:
+        """messages: one conversation (a list of {"role", "content"} dicts) or a list of them."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        tokenizer = self.get_tokenizer()
+        prompts = [
+            {"prompt_token_ids": list(tokenizer.apply_chat_template(
+                conv, tokenize=True, add_generation_prompt=add_generation_prompt, return_dict=False,
+                **(chat_template_kwargs or {})))}
+            for conv in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        finished: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(request_ids), desc="Processed prompts", disable=not use_tqdm,
+                   dynamic_ncols=True)
+        in_tokens = out_tokens = 0
+        while self.llm_engine.has_unfinished_requests():
+            for output in self.llm_engine.step():
+                if output.finished:
+                    finished[output.request_id] = output
+                    in_tokens += len(output.prompt_token_ids)
+                    out_tokens += sum(len(o.token_ids) for o in output.outputs)
+                    elapsed = bar.format_dict["elapsed"] or 1e-9
+                    bar.set_postfix_str(f"est. speed input: {in_tokens / elapsed:.2f} toks/s, "
+                                        f"output: {out_tokens / elapsed:.2f} toks/s", refresh=False)
+                    bar.update(1)
+        bar.close()
+        return [finished[r] for r in request_ids]

@@ -1,0 +1,49 @@
+"""Paged attention for the model: write this step's K/V into the cache, then attend.
+
+The backend is chosen once here. `reference` (pure XLA, pallas_kernels/reference.py)
+serves CPU and tests; the Pallas kernels plug in behind the same call.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from pallas_kernels.reference import ragged_paged_attention
+
+
+@struct.dataclass
+class AttentionMetadata:
+    """Padded per-step arrays; only their shapes are compiled, never their values."""
+    positions: jax.Array      # i32[num_tokens]
+    slot_mapping: jax.Array   # i32[num_tokens]: page * block_size + offset; padding -> null block
+    kv_lens: jax.Array        # i32[max_num_seqs]: context length after this step
+    page_indices: jax.Array   # i32[max_num_seqs, max_pages_per_seq]: block tables
+    cu_q_lens: jax.Array      # i32[max_num_seqs + 1]
+    num_seqs: jax.Array       # i32[1]
+
+
+BACKENDS = ("reference",)
+
+
+def get_attention(backend: str, platform: str) -> Callable:
+    """The attention call for the model, chosen once: `auto` picks per platform."""
+    del platform  # every platform uses the reference until the Pallas kernels land
+    if backend not in ("auto",) + BACKENDS:
+        raise ValueError(f"attention_backend must be one of {('auto',) + BACKENDS}, got {backend!r}.")
+
+    def attend(q, kv_cache, layer, md: AttentionMetadata, sm_scale: float):
+        return ragged_paged_attention(
+            q, kv_cache[layer, 0], kv_cache[layer, 1], md.kv_lens, md.page_indices,
+            md.cu_q_lens, md.num_seqs, sm_scale=sm_scale)
+    return attend
+
+
+def write_kv(kv_cache: jax.Array, layer: jax.Array, k: jax.Array, v: jax.Array,
+             slot_mapping: jax.Array) -> jax.Array:
+    """kv_cache: [layers, 2, pages, page_size, kv_heads, head_dim], updated in place."""
+    page_size = kv_cache.shape[3]
+    kv = jnp.stack([k, v], axis=1).astype(kv_cache.dtype)  # [tokens, 2, kv_heads, head_dim]
+    return kv_cache.at[layer, :, slot_mapping // page_size, slot_mapping % page_size].set(kv)

@@ -1,0 +1,159 @@
+"""Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2-style QKV bias) in Flax NNX.
+
+The decoder layers' weights are stacked on a leading layer axis and run with
+`lax.scan`, so the whole model compiles as one layer (seconds, not tens of seconds).
+The paged KV cache is carried through the scan and updated in place.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxvllm.layers.attention import AttentionMetadata, write_kv
+from jaxvllm.layers.rotary import apply_rotary, compute_inv_freq
+
+
+@dataclasses.dataclass(frozen=True)
+class LlamaArgs:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: tuple | None  # sorted (key, value) pairs: kept hashable for jit
+    tie_word_embeddings: bool
+    attention_bias: bool
+    max_position_embeddings: int
+
+    @classmethod
+    def from_hf_config(cls, cfg) -> "LlamaArgs":
+        rope = dict(getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {})
+        theta = rope.pop("rope_theta", getattr(cfg, "rope_theta", 10000.0))
+        bias = getattr(cfg, "attention_bias", False) or getattr(cfg, "model_type", "") == "qwen2"
+        return cls(
+            vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+            intermediate_size=cfg.intermediate_size, num_layers=cfg.num_hidden_layers,
+            num_heads=cfg.num_attention_heads,
+            num_kv_heads=getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads,
+            head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
+            rms_norm_eps=cfg.rms_norm_eps, rope_theta=float(theta),
+            rope_scaling=(tuple(sorted(rope.items()))
+                          if rope.get("rope_type", rope.get("type", "default")) != "default" else None),
+            tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+            attention_bias=bool(bias),
+            max_position_embeddings=cfg.max_position_embeddings,
+        )
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return weight * x32.astype(x.dtype)
+
+
+def _layer_shapes(a: LlamaArgs) -> dict[str, tuple[int, ...]]:
+    """Stacked per-layer weights, [in, out] so that activations multiply from the left."""
+    q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+    shapes = {
+        "input_norm": (a.hidden_size,), "post_attn_norm": (a.hidden_size,),
+        "wq": (a.hidden_size, q), "wk": (a.hidden_size, kv), "wv": (a.hidden_size, kv),
+        "wo": (q, a.hidden_size),
+        "w_gate": (a.hidden_size, a.intermediate_size), "w_up": (a.hidden_size, a.intermediate_size),
+        "w_down": (a.intermediate_size, a.hidden_size),
+    }
+    if a.attention_bias:
+        shapes.update(bq=(q,), bk=(kv,), bv=(kv,))
+    return {name: (a.num_layers,) + s for name, s in shapes.items()}
+
+
+class LlamaForCausalLM(nnx.Module):
+    def __init__(self, args: LlamaArgs, *, dtype=jnp.float32, rngs: nnx.Rngs):
+        self.args = args
+        init = nnx.initializers.normal(0.02)
+        self.embed_tokens = nnx.Param(init(rngs.params(), (args.vocab_size, args.hidden_size), dtype))
+        self.layers = nnx.Dict({
+            name: nnx.Param(jnp.ones(shape, dtype) if name.endswith("norm") else
+                            jnp.zeros(shape, dtype) if name.startswith("b") else
+                            init(rngs.params(), shape, dtype))
+            for name, shape in _layer_shapes(args).items()})
+        self.norm = nnx.Param(jnp.ones((args.hidden_size,), dtype))
+        self.lm_head = None if args.tie_word_embeddings else nnx.Param(
+            init(rngs.params(), (args.hidden_size, args.vocab_size), dtype))
+
+    def __call__(self, input_ids: jax.Array, kv_cache: jax.Array, md: AttentionMetadata,
+                 attend) -> tuple[jax.Array, jax.Array]:
+        """One forward pass over a flat, padded token axis; returns final hidden states
+        [tokens, hidden] and the updated cache. Logits are computed separately, only for
+        the rows that sample."""
+        a = self.args
+        T = input_ids.shape[0]
+        inv_freq = jnp.asarray(compute_inv_freq(a.head_dim, a.rope_theta, dict(a.rope_scaling or ())))
+        scale = a.head_dim ** -0.5
+
+        def layer(carry, xs):
+            h, kv_cache = carry
+            w, i = xs
+            x = rms_norm(h, w["input_norm"], a.rms_norm_eps)
+            q, k, v = x @ w["wq"], x @ w["wk"], x @ w["wv"]
+            if a.attention_bias:
+                q, k, v = q + w["bq"], k + w["bk"], v + w["bv"]
+            q = apply_rotary(q.reshape(T, a.num_heads, a.head_dim), md.positions, inv_freq)
+            k = apply_rotary(k.reshape(T, a.num_kv_heads, a.head_dim), md.positions, inv_freq)
+            kv_cache = write_kv(kv_cache, i, k, v.reshape(T, a.num_kv_heads, a.head_dim),
+                                md.slot_mapping)
+            o = attend(q, kv_cache, i, md, scale)
+            h = h + o.reshape(T, -1) @ w["wo"]
+            x = rms_norm(h, w["post_attn_norm"], a.rms_norm_eps)
+            h = h + (jax.nn.silu(x @ w["w_gate"]) * (x @ w["w_up"])) @ w["w_down"]
+            return (h, kv_cache), None
+
+        h = self.embed_tokens.value[input_ids]
+        weights = {k: v.value for k, v in self.layers.items()}
+        (h, kv_cache), _ = jax.lax.scan(layer, (h, kv_cache),
+                                        (weights, jnp.arange(a.num_layers, dtype=jnp.int32)))
+        return rms_norm(h, self.norm.value, a.rms_norm_eps), kv_cache
+
+    def load_hf_weights(self, weights: dict[str, np.ndarray]) -> None:
+        _load_hf_weights(self, weights)
+
+    def compute_logits(self, hidden: jax.Array) -> jax.Array:
+        head = self.embed_tokens.value.T if self.lm_head is None else self.lm_head.value
+        return (hidden @ head).astype(jnp.float32)
+
+
+_HF_LAYER_NAMES = {
+    "input_layernorm.weight": "input_norm", "post_attention_layernorm.weight": "post_attn_norm",
+    "self_attn.q_proj.weight": "wq", "self_attn.k_proj.weight": "wk", "self_attn.v_proj.weight": "wv",
+    "self_attn.o_proj.weight": "wo", "mlp.gate_proj.weight": "w_gate", "mlp.up_proj.weight": "w_up",
+    "mlp.down_proj.weight": "w_down", "self_attn.q_proj.bias": "bq", "self_attn.k_proj.bias": "bk",
+    "self_attn.v_proj.bias": "bv",
+}
+
+
+def _load_hf_weights(model: LlamaForCausalLM, weights: dict[str, np.ndarray]) -> None:
+    """Copy a Hugging Face state dict ([out, in] linear weights) into the stacked model."""
+    a, dtype = model.args, model.embed_tokens.value.dtype
+    stacked = {name: np.empty(shape, np.float32) for name, shape in _layer_shapes(a).items()}
+    for hf_suffix, name in _HF_LAYER_NAMES.items():
+        if name not in stacked:
+            continue
+        for i in range(a.num_layers):
+            key = f"model.layers.{i}.{hf_suffix}"
+            if key not in weights:
+                raise ValueError(f"Checkpoint is missing tensor {key!r}.")
+            w = weights[key]
+            stacked[name][i] = w.T if w.ndim == 2 else w
+    for name, value in stacked.items():
+        model.layers[name].value = jnp.asarray(value, dtype)
+    model.embed_tokens.value = jnp.asarray(weights["model.embed_tokens.weight"], dtype)
+    model.norm.value = jnp.asarray(weights["model.norm.weight"], dtype)
+    if model.lm_head is not None:
+        model.lm_head.value = jnp.asarray(weights["lm_head.weight"].T, dtype)

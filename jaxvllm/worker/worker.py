@@ -1,0 +1,67 @@
+"""Worker: owns the device side of one engine: the model's weights, the KV cache sized
+from a memory budget, and the ModelRunner that executes steps."""
+from __future__ import annotations
+
+import logging
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxvllm.config import EngineConfig
+from jaxvllm.layers.attention import get_attention
+from jaxvllm.models.loader import load_weights
+from jaxvllm.models.registry import get_model_class
+from jaxvllm.worker.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+
+class Worker:
+    def __init__(self, config: EngineConfig, model_path: str, hf_config):
+        self.config = config
+        self.device = jax.devices()[0]
+        self.dtype = jnp.dtype(config.dtype)
+        model_cls, args_cls = get_model_class(hf_config)
+        self.args = args_cls.from_hf_config(hf_config)
+        # Build the module abstractly, then fill in the checkpoint: no random init.
+        self.model = nnx.eval_shape(lambda: model_cls(self.args, dtype=self.dtype, rngs=nnx.Rngs(0)))
+        self.model.load_hf_weights(load_weights(model_path))
+        self.attend = get_attention(config.attention_backend, self.device.platform)
+
+    @property
+    def kv_cache_shape_per_block(self) -> tuple[int, ...]:
+        a = self.args
+        return (a.num_layers, 2, self.config.cache.block_size, a.num_kv_heads, a.head_dim)
+
+    def determine_num_blocks(self) -> int:
+        """From num_gpu_blocks_override, else kv_cache_memory_bytes, else the fraction
+        `hbm_utilization` of the device memory that the backend reports."""
+        c = self.config.cache
+        if c.num_gpu_blocks_override is not None:
+            return c.num_gpu_blocks_override
+        block_bytes = math.prod(self.kv_cache_shape_per_block) * self.dtype.itemsize
+        if c.kv_cache_memory_bytes is not None:
+            budget = c.kv_cache_memory_bytes
+        else:
+            stats = self.device.memory_stats() or {}
+            if "bytes_limit" not in stats:
+                raise ValueError(f"The {self.device.platform} backend does not report its memory; "
+                                 "set kv_cache_memory_bytes or num_gpu_blocks_override.")
+            budget = int(stats["bytes_limit"] * c.hbm_utilization) - stats.get("bytes_in_use", 0)
+        num_blocks = budget // block_bytes
+        if num_blocks < 2:
+            raise ValueError(f"The KV cache budget ({budget} bytes) holds fewer than 2 blocks of "
+                             f"{block_bytes} bytes; raise kv_cache_memory_bytes or hbm_utilization.")
+        return num_blocks
+
+    def initialize_cache(self, num_blocks: int) -> ModelRunner:
+        a, bs = self.args, self.config.cache.block_size
+        kv_cache = jnp.zeros((a.num_layers, 2, num_blocks, bs, a.num_kv_heads, a.head_dim), self.dtype)
+        logger.info("KV cache: %d blocks of %d tokens (%.1f MiB).", num_blocks, bs,
+                    kv_cache.nbytes / 2**20)
+        runner = ModelRunner(self.config, self.model, kv_cache, self.attend)
+        if not self.config.skip_warmup:
+            runner.warmup()
+        return runner

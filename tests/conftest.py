@@ -1,0 +1,51 @@
+"""Shared fixtures: tiny random-weight checkpoints written as real safetensors dirs, so the
+fast tests go through the same loader as real models."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+
+def write_tiny_llama(path, *, seed=0, vocab_size=256, hidden_size=64, intermediate_size=128,
+                     num_layers=2, num_heads=4, num_kv_heads=2, tie=False, **extra):
+    """A random Llama checkpoint (config.json + model.safetensors) and its tokenizer-free config."""
+    from safetensors.numpy import save_file
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+                      num_hidden_layers=num_layers, num_attention_heads=num_heads,
+                      num_key_value_heads=num_kv_heads, max_position_embeddings=512,
+                      tie_word_embeddings=tie, eos_token_id=2, bos_token_id=1, **extra)
+    cfg.architectures = ["LlamaForCausalLM"]
+    rng = np.random.default_rng(seed)
+    hd = hidden_size // num_heads
+
+    def w(*shape, scale=0.08):
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    t = {"model.embed_tokens.weight": w(vocab_size, hidden_size, scale=0.5),
+         "model.norm.weight": 1 + w(hidden_size, scale=0.1)}
+    if not tie:
+        t["lm_head.weight"] = w(vocab_size, hidden_size, scale=0.3)
+    for i in range(num_layers):
+        p = f"model.layers.{i}."
+        t[p + "input_layernorm.weight"] = 1 + w(hidden_size, scale=0.1)
+        t[p + "post_attention_layernorm.weight"] = 1 + w(hidden_size, scale=0.1)
+        t[p + "self_attn.q_proj.weight"] = w(num_heads * hd, hidden_size)
+        t[p + "self_attn.k_proj.weight"] = w(num_kv_heads * hd, hidden_size)
+        t[p + "self_attn.v_proj.weight"] = w(num_kv_heads * hd, hidden_size)
+        t[p + "self_attn.o_proj.weight"] = w(hidden_size, num_heads * hd)
+        t[p + "mlp.gate_proj.weight"] = w(intermediate_size, hidden_size)
+        t[p + "mlp.up_proj.weight"] = w(intermediate_size, hidden_size)
+        t[p + "mlp.down_proj.weight"] = w(hidden_size, intermediate_size)
+    path.mkdir(parents=True, exist_ok=True)
+    cfg.save_pretrained(path)
+    save_file(t, str(path / "model.safetensors"))
+    return cfg, t
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-llama")
+    write_tiny_llama(path)
+    return path
