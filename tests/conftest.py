@@ -46,6 +46,11 @@ def write_tiny_llama(path, *, seed=0, vocab_size=256, hidden_size=64, intermedia
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
+    """A tiny random Llama with the default model's tokenizer (its first 256 ids are the
+    vocabulary; tests prompt it with token ids)."""
+    from jaxvllm.models.loader import default_model_path, load_tokenizer
+
     path = tmp_path_factory.mktemp("tiny-llama")
     write_tiny_llama(path)
+    load_tokenizer(default_model_path()).save_pretrained(path)
     return path

@@ -115,17 +115,17 @@ class LlamaForCausalLM(nnx.Module):
             h = h + (jax.nn.silu(x @ w["w_gate"]) * (x @ w["w_up"])) @ w["w_down"]
             return (h, kv_cache), None
 
-        h = self.embed_tokens.value[input_ids]
-        weights = {k: v.value for k, v in self.layers.items()}
+        h = self.embed_tokens.get_value()[input_ids]
+        weights = {k: v.get_value() for k, v in self.layers.items()}
         (h, kv_cache), _ = jax.lax.scan(layer, (h, kv_cache),
                                         (weights, jnp.arange(a.num_layers, dtype=jnp.int32)))
-        return rms_norm(h, self.norm.value, a.rms_norm_eps), kv_cache
+        return rms_norm(h, self.norm.get_value(), a.rms_norm_eps), kv_cache
 
     def load_hf_weights(self, weights: dict[str, np.ndarray]) -> None:
         _load_hf_weights(self, weights)
 
     def compute_logits(self, hidden: jax.Array) -> jax.Array:
-        head = self.embed_tokens.value.T if self.lm_head is None else self.lm_head.value
+        head = self.embed_tokens.get_value().T if self.lm_head is None else self.lm_head.get_value()
         return (hidden @ head).astype(jnp.float32)
 
 
@@ -140,7 +140,7 @@ _HF_LAYER_NAMES = {
 
 def _load_hf_weights(model: LlamaForCausalLM, weights: dict[str, np.ndarray]) -> None:
     """Copy a Hugging Face state dict ([out, in] linear weights) into the stacked model."""
-    a, dtype = model.args, model.embed_tokens.value.dtype
+    a, dtype = model.args, model.embed_tokens.get_value().dtype
     stacked = {name: np.empty(shape, np.float32) for name, shape in _layer_shapes(a).items()}
     for hf_suffix, name in _HF_LAYER_NAMES.items():
         if name not in stacked:
@@ -152,8 +152,8 @@ def _load_hf_weights(model: LlamaForCausalLM, weights: dict[str, np.ndarray]) ->
             w = weights[key]
             stacked[name][i] = w.T if w.ndim == 2 else w
     for name, value in stacked.items():
-        model.layers[name].value = jnp.asarray(value, dtype)
-    model.embed_tokens.value = jnp.asarray(weights["model.embed_tokens.weight"], dtype)
-    model.norm.value = jnp.asarray(weights["model.norm.weight"], dtype)
+        model.layers[name].set_value(jnp.asarray(value, dtype))
+    model.embed_tokens.set_value(jnp.asarray(weights["model.embed_tokens.weight"], dtype))
+    model.norm.set_value(jnp.asarray(weights["model.norm.weight"], dtype))
     if model.lm_head is not None:
-        model.lm_head.value = jnp.asarray(weights["lm_head.weight"].T, dtype)
+        model.lm_head.set_value(jnp.asarray(weights["lm_head.weight"].T, dtype))

@@ -1,0 +1,119 @@
+"""Incremental detokenization and stop-string checking for one request (vLLM V1 semantics).
+
+Decoding the whole output again after every step costs O(n^2) over a request, and decoding
+each token on its own breaks characters whose UTF-8 bytes span several tokens (emoji, CJK).
+`tokenizers.decoders.DecodeStream` solves both: it keeps a short window of recent ids and
+yields text only once it forms complete characters, so the concatenated pieces equal
+`tokenizer.decode(output_ids)`.
+"""
+from __future__ import annotations
+
+from tokenizers.decoders import DecodeStream
+
+from jaxvllm.sampling_params import SamplingParams
+
+# Prompt tokens used to prime the stream: enough context for decoders whose output depends
+# on the previous token (e.g. leading-space rules), few enough to stay cheap.
+_MIN_PRIME_TOKENS = 4
+_MAX_PRIME_TOKENS = 24
+
+
+class IncrementalDetokenizer:
+    """Turns one request's generated token ids into text and finds its stop strings."""
+
+    def __init__(self, tokenizer, prompt_token_ids: list[int], params: SamplingParams):
+        # A transformers fast tokenizer wraps a `tokenizers.Tokenizer`; accept either.
+        self._tokenizer = getattr(tokenizer, "_tokenizer", tokenizer)
+        self._stream = DecodeStream(skip_special_tokens=params.skip_special_tokens)
+        self._prime(prompt_token_ids)
+
+        self.stop: list[str] = params.stop
+        self.include_stop_str_in_output = params.include_stop_str_in_output
+        # A stop string may still be completing at the end of the text; when it is to be cut
+        # from the output, streaming holds back the characters that could be its beginning.
+        if self.stop and not self.include_stop_str_in_output:
+            self.stop_buffer_length = max(len(s) for s in self.stop) - 1
+        else:
+            self.stop_buffer_length = 0
+        self.output_text = ""
+        self._finished = False
+        self._last_output_text_offset = 0
+
+    def _prime(self, prompt_token_ids: list[int]) -> None:
+        """Feed the stream the prompt's tail, so the first output token decodes in context.
+
+        The tail must decode cleanly (no U+FFFD): a character cut at either end would make
+        the stream's text prefix differ from what follows, and it would then emit the whole
+        tail again. As in vLLM, take the shortest clean tail of at least _MIN_PRIME_TOKENS
+        tokens (or the whole prompt if shorter). A prompt that ends mid-character has none;
+        the stream then starts empty and the output decodes on its own.
+        """
+        total = len(prompt_token_ids)
+        for n in range(min(_MIN_PRIME_TOKENS, total), min(total, _MAX_PRIME_TOKENS) + 1):
+            tail = list(prompt_token_ids[total - n:])
+            if "\ufffd" not in self._tokenizer.decode(tail, skip_special_tokens=False):
+                if tail:
+                    self._stream.step(self._tokenizer, tail)
+                return
+
+    def update(self, new_token_ids: list[int], stop_terminated: bool) -> str | None:
+        """Append newly generated tokens; return the stop string that matched, else None.
+
+        On a match the text is truncated before the stop string (after it with
+        include_stop_str_in_output) and the caller finishes the request with
+        finish_reason "stop" and stop_reason set to the returned string.
+
+        stop_terminated=True means the engine finished the request on EOS or a stop token id
+        with the last of new_token_ids. As in vLLM, that token's text is left out unless
+        include_stop_str_in_output, and stop strings are not checked.
+        """
+        if stop_terminated:
+            self._finished = True
+            if not self.include_stop_str_in_output:
+                new_token_ids = new_token_ids[:-1]
+        if not new_token_ids:
+            return None
+
+        offset_before = len(self.output_text)
+        self.output_text += self._stream.step(self._tokenizer, list(new_token_ids)) or ""
+        if stop_terminated or not self.stop:
+            return None
+        match = self._find_stop(offset_before)
+        if match is None:
+            return None
+        stop_str, start = match
+        end = start + len(stop_str) if self.include_stop_str_in_output else start
+        self.output_text = self.output_text[:end]
+        self._finished = True
+        return stop_str
+
+    def _find_stop(self, offset_before: int) -> tuple[str, int] | None:
+        """Earliest stop string that ends in the new text: (string, start index), or None.
+
+        Only the new text and the len(stop) - 1 characters before it can hold a match that
+        was not already found at an earlier step, so only that window is searched.
+        """
+        best = None
+        for stop_str in self.stop:
+            start = self.output_text.find(stop_str, max(0, offset_before - len(stop_str) + 1))
+            if start != -1 and (best is None or start < best[1]):
+                best = (stop_str, start)
+        return best
+
+    def get_next_output_text(self, delta: bool, finished: bool = False) -> str:
+        """The whole text, or with delta=True only what is new since the last call.
+
+        While the request runs, the last stop_buffer_length characters are held back: they
+        may be the start of a stop string that must not reach the client. They are released
+        once the request has finished: on its own after a stop string or stop_terminated, or
+        when the caller passes finished=True (length limit, abort).
+        """
+        hold = 0 if finished or self._finished else self.stop_buffer_length
+        end = max(len(self.output_text) - hold, 0)
+        if not delta:
+            return self.output_text[:end]
+        start = self._last_output_text_offset
+        if end <= start:
+            return ""
+        self._last_output_text_offset = end
+        return self.output_text[start:end]
