@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+BLOCK = 16
+
 
 def write_tiny_llama(path, *, seed=0, vocab_size=256, hidden_size=64, intermediate_size=128,
                      num_layers=2, num_heads=4, num_kv_heads=2, tie=False, **extra):
@@ -42,6 +44,23 @@ def write_tiny_llama(path, *, seed=0, vocab_size=256, hidden_size=64, intermedia
     cfg.save_pretrained(path)
     save_file(t, str(path / "model.safetensors"))
     return cfg, t
+
+
+def run_prefill(model: LlamaForCausalLM, token_ids: list[int], num_blocks: int = 16) -> np.ndarray:
+    """Logits at every position of one sequence written to pages 1..n of a fresh cache."""
+    import jax.numpy as jnp
+    from jaxvllm.layers.attention import AttentionMetadata, get_attention
+
+    a = model.args
+    n = len(token_ids)
+    pages = np.arange(1, num_blocks, dtype=np.int32)
+    pos = np.arange(n, dtype=np.int32)
+    md = AttentionMetadata(positions=pos, slot_mapping=pages[pos // BLOCK] * BLOCK + pos % BLOCK,
+                           kv_lens=np.array([n], np.int32), page_indices=pages[None],
+                           cu_q_lens=np.array([0, n], np.int32), num_seqs=np.array([1], np.int32))
+    kv = jnp.zeros((a.num_layers, 2, num_blocks, BLOCK, a.num_kv_heads, a.head_dim))
+    hidden, _ = model(jnp.asarray(token_ids), kv, md, get_attention("auto", "cpu"))
+    return np.asarray(model.compute_logits(hidden))
 
 
 @pytest.fixture(scope="session")

