@@ -17,6 +17,8 @@ from jaxvllm.sampling_params import SamplingParams
 def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML preset of engine arguments (configs/*.yaml).")
     for f in dataclasses.fields(EngineArgs):
+        if f.name == "seed":  # --seed is the requests' sampling seed here
+            continue
         flag = "--" + f.name.replace("_", "-")
         kind = str(f.type).split(" |")[0]  # annotations are strings here
         if kind == "bool":
@@ -35,8 +37,7 @@ def _add_sampling_flags(parser: argparse.ArgumentParser) -> None:
 
 def _engine_args(ns: argparse.Namespace) -> EngineArgs:
     given = {f.name: getattr(ns, f.name) for f in dataclasses.fields(EngineArgs)
-             if getattr(ns, f.name, None) is not None}
-    given["model"] = ns.model
+             if f.name != "seed" and getattr(ns, f.name) is not None}
     if ns.config:
         return EngineArgs.from_file(ns.config, **given)
     return EngineArgs(**given)
