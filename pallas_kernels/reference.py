@@ -6,6 +6,10 @@ sequence s owns tokens cu_q_lens[s]:cu_q_lens[s+1], which are the *last* tokens 
 kv_lens[s] tokens of context (their K/V are already written to the pages). Tokens past
 cu_q_lens[num_seqs] are padding and produce zeros.
 
+The cache is the engine's layer-stacked array, read at `layer`: gathering pages straight
+from it avoids materializing a copy of the layer's slice (on CPU that copy costs more than
+the attention itself).
+
 The KV context is visited a chunk of pages at a time with an online softmax, for as many
 chunks as the longest sequence of this step needs (a dynamic trip count), so memory stays
 at O(tokens x chunk) whatever max_model_len is and short steps pay for short contexts.
@@ -24,8 +28,8 @@ _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
                                              "pages_per_chunk"))
 def ragged_paged_attention(
     q: jax.Array,             # [num_tokens, num_q_heads, head_dim]
-    k_pages: jax.Array,       # [num_pages, page_size, num_kv_heads, head_dim]
-    v_pages: jax.Array,       # [num_pages, page_size, num_kv_heads, head_dim]
+    kv_cache: jax.Array,      # [num_layers, 2 (K, V), num_pages, page_size, num_kv_heads, head_dim]
+    layer: jax.Array,         # i32[]: which layer of kv_cache to read
     kv_lens: jax.Array,       # i32[max_num_seqs]
     page_indices: jax.Array,  # i32[max_num_seqs, pages_per_seq]
     cu_q_lens: jax.Array,     # i32[max_num_seqs + 1]
@@ -37,7 +41,7 @@ def ragged_paged_attention(
     pages_per_chunk: int = 8,
 ) -> jax.Array:
     num_tokens, num_q_heads, head_dim = q.shape
-    page_size, num_kv_heads = k_pages.shape[1], k_pages.shape[2]
+    page_size, num_kv_heads = kv_cache.shape[3], kv_cache.shape[4]
     group = num_q_heads // num_kv_heads
     pages_per_seq = page_indices.shape[1]
     chunk = pages_per_chunk * page_size
@@ -58,8 +62,9 @@ def ragged_paged_attention(
     def body(c, carry):
         m, l, acc = carry
         pages = jax.lax.dynamic_slice_in_dim(seq_pages, c * pages_per_chunk, pages_per_chunk, axis=1)
-        k = k_pages[pages].reshape(num_tokens, chunk, num_kv_heads, head_dim).astype(jnp.float32)
-        v = v_pages[pages].reshape(num_tokens, chunk, num_kv_heads, head_dim).astype(jnp.float32)
+        kv = kv_cache[layer, :, pages].astype(jnp.float32)  # [tokens, pages, 2, page_size, ...]
+        k = kv[:, :, 0].reshape(num_tokens, chunk, num_kv_heads, head_dim)
+        v = kv[:, :, 1].reshape(num_tokens, chunk, num_kv_heads, head_dim)
         s = jnp.einsum("tkgd,tckd->tkgc", qg, k)
         if soft_cap is not None:
             s = soft_cap * jnp.tanh(s / soft_cap)

@@ -35,9 +35,8 @@ def get_attention(backend: str, platform: str) -> Callable:
         raise ValueError(f"attention_backend must be one of {('auto',) + BACKENDS}, got {backend!r}.")
 
     def attend(q, kv_cache, layer, md: AttentionMetadata, sm_scale: float):
-        return ragged_paged_attention(
-            q, kv_cache[layer, 0], kv_cache[layer, 1], md.kv_lens, md.page_indices,
-            md.cu_q_lens, md.num_seqs, sm_scale=sm_scale)
+        return ragged_paged_attention(q, kv_cache, layer, md.kv_lens, md.page_indices,
+                                      md.cu_q_lens, md.num_seqs, sm_scale=sm_scale)
     return attend
 
 
