@@ -10,7 +10,7 @@ import yaml
 # Small CPU defaults keep warm-up (one compile per bucket) to seconds; accelerators get vLLM's.
 _PLATFORM_DEFAULTS = {
     "cpu": dict(max_num_seqs=32, max_num_batched_tokens=512, kv_cache_memory_bytes=1 << 30),
-    "default": dict(max_num_seqs=256, max_num_batched_tokens=8192, kv_cache_memory_bytes=None),
+    "default": dict(max_num_seqs=256, max_num_batched_tokens=2048, kv_cache_memory_bytes=None),
 }
 MIN_TOKEN_BUCKET = 16
 
