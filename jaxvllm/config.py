@@ -8,11 +8,14 @@ from dataclasses import dataclass, field, fields
 import yaml
 
 # Small CPU defaults keep warm-up (one compile per bucket) to seconds; accelerators get vLLM's.
+# The smallest token bucket is 16 rows where matmuls are tiled (TPU/GPU); on CPU every padded
+# row costs time, so small decode batches get small buckets.
 _PLATFORM_DEFAULTS = {
-    "cpu": dict(max_num_seqs=32, max_num_batched_tokens=512, kv_cache_memory_bytes=1 << 30),
-    "default": dict(max_num_seqs=256, max_num_batched_tokens=2048, kv_cache_memory_bytes=None),
+    "cpu": dict(max_num_seqs=32, max_num_batched_tokens=512, kv_cache_memory_bytes=1 << 30,
+                min_token_bucket=4),
+    "default": dict(max_num_seqs=256, max_num_batched_tokens=2048, kv_cache_memory_bytes=None,
+                    min_token_bucket=16),
 }
-MIN_TOKEN_BUCKET = 16
 
 
 @dataclass
@@ -71,6 +74,7 @@ class EngineArgs:
             max_num_seqs=self.max_num_seqs or defaults["max_num_seqs"],
             max_num_batched_tokens=self.max_num_batched_tokens or defaults["max_num_batched_tokens"],
             max_model_len=max_model_len,
+            min_token_bucket=defaults["min_token_bucket"],
         )
         config = EngineConfig(model=self.model, dtype=dtype, cache=cache, scheduler=sched, seed=self.seed,
                               skip_warmup=self.skip_warmup, attention_backend=self.attention_backend)
@@ -91,6 +95,7 @@ class SchedulerConfig:
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 512
     max_model_len: int = 2048
+    min_token_bucket: int = 16
 
 
 @dataclass(frozen=True)

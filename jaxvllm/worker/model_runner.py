@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxvllm.config import MIN_TOKEN_BUCKET, EngineConfig
+from jaxvllm.config import EngineConfig
 from jaxvllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from jaxvllm.layers.attention import AttentionMetadata
 from jaxvllm.worker.input_batch import InputBatch
@@ -48,8 +48,9 @@ class ModelRunner:
         self.block_size = config.cache.block_size
         self.max_num_seqs = config.scheduler.max_num_seqs
         self.max_pages_per_seq = -(-config.scheduler.max_model_len // self.block_size)
-        self.token_buckets = make_buckets(min(MIN_TOKEN_BUCKET, config.scheduler.max_num_batched_tokens),
-                                          config.scheduler.max_num_batched_tokens)
+        sched = config.scheduler
+        self.token_buckets = make_buckets(min(sched.min_token_bucket, sched.max_num_batched_tokens),
+                                          sched.max_num_batched_tokens)
         self.request_buckets = make_buckets(1, self.max_num_seqs)
         self.vocab_size = model.args.vocab_size
         self.kv_cache = kv_cache
