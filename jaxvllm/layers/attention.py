@@ -34,9 +34,11 @@ def get_attention(backend: str, platform: str) -> Callable:
     if backend not in ("auto",) + BACKENDS:
         raise ValueError(f"attention_backend must be one of {('auto',) + BACKENDS}, got {backend!r}.")
 
-    def attend(q, kv_cache, layer, md: AttentionMetadata, sm_scale: float):
+    def attend(q, kv_cache, layer, md: AttentionMetadata, sm_scale: float,
+               sliding_window: int | None = None):
         return ragged_paged_attention(q, kv_cache, layer, md.kv_lens, md.page_indices,
-                                      md.cu_q_lens, md.num_seqs, sm_scale=sm_scale)
+                                      md.cu_q_lens, md.num_seqs, sm_scale=sm_scale,
+                                      sliding_window=sliding_window)
     return attend
 
 

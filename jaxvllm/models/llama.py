@@ -32,12 +32,18 @@ class LlamaArgs:
     tie_word_embeddings: bool
     attention_bias: bool
     max_position_embeddings: int
+    sliding_window: int | None = None  # Mistral v0.1: attend to the last N positions only
 
     @classmethod
     def from_hf_config(cls, cfg) -> "LlamaArgs":
         rope = dict(getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {})
         theta = rope.pop("rope_theta", getattr(cfg, "rope_theta", 10000.0))
         bias = getattr(cfg, "attention_bias", False) or getattr(cfg, "model_type", "") == "qwen2"
+        window = getattr(cfg, "sliding_window", None)
+        if getattr(cfg, "use_sliding_window", True) is False:
+            window = None
+        elif window is not None and getattr(cfg, "model_type", "") == "qwen2":
+            raise ValueError("Qwen2 with use_sliding_window=True (per-layer windows) is not supported.")
         return cls(
             vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
             intermediate_size=cfg.intermediate_size, num_layers=cfg.num_hidden_layers,
@@ -50,6 +56,7 @@ class LlamaArgs:
             tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
             attention_bias=bool(bias),
             max_position_embeddings=cfg.max_position_embeddings,
+            sliding_window=window,
         )
 
 
@@ -109,7 +116,7 @@ class LlamaForCausalLM(nnx.Module):
             k = apply_rotary(k.reshape(T, a.num_kv_heads, a.head_dim), md.positions, inv_freq)
             kv_cache = write_kv(kv_cache, i, k, v.reshape(T, a.num_kv_heads, a.head_dim),
                                 md.slot_mapping)
-            o = attend(q, kv_cache, i, md, scale)
+            o = attend(q, kv_cache, i, md, scale, a.sliding_window)
             h = h + o.reshape(T, -1) @ w["wo"]
             x = rms_norm(h, w["post_attn_norm"], a.rms_norm_eps)
             h = h + (jax.nn.silu(x @ w["w_gate"]) * (x @ w["w_up"])) @ w["w_down"]

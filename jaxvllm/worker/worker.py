@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -18,9 +19,19 @@ from jaxvllm.worker.model_runner import ModelRunner
 logger = logging.getLogger(__name__)
 
 
+def enable_compilation_cache() -> None:
+    """Keep compiled programs on disk across runs (JAXVLLM_XLA_CACHE, empty to disable),
+    so a second start-up loads its buckets instead of compiling them."""
+    path = os.environ.get("JAXVLLM_XLA_CACHE", os.path.expanduser("~/.cache/jaxvllm/xla"))
+    if path and jax.config.jax_compilation_cache_dir is None:
+        jax.config.update("jax_compilation_cache_dir", path)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+
+
 class Worker:
     def __init__(self, config: EngineConfig, model_path: str, hf_config):
         self.config = config
+        enable_compilation_cache()
         self.device = jax.devices()[0]
         self.dtype = jnp.dtype(config.dtype)
         model_cls, args_cls = get_model_class(hf_config)

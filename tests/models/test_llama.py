@@ -25,6 +25,7 @@ def load_both(path):
     dict(hidden_size=96, num_heads=6, num_kv_heads=2),           # GQA ratio 3
     dict(num_heads=4, num_kv_heads=4, tie=True),                 # MHA, tied embeddings
     dict(attention_bias=True),                                   # Qwen2-style QKV bias
+    dict(arch="Mistral", sliding_window=24),                     # sliding-window attention
     dict(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                        "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
          rope_theta=500000.0),
