@@ -23,7 +23,7 @@ setup-test: $(VENV)/.installed-test
 
 run: setup
 	$(VENV)/bin/jaxvllm generate --config configs/cpu-dev.yaml \
-	  "The capital of France is" \
+	  "What is the capital of France?" \
 	  "Write a haiku about the sea." \
 	  "Explain what a paged KV cache is in one sentence." \
 	  --chat --max-tokens 64

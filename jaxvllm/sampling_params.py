@@ -65,7 +65,3 @@ class SamplingParams:
     def sampling_type_greedy(self) -> bool:
         """Greedy decoding: temperature 0 (vLLM treats tiny temperatures the same way)."""
         return self.temperature < 1e-5
-
-    @property
-    def all_stop_token_ids(self) -> set[int]:
-        return set(self.stop_token_ids)

@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         _add_engine_flags(p)
         _add_sampling_flags(p)
     ns = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("jaxvllm").setLevel(logging.INFO)
 
     from jaxvllm.entrypoints.llm import LLM  # after parsing: --help stays instant
     try:
