@@ -1,16 +1,22 @@
 """Paged attention for the model: write this step's K/V into the cache, then attend.
 
 The backend is chosen once here. `reference` (pure XLA, pallas_kernels/reference.py)
-serves CPU and tests; the Pallas kernels plug in behind the same call.
+serves CPU and tests; `pallas` runs the platform's kernel (Mosaic on TPU, Triton on GPU).
+`auto` picks `pallas` on TPU and GPU and `reference` elsewhere; `pallas` forced on a CPU
+runs the TPU kernel in interpret mode (slow: for tests), and `pallas-tpu` / `pallas-gpu`
+name a kernel explicitly (interpret mode off its platform), so either can be checked
+end to end on a CPU.
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
+from pallas_kernels import ragged_paged_attention_gpu, ragged_paged_attention_tpu
 from pallas_kernels.reference import ragged_paged_attention
 
 
@@ -25,20 +31,36 @@ class AttentionMetadata:
     num_seqs: jax.Array       # i32[1]
 
 
-BACKENDS = ("reference",)
+BACKENDS = ("reference", "pallas", "pallas-tpu", "pallas-gpu")
+_GPU_PLATFORMS = ("gpu", "cuda", "rocm")
+
+
+def resolve_backend(backend: str, platform: str) -> tuple[str, bool]:
+    """(kernel, interpret): kernel is `reference`, `tpu` or `gpu`."""
+    if backend not in ("auto",) + BACKENDS:
+        raise ValueError(f"attention_backend must be one of {('auto',) + BACKENDS}, got {backend!r}.")
+    native = "tpu" if platform == "tpu" else "gpu" if platform in _GPU_PLATFORMS else None
+    if backend == "auto":
+        backend = "pallas" if native else "reference"
+    if backend == "reference":
+        return "reference", False
+    kernel = backend.removeprefix("pallas-") if backend != "pallas" else native or "tpu"
+    return kernel, kernel != native
 
 
 def get_attention(backend: str, platform: str) -> Callable:
     """The attention call for the model, chosen once: `auto` picks per platform."""
-    del platform  # every platform uses the reference until the Pallas kernels land
-    if backend not in ("auto",) + BACKENDS:
-        raise ValueError(f"attention_backend must be one of {('auto',) + BACKENDS}, got {backend!r}.")
+    kernel, interpret = resolve_backend(backend, platform)
+    if kernel == "reference":
+        impl = ragged_paged_attention
+    else:
+        module = ragged_paged_attention_tpu if kernel == "tpu" else ragged_paged_attention_gpu
+        impl = functools.partial(module.ragged_paged_attention, interpret=interpret)
 
     def attend(q, kv_cache, layer, md: AttentionMetadata, sm_scale: float,
                sliding_window: int | None = None):
-        return ragged_paged_attention(q, kv_cache, layer, md.kv_lens, md.page_indices,
-                                      md.cu_q_lens, md.num_seqs, sm_scale=sm_scale,
-                                      sliding_window=sliding_window)
+        return impl(q, kv_cache, layer, md.kv_lens, md.page_indices, md.cu_q_lens, md.num_seqs,
+                    sm_scale=sm_scale, sliding_window=sliding_window)
     return attend
 
 

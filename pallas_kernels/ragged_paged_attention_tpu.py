@@ -1,0 +1,184 @@
+"""Ragged paged attention for TPUs: a Pallas Mosaic kernel.
+
+Same contract as reference.ragged_paged_attention. The grid is one sequential axis of work
+items (common.work_list: one (block of `block_q` query tokens, sequence) pair each), so a
+decode, prefill or mixed step is one launch. The work list, page table, lengths and layer
+index are scalar-prefetched into SMEM; the index maps use them to pick each item's query
+block, which stays resident in VMEM while consecutive items of the same block fill in their
+sequences' rows (the output block is zeroed at the block's first item and written back to
+HBM when the block changes).
+
+The cache stays in HBM (memory space ANY). For each item the kernel walks only the pages
+its queries can see (causal and sliding-window limits), `pages_per_block` pages at a time:
+each page is one contiguous DMA of [page_size, kv_heads, head_dim] (all heads, K and V) into
+one of two VMEM buffers, the next block's DMAs being issued before waiting on the current
+one (double buffering). Per KV head, K and V come out of the buffer with a strided load, the
+`group` query heads sharing that KV head form the rows of one [rows, head_dim] matmul, and
+an online softmax keeps m, l and the accumulator in VMEM scratch.
+
+Verified only in interpret mode (interpret=True and pltpu.InterpretParams) so far: no TPU
+has compiled it yet. The likeliest Mosaic objection is the strided sublane load of a
+16-bit cache (JAX's own TPU kernel loads bfloat16 K/V through a uint32 bitcast for that
+reason); page_size * kv_heads should be a multiple of 8 (16 for bfloat16).
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from pallas_kernels.common import attention_mask, kv_range, precision_for, qk, softmax_update, work_list
+
+_LANES = 128
+
+
+def _kernel(layer_ref, kv_lens_ref, pages_ref, cu_ref, block_ref, seq_ref, first_ref,  # SMEM
+            q_ref,      # [kv_heads, rows, head_dim] (VMEM block)
+            kv_hbm,     # [layers, 2, pages, page_size * kv_heads, head_dim] (HBM)
+            o_ref,      # [kv_heads, rows, head_dim] (VMEM block)
+            buf, sems,  # [2 (slot), 2 (K, V), pages_per_block * page_size * kv_heads, head_dim], DMA[2]
+            m_ref, l_ref, acc_ref,  # [kv_heads, rows, 128], same, [kv_heads, rows, head_dim]
+            *, block_q, group, page_size, pages_per_block, pages_per_seq, sm_scale,
+            sliding_window, soft_cap, precision):
+    j = pl.program_id(0)
+    seq = seq_ref[j]
+    num_kv_heads, rows, head_dim = q_ref.shape
+    block_kv = pages_per_block * page_size
+    page_rows = page_size * num_kv_heads
+
+    @pl.when(first_ref[j] == 1)
+    def _():
+        o_ref[...] = jnp.zeros_like(o_ref)
+
+    @pl.when(seq >= 0)
+    def _():
+        blk = block_ref[j]
+        layer = layer_ref[0]
+        q_start, q_end, kv_len = cu_ref[seq], cu_ref[seq + 1], kv_lens_ref[seq]
+        # row // group through float32 (exact at these sizes): vector integer division by a
+        # non-power-of-two is not something to count on in Mosaic.
+        row = jax.lax.broadcasted_iota(jnp.int32, (rows, 1), 0).astype(jnp.float32)
+        token = blk * block_q + jnp.floor((row + 0.5) * (1.0 / group)).astype(jnp.int32)
+        row_valid = (token >= q_start) & (token < q_end)  # [rows, 1]
+        q_pos = kv_len - (q_end - token)
+        first_t = jnp.maximum(q_start, blk * block_q)
+        last_t = jnp.minimum(q_end, (blk + 1) * block_q) - 1
+        lo, hi = kv_range(kv_len - (q_end - first_t), kv_len - (q_end - last_t), sliding_window)
+        c_lo, c_hi = lo // block_kv, (hi + block_kv - 1) // block_kv
+
+        def copies(c, slot):
+            # Every page of the block is fetched (pages past the sequence's end are real,
+            # masked pages, see the wrapper), so waits always match starts.
+            return [pltpu.make_async_copy(
+                        kv_hbm.at[layer, :, pages_ref[seq * pages_per_seq + c * pages_per_block + i]],
+                        buf.at[slot, :, pl.ds(i * page_rows, page_rows)], sems.at[slot])
+                    for i in range(pages_per_block)]
+
+        for cp in copies(c_lo, 0):
+            cp.start()
+        m_ref[...] = jnp.full(m_ref.shape, -1e30, jnp.float32)
+        l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
+        acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
+
+        def body(c, _):
+            slot = (c - c_lo) % 2
+
+            @pl.when(c + 1 < c_hi)
+            def _():
+                for cp in copies(c + 1, 1 - slot):
+                    cp.start()
+
+            for cp in copies(c, slot):
+                cp.wait()
+            kv_pos = c * block_kv + jax.lax.broadcasted_iota(jnp.int32, (1, block_kv), 1)
+            mask = attention_mask(q_pos, kv_pos, row_valid, sliding_window)
+            for h in range(num_kv_heads):
+                # Rows h, h + kv_heads, ...: head h of every token of the block's pages.
+                k = buf.at[slot, 0][pl.ds(h, block_kv, stride=num_kv_heads), :]
+                v = buf.at[slot, 1][pl.ds(h, block_kv, stride=num_kv_heads), :]
+                m, l, acc = softmax_update(
+                    qk(q_ref[h], k, precision) * sm_scale, mask, m_ref[h][:, :1], l_ref[h][:, :1],
+                    acc_ref[h], v, soft_cap=soft_cap, precision=precision)
+                m_ref[h] = jnp.broadcast_to(m, (rows, _LANES))
+                l_ref[h] = jnp.broadcast_to(l, (rows, _LANES))
+                acc_ref[h] = acc
+            return 0
+
+        jax.lax.fori_loop(c_lo, c_hi, body, 0)
+        for h in range(num_kv_heads):
+            l = l_ref[h][:, :1]
+            out = acc_ref[h] / jnp.where(l == 0.0, 1.0, l)
+            o_ref[h] = jnp.where(row_valid, out.astype(o_ref.dtype), o_ref[h])
+
+
+@functools.partial(jax.jit, static_argnames=("sm_scale", "sliding_window", "soft_cap", "block_q",
+                                             "pages_per_block", "interpret", "vmem_limit_bytes"))
+def ragged_paged_attention(
+    q: jax.Array,             # [num_tokens, num_q_heads, head_dim]
+    kv_cache: jax.Array,      # [num_layers, 2 (K, V), num_pages, page_size, num_kv_heads, head_dim]
+    layer: jax.Array,         # i32[]
+    kv_lens: jax.Array,       # i32[max_num_seqs]
+    page_indices: jax.Array,  # i32[max_num_seqs, pages_per_seq]
+    cu_q_lens: jax.Array,     # i32[max_num_seqs + 1]
+    num_seqs: jax.Array,      # i32[1]
+    *,
+    sm_scale: float,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+    block_q: int | None = None,
+    pages_per_block: int | None = None,
+    interpret=False,
+    vmem_limit_bytes: int | None = None,
+) -> jax.Array:
+    """`interpret`: False on TPU; True (or a pltpu.InterpretParams) to run anywhere."""
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_layers, _, num_pages, page_size, num_kv_heads, _ = kv_cache.shape
+    group = num_q_heads // num_kv_heads
+    # block_q * group rows per matmul, a multiple of 16 (bfloat16 sublane tiling).
+    block_q = block_q or 16 * max(1, 8 // group)
+    # ~128 KV tokens per DMA block.
+    pages_per_block = pages_per_block or max(1, 128 // page_size)
+    num_blocks = -(-num_tokens // block_q)
+    padded = num_blocks * block_q
+    rows = block_q * group
+
+    qg = jnp.pad(q, ((0, padded - num_tokens), (0, 0), (0, 0)))
+    qg = qg.reshape(padded, num_kv_heads, group, head_dim).transpose(1, 0, 2, 3)
+    qg = qg.reshape(num_kv_heads, padded * group, head_dim)
+    # Free reshape: a page of one layer's K (or V) is one contiguous [page_size * kv_heads, head_dim].
+    kv = kv_cache.reshape(num_layers, 2, num_pages, page_size * num_kv_heads, head_dim)
+    # Clipped to real pages and padded so a block past a row's end fetches real pages (masked).
+    pages = jnp.pad(jnp.clip(page_indices, 0, num_pages - 1).reshape(-1), (0, pages_per_block))
+    block, seq, first = work_list(cu_q_lens, num_seqs, num_tokens, block_q)
+
+    q_spec = pl.BlockSpec((num_kv_heads, rows, head_dim), lambda j, layer, kl, pg, cu, blk, *_: (0, blk[j], 0))
+    kernel = functools.partial(
+        _kernel, block_q=block_q, group=group, page_size=page_size, pages_per_block=pages_per_block,
+        pages_per_seq=page_indices.shape[1], sm_scale=sm_scale, sliding_window=sliding_window,
+        soft_cap=soft_cap, precision=precision_for(q.dtype))
+    out = pl.pallas_call(
+        kernel,
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=7,
+            grid=(block.shape[0],),
+            in_specs=[q_spec, pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=q_spec,
+            scratch_shapes=[
+                pltpu.VMEM((2, 2, pages_per_block * page_size * num_kv_heads, head_dim), kv.dtype),
+                pltpu.SemaphoreType.DMA((2,)),
+                pltpu.VMEM((num_kv_heads, rows, _LANES), jnp.float32),
+                pltpu.VMEM((num_kv_heads, rows, _LANES), jnp.float32),
+                pltpu.VMEM((num_kv_heads, rows, head_dim), jnp.float32),
+            ]),
+        out_shape=jax.ShapeDtypeStruct(qg.shape, q.dtype),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary",),
+                                             vmem_limit_bytes=vmem_limit_bytes),
+        interpret=interpret,
+        name="ragged_paged_attention_tpu",
+    )(jnp.reshape(layer, (1,)).astype(jnp.int32), kv_lens, pages, cu_q_lens, block, seq, first, qg, kv)
+
+    out = out.reshape(num_kv_heads, padded, group, head_dim)[:, :num_tokens]
+    return out.transpose(1, 0, 2, 3).reshape(num_tokens, num_q_heads, head_dim)

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# One command for the first TPU or GPU machine: the Pallas kernels compiled for real against
+# the naive reference, then benchmarks/kernels.py (kernel vs XLA reference, bandwidth against
+# the measured copy bandwidth). The benchmark's table is the last thing printed.
+#   scripts/device_check.sh [OUT_DIR] [benchmark args, e.g. --sweep --iters 10]
+#   (PYTHON=... chooses the interpreter; .venv/bin/python, else python3)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-$(test -x .venv/bin/python && echo .venv/bin/python || echo python3)}
+OUT=${1:-.}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+"$PY" -c 'import jax; print("jax", jax.__version__, jax.devices())'
+echo "== kernel correctness on the device =="
+"$PY" -m pytest -q -p no:cacheprovider tests/pallas_kernels/test_ragged_paged_attention_kernels.py -k native 2>&1 \
+  | tee "$OUT/device_tests.log" | tail -25
+tests_rc=${PIPESTATUS[0]}
+echo "== benchmark =="
+"$PY" benchmarks/kernels.py --out "$OUT/kernels.json" "${@:2}" 2>&1 | grep -v '^[WI]0000\|^[WI][0-9]\{4\} ' \
+  | tee "$OUT/kernels.log"
+bench_rc=${PIPESTATUS[0]}
+echo
+echo "== summary: device tests $(tail -1 "$OUT/device_tests.log") (rc=$tests_rc), benchmark rc=$bench_rc =="
+sed -n '/^ragged paged attention, /,$p' "$OUT/kernels.log"
+exit $(( tests_rc || bench_rc ))

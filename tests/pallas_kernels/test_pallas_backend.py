@@ -1,0 +1,50 @@
+"""The Pallas kernels as the model's attention backend: backend selection per platform, and
+greedy tokens of the tiny Llama through LLM with the kernels (interpret mode on CPU) equal
+to the reference backend's, over prefill, chunked prefill and mixed decode steps."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from jaxvllm import LLM, SamplingParams
+from jaxvllm.layers.attention import resolve_backend
+
+
+@pytest.mark.parametrize("backend,platform,want", [
+    ("auto", "cpu", ("reference", False)),
+    ("auto", "tpu", ("tpu", False)),
+    ("auto", "gpu", ("gpu", False)),
+    ("auto", "cuda", ("gpu", False)),
+    ("pallas", "cpu", ("tpu", True)),
+    ("pallas", "gpu", ("gpu", False)),
+    ("pallas-gpu", "cpu", ("gpu", True)),
+    ("pallas-tpu", "tpu", ("tpu", False)),
+    ("reference", "tpu", ("reference", False)),
+])
+def test_backend_selection(backend, platform, want):
+    assert resolve_backend(backend, platform) == want
+
+
+def test_unknown_backend_rejected():
+    with pytest.raises(ValueError, match="attention_backend"):
+        resolve_backend("flash", "cpu")
+
+
+PROMPTS = [[int(t) for t in np.random.default_rng(i).integers(3, 256, n)] for i, n in enumerate([5, 21, 1])]
+
+
+def greedy(path, backend):
+    llm = LLM(str(path), max_num_seqs=4, max_num_batched_tokens=16, max_model_len=64,
+              num_gpu_blocks_override=32, skip_warmup=True, attention_backend=backend)
+    params = SamplingParams(temperature=0, max_tokens=6, min_tokens=6)
+    return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+
+
+@pytest.fixture(scope="module")
+def reference_tokens(tiny_model_dir):
+    return greedy(tiny_model_dir, "reference")
+
+
+@pytest.mark.parametrize("backend", ["pallas-tpu", "pallas-gpu"])
+def test_greedy_matches_reference_backend(tiny_model_dir, reference_tokens, backend):
+    assert greedy(tiny_model_dir, backend) == reference_tokens
