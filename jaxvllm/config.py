@@ -33,6 +33,11 @@ class EngineArgs:
     seed: int = 0
     skip_warmup: bool = False
     attention_backend: str = "auto"
+    enable_prefix_caching: bool = True
+    long_prefill_token_threshold: int = 0  # 0: a prefill chunk is bounded by the budget only
+    scheduling_policy: str = "fcfs"        # or "priority": lower `priority` first
+    preemption_mode: str = "recompute"     # or "swap": preempted KV goes to host memory
+    swap_space: float = 4.0                # GiB of host memory per engine for "swap"
 
     @classmethod
     def from_file(cls, path: str, **overrides) -> "EngineArgs":
@@ -69,12 +74,17 @@ class EngineArgs:
                                    or self.num_gpu_blocks_override is not None
                                    else defaults["kv_cache_memory_bytes"]),
             num_gpu_blocks_override=self.num_gpu_blocks_override,
+            enable_prefix_caching=self.enable_prefix_caching,
+            swap_space=self.swap_space,
         )
         sched = SchedulerConfig(
             max_num_seqs=self.max_num_seqs or defaults["max_num_seqs"],
             max_num_batched_tokens=self.max_num_batched_tokens or defaults["max_num_batched_tokens"],
             max_model_len=max_model_len,
             min_token_bucket=defaults["min_token_bucket"],
+            long_prefill_token_threshold=self.long_prefill_token_threshold,
+            scheduling_policy=self.scheduling_policy,
+            preemption_mode=self.preemption_mode,
         )
         config = EngineConfig(model=self.model, dtype=dtype, cache=cache, scheduler=sched, seed=self.seed,
                               skip_warmup=self.skip_warmup, attention_backend=self.attention_backend)
@@ -88,6 +98,8 @@ class CacheConfig:
     hbm_utilization: float = 0.9
     kv_cache_memory_bytes: int | None = None
     num_gpu_blocks_override: int | None = None
+    enable_prefix_caching: bool = True
+    swap_space: float = 4.0
 
 
 @dataclass(frozen=True)
@@ -96,6 +108,9 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 512
     max_model_len: int = 2048
     min_token_bucket: int = 16
+    long_prefill_token_threshold: int = 0
+    scheduling_policy: str = "fcfs"
+    preemption_mode: str = "recompute"
 
 
 @dataclass(frozen=True)
@@ -123,6 +138,15 @@ class EngineConfig:
         if s.max_num_batched_tokens < s.max_num_seqs:
             raise ValueError(f"max_num_batched_tokens ({s.max_num_batched_tokens}) must be at least "
                              f"max_num_seqs ({s.max_num_seqs}).")
+        if c.swap_space < 0:
+            raise ValueError(f"swap_space must not be negative, got {c.swap_space}.")
+        if s.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {s.scheduling_policy!r}.")
+        if s.preemption_mode not in ("recompute", "swap"):
+            raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {s.preemption_mode!r}.")
+        if s.long_prefill_token_threshold < 0:
+            raise ValueError(f"long_prefill_token_threshold must not be negative, "
+                             f"got {s.long_prefill_token_threshold}.")
         if s.max_model_len < 2:
             raise ValueError(f"max_model_len must be at least 2, got {s.max_model_len}.")
 

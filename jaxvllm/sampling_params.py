@@ -5,7 +5,7 @@ field's name and its allowed range before the request reaches the engine.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass

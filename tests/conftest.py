@@ -46,7 +46,7 @@ def write_tiny_llama(path, *, seed=0, vocab_size=256, hidden_size=64, intermedia
     return cfg, t
 
 
-def run_prefill(model: LlamaForCausalLM, token_ids: list[int], num_blocks: int = 16) -> np.ndarray:
+def run_prefill(model, token_ids: list[int], num_blocks: int = 16) -> np.ndarray:
     """Logits at every position of one sequence written to pages 1..n of a fresh cache."""
     import jax.numpy as jnp
     from jaxvllm.layers.attention import AttentionMetadata, get_attention

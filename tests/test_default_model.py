@@ -86,13 +86,20 @@ def test_greedy_matches_transformers(llm, prompts, hf_greedy):
 @pytest.mark.parametrize("engine_kwargs", [
     dict(max_num_batched_tokens=32),   # chunked prefill every step
     dict(num_gpu_blocks_override=24),  # 23 pages of 16 for 10 requests: preemption
-], ids=["chunked", "preempt"])
+    dict(enable_prefix_caching=False),  # (on by default: the chat prompts share a prefix)
+    dict(num_gpu_blocks_override=24, preemption_mode="swap", swap_space=0.05),
+], ids=["chunked", "preempt", "no-prefix-caching", "preempt-swap"])
 def test_greedy_matches_transformers_under_pressure(prompts, hf_greedy, engine_kwargs):
     llm = LLM(**{**dict(max_num_seqs=16, max_model_len=256, skip_warmup=True), **engine_kwargs})
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outputs] == hf_greedy
     if "num_gpu_blocks_override" in engine_kwargs:
         assert llm.llm_engine.engine_core.scheduler.num_preemptions > 0
+    stats = llm.llm_engine.engine_core.get_stats()
+    if engine_kwargs.get("preemption_mode") == "swap":
+        assert stats.num_swap_outs > 0
+    if engine_kwargs.get("enable_prefix_caching", True):
+        assert stats.prefix_cache_hits > 0
     assert _pool_is_full(llm)
 
 

@@ -11,7 +11,8 @@ from jaxvllm.sampling_params import SamplingParams
 class RequestStatus(enum.IntEnum):
     WAITING = enum.auto()
     RUNNING = enum.auto()
-    PREEMPTED = enum.auto()
+    PREEMPTED = enum.auto()  # blocks dropped; recomputed when it resumes
+    SWAPPED = enum.auto()    # blocks copied to the host swap space; copied back when it resumes
     # Everything after this line is a finished state.
     FINISHED_STOPPED = enum.auto()
     FINISHED_LENGTH_CAPPED = enum.auto()
@@ -20,7 +21,7 @@ class RequestStatus(enum.IntEnum):
 
     @staticmethod
     def is_finished(status: "RequestStatus") -> bool:
-        return status > RequestStatus.PREEMPTED
+        return status > RequestStatus.SWAPPED
 
     @staticmethod
     def get_finished_reason(status: "RequestStatus") -> str | None:
@@ -50,6 +51,12 @@ class Request:
     num_computed_tokens: int = 0
     stop_reason: int | str | None = None
     num_preemptions: int = 0
+    # Lower runs first under the "priority" scheduling policy (vLLM's convention).
+    priority: int = 0
+    # Mixed into the first block's hash: requests with different salts never share a prefix.
+    cache_salt: str | None = None
+    # Hash of each full block of all_token_ids, filled in lazily by the KVCacheManager.
+    block_hashes: list = field(default_factory=list)
 
     @property
     def num_prompt_tokens(self) -> int:

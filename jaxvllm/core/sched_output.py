@@ -1,7 +1,7 @@
 """The two typed objects that cross the scheduler/worker boundary.
 
 `SchedulerOutput` goes to the worker: full data for requests it has not seen (new ones and
-ones resumed after preemption), only diffs for requests it already holds.
+ones resumed after preemption, with the blocks to copy in for a swapped one), only diffs for requests it already holds.
 `ModelRunnerOutput` comes back: the token each scheduled request sampled.
 """
 from __future__ import annotations
@@ -43,6 +43,11 @@ class SchedulerOutput:
     # requests come back later as new requests.
     finished_req_ids: set[str]
     preempted_req_ids: set[str]
+    # Swap preemption, executed by the worker before the forward, outs first: pairs of
+    # (device block id, host slot) to copy out, then (host slot, device block id) to copy
+    # back into a resumed request's freshly allocated blocks.
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass

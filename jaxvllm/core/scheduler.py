@@ -1,20 +1,29 @@
 """Scheduler: vLLM V1's token-budget loop.
 
 Each step hands out at most `max_num_batched_tokens` tokens: first to running requests
-(decodes and unfinished prefills, oldest first), then to waiting requests in arrival
-order while fewer than `max_num_seqs` run. A long prompt is cut into chunks that fit the
-budget (chunked prefill), so prefill chunks and decodes share one step. When the pool
-has no page left for a running request, the newest running request is preempted: its
-pages are freed and it goes back to the front of the queue to be recomputed.
+(decodes and unfinished prefills, in admission order), then to waiting requests in queue
+order (FCFS, or priority then arrival) while fewer than `max_num_seqs` run. A long prompt
+is cut into chunks that fit the budget (chunked prefill), and no more than
+`long_prefill_token_threshold` tokens per step when set, so prefill chunks and decodes
+share one step. A waiting request's cached prefix (prefix caching) is not computed again:
+it starts at the hit length.
+
+When the pool has no page left for a running request, a request not yet scheduled this
+step is preempted (the newest, or under the priority policy the one that ranks last). With
+`preemption_mode="recompute"` its pages are freed and it is recomputed later; with "swap"
+its pages are copied to host slots first and copied back when it resumes, so it keeps
+its progress; when the host slots run short it is recomputed instead.
 """
 from __future__ import annotations
 
-from collections import deque
-
-from jaxvllm.core.kv_cache_manager import KVCacheManager
+from jaxvllm.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from jaxvllm.core.request import Request, RequestStatus
+from jaxvllm.core.request_queue import create_request_queue
+from jaxvllm.core.sched_utils import check_stop
 from jaxvllm.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                        SchedulerOutput)
+from jaxvllm.core.stats import SchedulerStats
+from jaxvllm.core.swap_space import SwapSpace
 from jaxvllm.engine.messages import EngineCoreOutput, FinishReason
 
 _FINISH_REASON = {
@@ -27,26 +36,38 @@ _FINISH_REASON = {
 
 class Scheduler:
     def __init__(self, *, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
-                 num_blocks: int, block_size: int):
+                 num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
+                 long_prefill_token_threshold: int = 0, scheduling_policy: str = "fcfs",
+                 preemption_mode: str = "recompute", num_swap_blocks: int = 0, model_name: str = ""):
+        if preemption_mode not in ("recompute", "swap"):
+            raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {preemption_mode!r}.")
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
-        self.kv_cache_manager = KVCacheManager(num_blocks, block_size, max_model_len)
+        self.long_prefill_token_threshold = long_prefill_token_threshold
+        self.policy = scheduling_policy
+        self.kv_cache_manager = KVCacheManager(num_blocks, block_size, max_model_len,
+                                               enable_prefix_caching, model_name)
+        self.swap_space = SwapSpace(num_swap_blocks) if preemption_mode == "swap" else None
         self.requests: dict[str, Request] = {}
-        self.waiting: deque[Request] = deque()
+        self.waiting = create_request_queue(scheduling_policy)
         self.running: list[Request] = []
         # Requests the worker holds state for; the rest get full data when scheduled.
         self._worker_known: set[str] = set()
         self._finished_req_ids: set[str] = set()
         self.num_preemptions = 0
+        self.num_swap_outs = 0
+        self.num_prefill_tokens = 0
 
     # ---- requests in and out -------------------------------------------------------
     def add_request(self, request: Request) -> None:
         self.requests[request.request_id] = request
-        self.waiting.append(request)
+        self.waiting.add_request(request)
 
     def finish_requests(self, request_ids, status: RequestStatus) -> None:
         """Finish requests from outside (abort, stop string): pages are freed at once."""
+        if isinstance(request_ids, str):
+            request_ids = [request_ids]
         for req_id in request_ids:
             request = self.requests.get(req_id)
             if request is None or request.is_finished():
@@ -54,12 +75,17 @@ class Scheduler:
             if request.status == RequestStatus.RUNNING:
                 self.running.remove(request)
             else:
-                self.waiting.remove(request)
+                self.waiting.remove_request(request)
             request.status = status
             self._free_request(request)
 
+    def abort_requests(self, request_ids) -> None:
+        self.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+
     def _free_request(self, request: Request) -> None:
         self.kv_cache_manager.free(request)
+        if self.swap_space is not None:
+            self.swap_space.free(request.request_id)
         del self.requests[request.request_id]
         if request.request_id in self._worker_known:
             self._worker_known.discard(request.request_id)
@@ -71,6 +97,9 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return self.get_num_unfinished_requests() > 0
 
+    def reset_prefix_cache(self) -> bool:
+        return self.kv_cache_manager.reset_prefix_cache()
+
     # ---- one step ------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         token_budget = self.max_num_batched_tokens
@@ -78,22 +107,25 @@ class Scheduler:
         new_reqs: list[NewRequestData] = []
         cached = CachedRequestData()
         preempted: set[str] = set()
+        swap_out: list[tuple[int, int]] = []
+        swap_in: list[tuple[int, int]] = []
 
         index = 0
         while index < len(self.running) and token_budget > 0:
             request = self.running[index]
-            num_new = self._num_new_tokens(request, token_budget)
+            num_new = self._num_new_tokens(request, token_budget, request.num_computed_tokens)
             if num_new == 0:
                 index += 1
                 continue
             while (blocks := self.kv_cache_manager.allocate_slots(request, num_new)) is None:
-                victim = self.running.pop()
-                self._preempt(victim)
+                victim = self._pick_victim(index)
+                self.running.remove(victim)
+                swap_out.extend(self._preempt(victim))
                 preempted.add(victim.request_id)
                 if victim is request:
                     break
             if blocks is None:
-                break
+                continue  # it preempted itself; the next request now sits at `index`
             num_scheduled[request.request_id] = num_new
             token_budget -= num_new
             index += 1
@@ -104,14 +136,26 @@ class Scheduler:
             else:
                 new_reqs.append(self._new_request_data(request))
 
-        # A step that had to preempt admits nobody new: pages are short.
+        # A step that had to preempt admits nobody new: pages are short. (This also keeps
+        # swap-ins and swap-outs out of the same step, so no host slot is both.)
         while (not preempted and self.waiting and token_budget > 0
                and len(self.running) < self.max_num_seqs):
-            request = self.waiting[0]
-            num_new = self._num_new_tokens(request, token_budget)
-            if num_new == 0 or self.kv_cache_manager.allocate_slots(request, num_new) is None:
+            request = self.waiting.peek_request()
+            if request.status == RequestStatus.SWAPPED:
+                hit, num_hit = KVCacheBlocks([]), 0
+            else:
+                hit, num_hit = self.kv_cache_manager.get_computed_blocks(request)
+            num_new = self._num_new_tokens(request, token_budget, request.num_computed_tokens + num_hit)
+            if num_new == 0:
                 break
-            self.waiting.popleft()
+            blocks = self.kv_cache_manager.allocate_slots(
+                request, num_new, None if request.status == RequestStatus.SWAPPED else hit, num_hit)
+            if blocks is None:
+                break
+            self.waiting.pop_request()
+            if request.status == RequestStatus.SWAPPED:
+                swap_in.extend(self.swap_space.swap_in(request.request_id, blocks.get_block_ids()))
+            request.num_computed_tokens += num_hit
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             num_scheduled[request.request_id] = num_new
@@ -124,19 +168,28 @@ class Scheduler:
             scheduled_new_reqs=new_reqs,
             scheduled_cached_reqs=cached,
             num_scheduled_tokens=num_scheduled,
-            total_num_scheduled_tokens=sum(num_scheduled.values()),
+            total_num_scheduled_tokens=self.max_num_batched_tokens - token_budget,
             finished_req_ids=self._finished_req_ids,
             preempted_req_ids=preempted,
+            blocks_to_swap_out=swap_out,
+            blocks_to_swap_in=swap_in,
         )
         self._finished_req_ids = set()
         for req_id, n in num_scheduled.items():
-            self.requests[req_id].num_computed_tokens += n
+            request = self.requests[req_id]
+            start = request.num_computed_tokens
+            if start < request.num_prompt_tokens:
+                self.num_prefill_tokens += min(n, request.num_prompt_tokens - start)
+            request.num_computed_tokens = start + n
         return output
 
-    def _num_new_tokens(self, request: Request, token_budget: int) -> int:
+    def _num_new_tokens(self, request: Request, token_budget: int, num_computed: int) -> int:
         # Positions stop at max_model_len - 1: the token there is the last one computed.
-        limit = self.max_model_len - 1 - request.num_computed_tokens
-        return max(0, min(request.num_tokens - request.num_computed_tokens, token_budget, limit))
+        limit = self.max_model_len - 1 - num_computed
+        num_new = min(request.num_tokens - num_computed, token_budget, limit)
+        if 0 < self.long_prefill_token_threshold < num_new:
+            num_new = self.long_prefill_token_threshold
+        return max(0, num_new)
 
     def _new_request_data(self, request: Request) -> NewRequestData:
         return NewRequestData(
@@ -150,26 +203,46 @@ class Scheduler:
             num_computed_tokens=request.num_computed_tokens,
         )
 
-    def _preempt(self, request: Request) -> None:
-        """Recompute preemption: drop the pages, keep the tokens, requeue at the front."""
+    def _pick_victim(self, index: int) -> Request:
+        """Among running requests not yet scheduled this step (index onwards): the newest,
+        or under the priority policy the one that ranks last, the newest among equals (the
+        oldest preempting itself on a tie would let equals thrash without progress)."""
+        if self.policy == "priority":
+            return max(reversed(self.running[index:]), key=lambda r: (r.priority, r.arrival_time))
+        return self.running[-1]
+
+    def _preempt(self, request: Request) -> list[tuple[int, int]]:
+        """Swap the request's pages out if there is host room, else drop them to recompute
+        later; it goes back to the waiting queue either way. Returns the swap-out pairs."""
+        pairs = None
+        if self.swap_space is not None:
+            pairs = self.swap_space.swap_out(request.request_id,
+                                             self.kv_cache_manager.get_block_ids(request.request_id))
         self.kv_cache_manager.free(request)
-        request.status = RequestStatus.PREEMPTED
-        request.num_computed_tokens = 0
+        if pairs is None:
+            request.status = RequestStatus.PREEMPTED
+            request.num_computed_tokens = 0
+        else:
+            request.status = RequestStatus.SWAPPED
+            self.num_swap_outs += 1
         request.num_preemptions += 1
         self.num_preemptions += 1
         self._worker_known.discard(request.request_id)
-        self.waiting.appendleft(request)
+        self.waiting.prepend_request(request)
+        return pairs or []
 
     # ---- results back --------------------------------------------------------------
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
         outputs = []
         for req_id, sampled in zip(runner_output.req_ids, runner_output.sampled_token_ids):
+            if not sampled:
+                continue  # a prefill chunk that samples nothing
             request = self.requests.get(req_id)
-            if request is None or not sampled:
-                continue  # finished meanwhile, or a prefill chunk that samples nothing
+            if request is None:
+                continue  # finished meanwhile
             request.output_token_ids.extend(sampled)
-            finished = self._check_stop(request)
+            finished = check_stop(request, self.max_model_len)
             if finished:
                 self.running.remove(request)
                 self._free_request(request)
@@ -181,25 +254,17 @@ class Scheduler:
             ))
         return outputs
 
-    def _check_stop(self, request: Request) -> bool:
-        params = request.sampling_params
-        if (request.num_tokens >= self.max_model_len
-                or (params.max_tokens is not None and request.num_output_tokens >= params.max_tokens)):
-            request.status = RequestStatus.FINISHED_LENGTH_CAPPED
-            return True
-        if request.num_output_tokens < params.min_tokens:
-            return False
-        last = request.output_token_ids[-1]
-        if not params.ignore_eos and last == request.eos_token_id:
-            request.status = RequestStatus.FINISHED_STOPPED
-            return True
-        if last in params.stop_token_ids:
-            request.status = RequestStatus.FINISHED_STOPPED
-            request.stop_reason = last
-            return True
-        return False
-
     # ---- statistics ----------------------------------------------------------------
     @property
     def kv_cache_usage(self) -> float:
         return self.kv_cache_manager.usage
+
+    def make_stats(self) -> SchedulerStats:
+        num_swapped = len(self.swap_space.req_to_slots) if self.swap_space is not None else 0
+        prefix = self.kv_cache_manager.prefix_cache_stats
+        return SchedulerStats(
+            num_running_reqs=len(self.running), num_waiting_reqs=len(self.waiting) - num_swapped,
+            num_swapped_reqs=num_swapped, kv_cache_usage=self.kv_cache_usage,
+            prefix_cache_queries=prefix.queries, prefix_cache_hits=prefix.hits,
+            num_preemptions=self.num_preemptions, num_swap_outs=self.num_swap_outs,
+            num_prefill_tokens=self.num_prefill_tokens)

@@ -8,8 +8,9 @@ from __future__ import annotations
 import logging
 
 from jaxvllm.config import EngineConfig
-from jaxvllm.core.request import Request, RequestStatus
+from jaxvllm.core.request import Request
 from jaxvllm.core.scheduler import Scheduler
+from jaxvllm.core.stats import SchedulerStats
 from jaxvllm.engine.messages import EngineCoreOutput, EngineCoreRequest
 from jaxvllm.worker.worker import Worker
 
@@ -27,11 +28,18 @@ class EngineCore:
                 f"The KV cache holds {(num_blocks - 1) * bs} tokens ({num_blocks - 1} usable blocks of "
                 f"{bs}), fewer than max_model_len ({max_len}); raise the KV cache budget "
                 f"(kv_cache_memory_bytes, num_gpu_blocks_override) or lower max_model_len.")
-        self.model_runner = self.worker.initialize_cache(num_blocks)
+        sched = config.scheduler
+        # Host slots for swap preemption, sized like the device blocks they hold.
+        num_swap_blocks = (int(config.cache.swap_space * 2**30) // self.worker.block_bytes
+                           if sched.preemption_mode == "swap" else 0)
+        self.model_runner = self.worker.initialize_cache(num_blocks, num_swap_blocks)
         self.scheduler = Scheduler(
-            max_num_seqs=config.scheduler.max_num_seqs,
-            max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
-            max_model_len=max_len, num_blocks=num_blocks, block_size=bs)
+            max_num_seqs=sched.max_num_seqs, max_num_batched_tokens=sched.max_num_batched_tokens,
+            max_model_len=max_len, num_blocks=num_blocks, block_size=bs,
+            enable_prefix_caching=config.cache.enable_prefix_caching,
+            long_prefill_token_threshold=sched.long_prefill_token_threshold,
+            scheduling_policy=sched.scheduling_policy, preemption_mode=sched.preemption_mode,
+            num_swap_blocks=num_swap_blocks, model_name=config.model or model_path)
 
     def add_request(self, request: EngineCoreRequest) -> None:
         if request.request_id in self.scheduler.requests:
@@ -39,10 +47,17 @@ class EngineCore:
         self.scheduler.add_request(Request(
             request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
             sampling_params=request.sampling_params, eos_token_id=request.eos_token_id,
-            sampling_seed=request.sampling_seed, arrival_time=request.arrival_time))
+            sampling_seed=request.sampling_seed, arrival_time=request.arrival_time,
+            priority=request.priority, cache_salt=request.cache_salt))
 
     def abort_requests(self, request_ids) -> None:
-        self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+        self.scheduler.abort_requests(request_ids)
+
+    def reset_prefix_cache(self) -> bool:
+        return self.scheduler.reset_prefix_cache()
+
+    def get_stats(self) -> SchedulerStats:
+        return self.scheduler.make_stats()
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()

@@ -32,8 +32,9 @@ class LLMEngine:
         return cls(config, model_path, hf_config, load_tokenizer(model_path))
 
     def add_request(self, request_id: str, prompt, params: SamplingParams,
-                    arrival_time: float | None = None) -> None:
-        request, prompt_text = self.processor.process_inputs(request_id, prompt, params, arrival_time)
+                    arrival_time: float | None = None, priority: int = 0) -> None:
+        request, prompt_text = self.processor.process_inputs(request_id, prompt, params, arrival_time,
+                                                             priority)
         self.output_processor.add_request(request, prompt_text)
         try:
             self.engine_core.add_request(request)

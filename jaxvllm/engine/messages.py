@@ -28,6 +28,8 @@ class EngineCoreRequest:
     eos_token_id: int | None
     sampling_seed: int
     arrival_time: float
+    priority: int = 0
+    cache_salt: str | None = None
 
 
 @dataclass

@@ -16,6 +16,7 @@ from jaxvllm.sampling_params import SamplingParams
 class Processor:
     def __init__(self, config: EngineConfig, tokenizer, vocab_size: int, eos_token_id: int | None):
         self.max_model_len = config.scheduler.max_model_len
+        self.scheduling_policy = config.scheduler.scheduling_policy
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
@@ -23,8 +24,13 @@ class Processor:
         self._seed_rng = random.Random(config.seed)
 
     def process_inputs(self, request_id: str, prompt, params: SamplingParams,
-                       arrival_time: float | None = None) -> tuple[EngineCoreRequest, str | None]:
+                       arrival_time: float | None = None, priority: int = 0
+                       ) -> tuple[EngineCoreRequest, str | None]:
         """Returns the request and the prompt text (None when given as token ids)."""
+        if priority != 0 and self.scheduling_policy != "priority":
+            raise ValueError(f"Got priority {priority} but the scheduling policy is "
+                             f"{self.scheduling_policy!r}; set scheduling_policy='priority'.")
+        cache_salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
         text, token_ids = self._tokenize(prompt)
         if not token_ids:
             raise ValueError("The prompt must not be empty.")
@@ -42,6 +48,7 @@ class Processor:
             request_id=request_id, prompt_token_ids=token_ids, sampling_params=params,
             eos_token_id=self.eos_token_id, sampling_seed=seed,
             arrival_time=arrival_time if arrival_time is not None else time.time(),
+            priority=priority, cache_salt=cache_salt,
         ), text
 
     def _tokenize(self, prompt) -> tuple[str | None, list[int]]:

@@ -22,7 +22,8 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
         flag = "--" + f.name.replace("_", "-")
         kind = str(f.type).split(" |")[0]  # annotations are strings here
         if kind == "bool":
-            parser.add_argument(flag, action="store_true", default=None)
+            # --enable-prefix-caching defaults to on: --no-enable-prefix-caching turns it off.
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
         else:
             parser.add_argument(flag, type={"int": int, "float": float}.get(kind, str), default=None)
 

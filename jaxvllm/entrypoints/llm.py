@@ -30,9 +30,10 @@ class LLM:
         return self.llm_engine.tokenizer
 
     def generate(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+                 use_tqdm: bool = True, priority: Sequence[int] | None = None) -> list[RequestOutput]:
         """prompts: a string, a list of strings, a list of token ids, a list of token-id
-        lists, or vLLM-style dicts with `prompt` / `prompt_token_ids`."""
+        lists, or vLLM-style dicts with `prompt` / `prompt_token_ids` (and `cache_salt`).
+        priority: one per prompt, lower first, with scheduling_policy="priority"."""
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts
                                                 and isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -43,16 +44,23 @@ class LLM:
             sampling_params = [sampling_params] * len(prompts)
         if len(sampling_params) != len(prompts):
             raise ValueError(f"Got {len(prompts)} prompts but {len(sampling_params)} sampling_params.")
+        priority = [0] * len(prompts) if priority is None else list(priority)
+        if len(priority) != len(prompts):
+            raise ValueError(f"Got {len(prompts)} prompts but {len(priority)} priorities.")
         request_ids = []
         try:
-            for prompt, params in zip(prompts, sampling_params):
+            for prompt, params, prio in zip(prompts, sampling_params, priority):
                 request_id = str(next(self._counter))
-                self.llm_engine.add_request(request_id, prompt, params)
+                self.llm_engine.add_request(request_id, prompt, params, priority=prio)
                 request_ids.append(request_id)
             return self._run_engine(request_ids, use_tqdm)
         except BaseException:
             self.llm_engine.abort_request(request_ids)  # nothing of a failed call stays queued
             raise
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget the cached prefixes; False (and nothing done) while requests hold blocks."""
+        return self.llm_engine.engine_core.reset_prefix_cache()
 
     def chat(self, messages, sampling_params=None, use_tqdm: bool = True,
              add_generation_prompt: bool = True, chat_template_kwargs: dict | None = None

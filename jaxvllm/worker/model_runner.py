@@ -10,12 +10,10 @@ between the two calls; only sampled token ids come back to the host.
 """
 from __future__ import annotations
 
-import functools
 import logging
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -23,27 +21,17 @@ from jaxvllm.config import EngineConfig
 from jaxvllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from jaxvllm.layers.attention import AttentionMetadata
 from jaxvllm.worker.input_batch import InputBatch
+from jaxvllm.worker.kv_swap import KVSwapper
+from jaxvllm.worker.model_runner_utils import make_buckets, pick_bucket
 from jaxvllm.worker.sampler import SamplingMetadata, sample
 
 logger = logging.getLogger(__name__)
 _MIN_SUPPRESS_BUCKET = 8
 
 
-def make_buckets(smallest: int, largest: int) -> list[int]:
-    """Powers of two from `smallest`, capped by (and ending at) `largest`."""
-    buckets, b = [], smallest
-    while b < largest:
-        buckets.append(b)
-        b *= 2
-    return buckets + [largest]
-
-
-def pick_bucket(buckets: list[int], n: int) -> int:
-    return next(b for b in buckets if b >= n)
-
-
 class ModelRunner:
-    def __init__(self, config: EngineConfig, model: nnx.Module, kv_cache: jax.Array, attend):
+    def __init__(self, config: EngineConfig, model: nnx.Module, kv_cache: jax.Array, attend,
+                 num_swap_blocks: int = 0):
         self.config = config
         self.block_size = config.cache.block_size
         self.max_num_seqs = config.scheduler.max_num_seqs
@@ -57,6 +45,8 @@ class ModelRunner:
         self.input_batch = InputBatch()
         # Incremented at trace time: one trace is one compilation.
         self.num_compilations = 0
+        self.swapper = (KVSwapper(kv_cache, num_swap_blocks, self._count_compilation)
+                        if num_swap_blocks else None)
 
         graphdef, self.params = nnx.split(model)
 
@@ -74,9 +64,14 @@ class ModelRunner:
         self._forward = jax.jit(forward, donate_argnums=(1,))
         self._sample = jax.jit(sample_fn, static_argnames=("all_greedy",))
 
+    def _count_compilation(self) -> None:
+        self.num_compilations += 1
+
     # ---- one step -----------------------------------------------------------------
     def execute_model(self, out: SchedulerOutput) -> ModelRunnerOutput:
         self.input_batch.update_states(out)
+        if out.blocks_to_swap_out or out.blocks_to_swap_in:
+            self.kv_cache = self.swapper.swap(self.kv_cache, out.blocks_to_swap_out, out.blocks_to_swap_in)
         if out.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput([], [])
         req_ids = list(out.num_scheduled_tokens)
@@ -138,8 +133,9 @@ class ModelRunner:
         seed = np.zeros((R, 2), np.uint32)
         step = np.zeros(R, np.int32)
         suppress = [s.stop_ids_to_suppress() for s in states]
-        K = pick_bucket(make_buckets(_MIN_SUPPRESS_BUCKET, max(_MIN_SUPPRESS_BUCKET, *map(len, suppress))),
-                        max(map(len, suppress)))
+        K = _MIN_SUPPRESS_BUCKET  # powers of two, so any number of stop ids compiles few shapes
+        while K < max(map(len, suppress)):
+            K *= 2
         suppress_ids = np.full((R, K), self.vocab_size, np.int32)
         for i, s in enumerate(states):
             p = s.sampling_params
@@ -173,6 +169,8 @@ class ModelRunner:
                 suppress_token_ids=np.full((R, _MIN_SUPPRESS_BUCKET), self.vocab_size, np.int32))
             for all_greedy in (True, False):
                 self._sample(self.params, hidden, md, all_greedy=all_greedy)
+        if self.swapper is not None:
+            self.kv_cache = self.swapper.warmup(self.kv_cache)
         jax.block_until_ready(self.kv_cache)
         logger.info("Warm-up compiled %d programs in %.1f s (token buckets %s, request buckets %s).",
                     self.num_compilations, time.perf_counter() - start, self.token_buckets,

@@ -46,13 +46,17 @@ class Worker:
         a = self.args
         return (a.num_layers, 2, self.config.cache.block_size, a.num_kv_heads, a.head_dim)
 
+    @property
+    def block_bytes(self) -> int:
+        return math.prod(self.kv_cache_shape_per_block) * self.dtype.itemsize
+
     def determine_num_blocks(self) -> int:
         """From num_gpu_blocks_override, else kv_cache_memory_bytes, else the fraction
         `hbm_utilization` of the device memory that the backend reports."""
         c = self.config.cache
         if c.num_gpu_blocks_override is not None:
             return c.num_gpu_blocks_override
-        block_bytes = math.prod(self.kv_cache_shape_per_block) * self.dtype.itemsize
+        block_bytes = self.block_bytes
         if c.kv_cache_memory_bytes is not None:
             budget = c.kv_cache_memory_bytes
         else:
@@ -67,12 +71,15 @@ class Worker:
                              f"{block_bytes} bytes; raise kv_cache_memory_bytes or hbm_utilization.")
         return num_blocks
 
-    def initialize_cache(self, num_blocks: int) -> ModelRunner:
+    def initialize_cache(self, num_blocks: int, num_swap_blocks: int = 0) -> ModelRunner:
         a, bs = self.args, self.config.cache.block_size
         kv_cache = jnp.zeros((a.num_layers, 2, num_blocks, bs, a.num_kv_heads, a.head_dim), self.dtype)
         logger.info("KV cache: %d blocks of %d tokens (%.1f MiB).", num_blocks, bs,
                     kv_cache.nbytes / 2**20)
-        runner = ModelRunner(self.config, self.model, kv_cache, self.attend)
+        if num_swap_blocks:
+            logger.info("Swap space: %d host blocks (%.1f MiB).", num_swap_blocks,
+                        num_swap_blocks * self.block_bytes / 2**20)
+        runner = ModelRunner(self.config, self.model, kv_cache, self.attend, num_swap_blocks)
         if not self.config.skip_warmup:
             runner.warmup()
         return runner

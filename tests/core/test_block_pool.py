@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxvllm.core.block_pool import BlockPool
+from jaxvllm.core.block_pool import BlockHash, BlockPool, KVCacheBlock
+from jaxvllm.core.free_queue import FreeKVCacheBlockQueue
 
 
 def test_needs_room_for_the_null_block():
@@ -133,3 +134,68 @@ def test_random_alloc_free_keeps_pool_consistent(num_blocks, seed, num_ops):
     for group in held:
         pool.free_blocks(group)
     assert pool.get_num_free_blocks() == num_blocks - 1
+
+
+# ---- the free queue and prefix caching -------------------------------------------------
+def test_free_queue_pops_head_removes_middle_appends_tail():
+    blocks = [KVCacheBlock(i) for i in range(5)]
+    q = FreeKVCacheBlockQueue(blocks)
+    assert q.popleft() is blocks[0]
+    q.remove(blocks[2])
+    q.append(blocks[0])
+    assert [b.block_id for b in q.get_all_free_blocks()] == [1, 3, 4, 0]
+    assert q.num_free_blocks == 4
+    with pytest.raises(RuntimeError, match="not in the free queue"):
+        q.remove(blocks[2])
+
+
+@settings(max_examples=100, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["pop", "remove", "append"]), st.integers(0, 9)),
+                    max_size=60))
+def test_free_queue_matches_a_list(ops):
+    blocks = [KVCacheBlock(i) for i in range(10)]
+    q, model = FreeKVCacheBlockQueue(blocks[:6]), blocks[:6]
+    model = list(model)
+    for op, i in ops:
+        if op == "pop" and model:
+            assert q.popleft() is model.pop(0)
+        elif op == "remove" and blocks[i] in model:
+            q.remove(blocks[i])
+            model.remove(blocks[i])
+        elif op == "append" and blocks[i] not in model:
+            q.append(blocks[i])
+            model.append(blocks[i])
+        assert q.get_all_free_blocks() == model and q.num_free_blocks == len(model)
+
+
+def _hash(i):
+    return BlockHash(i, (i,))
+
+
+def test_cached_blocks_survive_free_until_reused_lru():
+    pool = BlockPool(5, enable_caching=True)
+    a = pool.get_new_blocks(2)
+    pool.cache_full_blocks(a, [_hash(1), _hash(2)], 0, 2)
+    assert pool.get_cached_block(_hash(1)) is a[0]
+    pool.free_blocks(reversed(a))  # tail first: a[1] is evicted before a[0]
+    assert pool.get_num_free_blocks() == 4 and pool.get_cached_block(_hash(2)) is a[1]
+    # A hit takes the free block back out of the queue.
+    pool.touch([a[0]])
+    assert a[0].ref_cnt == 1 and pool.get_num_free_blocks() == 3
+    # New blocks come from the head: the two never-used ones, then the LRU cached a[1].
+    fresh = pool.get_new_blocks(2)
+    assert a[1] not in fresh and a[1].block_hash is not None
+    assert pool.get_new_blocks(1) == [a[1]]
+    assert a[1].block_hash is None and pool.get_cached_block(_hash(2)) is None
+    assert pool.get_cached_block(_hash(1)) is a[0]
+
+
+def test_reset_prefix_cache_only_when_nothing_is_held():
+    pool = BlockPool(4, enable_caching=True)
+    a = pool.get_new_blocks(1)
+    pool.cache_full_blocks(a, [_hash(7)], 0, 1)
+    assert not pool.reset_prefix_cache()
+    pool.free_blocks(a)
+    assert pool.get_cached_block(_hash(7)) is a[0]
+    assert pool.reset_prefix_cache()
+    assert pool.get_cached_block(_hash(7)) is None and a[0].block_hash is None

@@ -158,3 +158,99 @@ def test_random_allocations_match_a_model(num_blocks, block_size, seed, num_ops)
     for r in reqs:
         mgr.free(r)
     assert mgr.block_pool.get_num_free_blocks() == num_blocks - 1
+
+
+# ---- prefix caching ---------------------------------------------------------------------
+def caching_mgr(num_blocks=20, block_size=4, model_name="m"):
+    return KVCacheManager(num_blocks=num_blocks, block_size=block_size, max_model_len=64,
+                          enable_caching=True, model_name=model_name)
+
+
+def admit(mgr, req):
+    """What the scheduler does at admission: look up the prefix, allocate the rest."""
+    hit, num_hit = mgr.get_computed_blocks(req)
+    blocks = mgr.allocate_slots(req, req.num_tokens - num_hit, hit, num_hit)
+    if blocks is not None:
+        req.num_computed_tokens = req.num_tokens
+    return hit, num_hit
+
+
+def prompt_request(req_id, tokens, salt=None):
+    return Request(request_id=req_id, prompt_token_ids=list(tokens), sampling_params=SamplingParams(),
+                   eos_token_id=None, sampling_seed=0, cache_salt=salt)
+
+
+def test_computed_blocks_are_the_longest_cached_prefix_but_never_all():
+    mgr = caching_mgr()
+    a = prompt_request("a", range(12))
+    assert admit(mgr, a)[1] == 0
+    b = prompt_request("b", list(range(8)) + [99, 98, 97])
+    hit, num_hit = admit(mgr, b)
+    assert num_hit == 8 and hit.get_block_ids() == mgr.get_block_ids("a")[:2]
+    assert all(mgr.block_pool.blocks[i].ref_cnt == 2 for i in hit.get_block_ids())
+    # Identical prompt of exactly three blocks: the last token is recomputed, so two hit.
+    assert admit(mgr, prompt_request("c", range(12)))[1] == 8
+    s = mgr.prefix_cache_stats
+    assert (s.requests, s.queries, s.hits) == (3, 12 + 11 + 12, 16)
+
+
+def test_salt_and_model_name_are_part_of_the_hash():
+    mgr = caching_mgr()
+    admit(mgr, prompt_request("a", range(9), salt="x"))
+    assert admit(mgr, prompt_request("b", range(9)))[1] == 0
+    assert admit(mgr, prompt_request("c", range(9), salt="x"))[1] == 8
+    # Another model never shares a block, and the difference chains into later blocks.
+    other = caching_mgr(model_name="other")
+    assert mgr._update_block_hashes(prompt_request("f", range(9)), 2) != \
+        other._update_block_hashes(prompt_request("g", range(9)), 2)
+    assert mgr._update_block_hashes(prompt_request("h", range(9)), 2)[1].hash_value != \
+        other._update_block_hashes(prompt_request("i", range(9)), 2)[1].hash_value
+
+
+def test_hit_on_free_cached_blocks_counts_against_the_pool():
+    mgr = caching_mgr(num_blocks=5)  # 4 usable
+    a = prompt_request("a", range(9))
+    admit(mgr, a)  # 3 blocks, 2 cached
+    mgr.free(a)
+    assert mgr.block_pool.get_num_free_blocks() == 4
+    # b hits a's 2 free blocks and needs 3 more: 2 + 3 > 4, so nothing is allocated.
+    b = prompt_request("b", list(range(8)) + list(range(50, 60)))
+    hit, num_hit = mgr.get_computed_blocks(b)
+    assert num_hit == 8
+    assert mgr.allocate_slots(b, b.num_tokens - 8, hit, 8) is None
+    assert mgr.block_pool.get_num_free_blocks() == 4 and mgr.get_block_ids("b") == []
+
+
+@settings(max_examples=100, deadline=None)
+@given(block_size=st.integers(1, 4), seed=st.integers(0, 2**32 - 1), num_ops=st.integers(1, 60))
+def test_random_shared_prefixes_keep_refcounts_equal_to_holders(block_size, seed, num_ops):
+    rng = random.Random(seed)
+    mgr = caching_mgr(num_blocks=16, block_size=block_size)
+    live: dict[str, Request] = {}
+    for step in range(num_ops):
+        if live and rng.random() < 0.4:
+            mgr.free(live.pop(rng.choice(sorted(live))))
+        else:
+            req = prompt_request(f"r{step}", [rng.choice([1, 1, 2]) for _ in range(rng.randint(1, 12))])
+            hit, num_hit = admit(mgr, req)
+            assert num_hit < req.num_tokens and num_hit % block_size == 0
+            if req.num_computed_tokens:
+                live[req.request_id] = req
+                # Hit blocks hold exactly the request's tokens.
+                for i, blk in enumerate(hit.blocks):
+                    assert blk.block_hash.token_ids == tuple(req.all_token_ids[i * block_size:(i + 1) * block_size])
+            else:
+                mgr.free(req)
+        holders = {}
+        for rid in live:
+            ids = mgr.get_block_ids(rid)
+            assert len(ids) == len(set(ids)) == cdiv(live[rid].num_tokens, block_size)
+            for i in ids:
+                holders[i] = holders.get(i, 0) + 1
+        pool = mgr.block_pool
+        assert all(pool.blocks[i].ref_cnt == n for i, n in holders.items())
+        assert pool.get_num_free_blocks() + len(holders) == pool.num_blocks - 1
+    for req in live.values():
+        mgr.free(req)
+    assert mgr.block_pool.get_num_free_blocks() == 15
+    assert all(b.ref_cnt == 0 for b in mgr.block_pool.blocks[1:])
