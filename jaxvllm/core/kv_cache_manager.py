@@ -21,6 +21,9 @@ class KVCacheBlocks:
         return [b.block_id for b in self.blocks]
 
 
+_NO_NEW_BLOCKS = KVCacheBlocks([])
+
+
 @dataclass
 class PrefixCacheStats:
     """Counted per admitted request, in tokens: queries are prompt (and resumed output)
@@ -106,6 +109,10 @@ class KVCacheManager:
             blocks = self.req_to_blocks[req_id] = []
         num_tokens = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
         num_needed = -(-num_tokens // self.block_size) - len(blocks)
+        if (new_computed_blocks is None and num_needed <= 0 and (
+                not self.enable_caching
+                or num_tokens // self.block_size <= self.num_cached_block.get(req_id, 0))):
+            return _NO_NEW_BLOCKS  # most decode steps: the last block still has room
         if new_computed_blocks is None:
             # The hot path (a running request's next tokens): usually no new block at all.
             if num_needed > self.block_pool.get_num_free_blocks():

@@ -10,13 +10,15 @@ from jaxvllm.core.request import Request, RequestStatus
 
 def check_stop(request: Request, max_model_len: int) -> bool:
     params = request.sampling_params
-    if (request.num_tokens >= max_model_len
-            or (params.max_tokens is not None and request.num_output_tokens >= params.max_tokens)):
+    output = request.output_token_ids
+    num_output = len(output)
+    if (len(request.prompt_token_ids) + num_output >= max_model_len
+            or (params.max_tokens is not None and num_output >= params.max_tokens)):
         request.status = RequestStatus.FINISHED_LENGTH_CAPPED
         return True
-    if request.num_output_tokens < params.min_tokens:
+    if num_output < params.min_tokens:
         return False
-    last = request.output_token_ids[-1]
+    last = output[-1]
     if not params.ignore_eos and last == request.eos_token_id:
         request.status = RequestStatus.FINISHED_STOPPED
         return True

@@ -113,7 +113,12 @@ class Scheduler:
         index = 0
         while index < len(self.running) and token_budget > 0:
             request = self.running[index]
-            num_new = self._num_new_tokens(request, token_budget, request.num_computed_tokens)
+            num_computed = request.num_computed_tokens
+            num_new = request.num_tokens - num_computed
+            if num_new == 1:  # a decode: the common case, kept cheap
+                num_new = int(num_computed < self.max_model_len - 1)
+            else:
+                num_new = self._num_new_tokens(request, token_budget, num_computed)
             if num_new == 0:
                 index += 1
                 continue
@@ -175,11 +180,13 @@ class Scheduler:
             blocks_to_swap_in=swap_in,
         )
         self._finished_req_ids = set()
+        requests = self.requests
         for req_id, n in num_scheduled.items():
-            request = self.requests[req_id]
+            request = requests[req_id]
             start = request.num_computed_tokens
-            if start < request.num_prompt_tokens:
-                self.num_prefill_tokens += min(n, request.num_prompt_tokens - start)
+            num_prompt = len(request.prompt_token_ids)
+            if start < num_prompt:
+                self.num_prefill_tokens += min(n, num_prompt - start)
             request.num_computed_tokens = start + n
         return output
 

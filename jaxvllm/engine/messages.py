@@ -32,7 +32,7 @@ class EngineCoreRequest:
     cache_salt: str | None = None
 
 
-@dataclass
+@dataclass(slots=True)  # one per request per step: kept cheap to build
 class EngineCoreOutput:
     request_id: str
     new_token_ids: list[int]
