@@ -5,7 +5,15 @@ field's name and its allowed range before the request reaches the engine.
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
+
+
+class RequestOutputKind(enum.IntEnum):
+    """What each RequestOutput of a streaming request holds (vLLM's names)."""
+    CUMULATIVE = 0  # everything generated so far
+    DELTA = 1       # only what is new since the previous output
+    FINAL_ONLY = 2  # nothing until the request finishes
 
 
 @dataclass
@@ -24,6 +32,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -274,4 +274,6 @@ class Scheduler:
             num_swapped_reqs=num_swapped, kv_cache_usage=self.kv_cache_usage,
             prefix_cache_queries=prefix.queries, prefix_cache_hits=prefix.hits,
             num_preemptions=self.num_preemptions, num_swap_outs=self.num_swap_outs,
-            num_prefill_tokens=self.num_prefill_tokens)
+            num_prefill_tokens=self.num_prefill_tokens,
+            num_free_blocks=self.kv_cache_manager.block_pool.get_num_free_blocks(),
+            num_total_blocks=self.kv_cache_manager.block_pool.num_blocks - 1)

@@ -16,6 +16,9 @@ class SchedulerStats:
     num_preemptions: int = 0       # recompute and swap together
     num_swap_outs: int = 0         # preemptions that swapped rather than recomputed
     num_prefill_tokens: int = 0    # prompt tokens actually computed (cache hits skipped)
+    num_free_blocks: int = 0       # free KV blocks, evictable cached ones included
+    num_total_blocks: int = 0      # usable KV blocks (the null block 0 excluded)
+    num_compilations: int = 0      # XLA programs compiled so far (filled in by the EngineCore)
 
     @property
     def prefix_cache_hit_rate(self) -> float:

@@ -57,7 +57,9 @@ class EngineCore:
         return self.scheduler.reset_prefix_cache()
 
     def get_stats(self) -> SchedulerStats:
-        return self.scheduler.make_stats()
+        stats = self.scheduler.make_stats()
+        stats.num_compilations = self.model_runner.num_compilations
+        return stats
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()

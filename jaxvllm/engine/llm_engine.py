@@ -1,35 +1,52 @@
-"""LLMEngine: the synchronous front end: Processor -> EngineCore -> OutputProcessor."""
+"""LLMEngine: the synchronous front end: Processor -> EngineCore client -> OutputProcessor.
+
+The core runs in this process by default (so tests and notebooks can look inside it);
+with multiprocess_mode=True (or JAXVLLM_ENABLE_MULTIPROCESSING=1) it runs in its own
+process behind ZMQ, as it does for AsyncLLM.
+"""
 from __future__ import annotations
+
+import os
 
 import jax
 
 from jaxvllm.config import EngineArgs, EngineConfig
+from jaxvllm.core.stats import SchedulerStats
+from jaxvllm.engine.core_client import InprocClient, SyncMPClient
 from jaxvllm.engine.engine_core import EngineCore
 from jaxvllm.engine.output_processor import OutputProcessor
-from jaxvllm.engine.processor import Processor
+from jaxvllm.engine.processor import Processor, eos_token_id
 from jaxvllm.models.loader import load_hf_config, load_tokenizer, resolve_model
 from jaxvllm.outputs import RequestOutput
 from jaxvllm.sampling_params import SamplingParams
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, model_path: str, hf_config, tokenizer):
+    def __init__(self, config: EngineConfig, model_path: str, hf_config, tokenizer,
+                 multiprocess_mode: bool = False):
         self.config = config
         self.tokenizer = tokenizer
-        self.engine_core = EngineCore(config, model_path, hf_config)
-        eos = getattr(tokenizer, "eos_token_id", None)
-        if eos is None:
-            eos = getattr(hf_config, "eos_token_id", None)
-            eos = eos[0] if isinstance(eos, list) else eos
-        self.processor = Processor(config, tokenizer, hf_config.vocab_size, eos)
+        self.engine_core_client = (SyncMPClient(config, model_path) if multiprocess_mode
+                                   else InprocClient(config, model_path, hf_config))
+        self.processor = Processor(config, tokenizer, hf_config.vocab_size,
+                                   eos_token_id(tokenizer, hf_config))
         self.output_processor = OutputProcessor(tokenizer)
 
     @classmethod
-    def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
+    def from_engine_args(cls, args: EngineArgs, multiprocess_mode: bool | None = None) -> "LLMEngine":
+        if multiprocess_mode is None:
+            multiprocess_mode = os.environ.get("JAXVLLM_ENABLE_MULTIPROCESSING", "0") == "1"
         model_path = resolve_model(args.model)
         hf_config = load_hf_config(model_path)
         config = args.create_engine_config(hf_config, jax.default_backend())
-        return cls(config, model_path, hf_config, load_tokenizer(model_path))
+        return cls(config, model_path, hf_config, load_tokenizer(model_path), multiprocess_mode)
+
+    @property
+    def engine_core(self) -> EngineCore:
+        """The in-process EngineCore (only without multiprocessing)."""
+        if not isinstance(self.engine_core_client, InprocClient):
+            raise AttributeError("The engine core runs in another process; use engine_core_client.")
+        return self.engine_core_client.engine_core
 
     def add_request(self, request_id: str, prompt, params: SamplingParams,
                     arrival_time: float | None = None, priority: int = 0) -> None:
@@ -37,21 +54,31 @@ class LLMEngine:
                                                              priority)
         self.output_processor.add_request(request, prompt_text)
         try:
-            self.engine_core.add_request(request)
+            self.engine_core_client.add_request(request)
         except Exception:
             self.output_processor.abort_requests([request_id])
             raise
 
     def abort_request(self, request_ids) -> None:
-        self.engine_core.abort_requests(request_ids)
+        self.engine_core_client.abort_requests(list(request_ids))
         self.output_processor.abort_requests(request_ids)
 
     def has_unfinished_requests(self) -> bool:
         return self.output_processor.get_num_unfinished_requests() > 0
 
+    def get_stats(self) -> SchedulerStats:
+        stats = self.engine_core_client.call_utility("get_stats")
+        return SchedulerStats(**stats) if isinstance(stats, dict) else stats
+
+    def reset_prefix_cache(self) -> bool:
+        return self.engine_core_client.call_utility("reset_prefix_cache")
+
     def step(self) -> list[RequestOutput]:
-        outputs = self.engine_core.step()
-        request_outputs, reqs_to_abort = self.output_processor.process_outputs(outputs)
+        outputs = self.engine_core_client.get_output()
+        request_outputs, reqs_to_abort = self.output_processor.process_outputs(outputs.outputs)
         if reqs_to_abort:
-            self.engine_core.abort_requests(reqs_to_abort)
+            self.engine_core_client.abort_requests(reqs_to_abort)
         return request_outputs
+
+    def shutdown(self) -> None:
+        self.engine_core_client.shutdown()

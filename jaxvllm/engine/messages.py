@@ -1,14 +1,23 @@
 """Plain dataclasses exchanged between the front end and the EngineCore.
 
-They hold only builtins and other such dataclasses so that they can later cross a
-process boundary as msgpack.
+They hold only builtins and other such dataclasses so that they cross the process
+boundary as msgpack (engine/serial_utils.py).
 """
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
+from jaxvllm.core.stats import SchedulerStats
 from jaxvllm.sampling_params import SamplingParams
+
+
+class EngineCoreRequestType(bytes, enum.Enum):
+    """First frame of every message to the engine process: what the payload is."""
+    ADD = b"\x00"
+    ABORT = b"\x01"
+    UTILITY = b"\x02"
 
 
 class FinishReason(enum.IntEnum):
@@ -42,3 +51,27 @@ class EngineCoreOutput:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+@dataclass
+class UtilityRequest:
+    """A call of an EngineCore method by name (get_stats, reset_prefix_cache, ...)."""
+    call_id: int
+    method: str
+    args: list[Any] = field(default_factory=list)
+
+
+@dataclass
+class UtilityOutput:
+    call_id: int
+    result: Any = None
+    failure_message: str | None = None
+
+
+@dataclass
+class EngineCoreOutputs:
+    """One message from the engine process: a step's outputs, a utility result, or both."""
+    outputs: list[EngineCoreOutput] = field(default_factory=list)
+    scheduler_stats: SchedulerStats | None = None
+    timestamp: float = 0.0
+    utility_output: UtilityOutput | None = None

@@ -1,16 +1,50 @@
 """OutputProcessor: turns EngineCoreOutputs into RequestOutputs.
 
-Detokenizes incrementally, applies stop strings (which the engine core cannot see) and
-records finish reasons. Requests that a stop string ends are reported back so that the
-caller aborts them in the core and their blocks return to the pool.
+Detokenizes incrementally, applies stop strings (which the engine core cannot see),
+records finish reasons and latency statistics, and shapes each output by the request's
+output_kind (cumulative, delta or final only). Requests that a stop string ends are
+reported back so that the caller aborts them in the core and their blocks return to
+the pool. For AsyncLLM each request has a RequestOutputCollector that its generator awaits.
 """
 from __future__ import annotations
 
+import asyncio
+import time
 from dataclasses import dataclass, field
 
 from jaxvllm.engine.detokenizer import IncrementalDetokenizer
 from jaxvllm.engine.messages import EngineCoreOutput, EngineCoreRequest, FinishReason
+from jaxvllm.metrics.stats import IterationStats, RequestStateStats
 from jaxvllm.outputs import CompletionOutput, RequestOutput
+from jaxvllm.sampling_params import RequestOutputKind
+
+
+class RequestOutputCollector:
+    """The latest undelivered output of one request. A slow consumer gets the outputs
+    merged (delta outputs concatenated, cumulative ones replaced), never a backlog."""
+
+    def __init__(self, output_kind: RequestOutputKind):
+        self.delta = output_kind == RequestOutputKind.DELTA
+        self.output: RequestOutput | Exception | None = None
+        self.ready = asyncio.Event()
+
+    def put(self, output: RequestOutput | Exception) -> None:
+        if (self.delta and isinstance(self.output, RequestOutput)
+                and isinstance(output, RequestOutput)):
+            for prev, new in zip(self.output.outputs, output.outputs):
+                new.text = prev.text + new.text
+                new.token_ids = prev.token_ids + new.token_ids
+        if not isinstance(self.output, Exception):
+            self.output = output
+        self.ready.set()
+
+    async def get(self) -> RequestOutput:
+        await self.ready.wait()
+        output, self.output = self.output, None
+        self.ready.clear()
+        if isinstance(output, Exception):
+            raise output
+        return output
 
 
 @dataclass
@@ -19,6 +53,9 @@ class RequestState:
     prompt: str | None
     prompt_token_ids: list[int]
     detokenizer: IncrementalDetokenizer
+    output_kind: RequestOutputKind
+    stats: RequestStateStats
+    queue: RequestOutputCollector | None = None
     output_token_ids: list[int] = field(default_factory=list)
 
 
@@ -27,24 +64,36 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.request_states: dict[str, RequestState] = {}
 
-    def add_request(self, request: EngineCoreRequest, prompt: str | None) -> None:
+    def add_request(self, request: EngineCoreRequest, prompt: str | None,
+                    queue: RequestOutputCollector | None = None) -> None:
         if request.request_id in self.request_states:
             raise ValueError(f"Request id {request.request_id!r} is already running.")
+        params = request.sampling_params
         self.request_states[request.request_id] = RequestState(
             request_id=request.request_id, prompt=prompt, prompt_token_ids=request.prompt_token_ids,
-            detokenizer=IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids,
-                                               request.sampling_params))
+            detokenizer=IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, params),
+            output_kind=params.output_kind, stats=RequestStateStats(request.arrival_time), queue=queue)
 
     def abort_requests(self, request_ids) -> None:
         for req_id in request_ids:
             self.request_states.pop(req_id, None)
 
+    def propagate_error(self, error: Exception) -> None:
+        """Fail every pending request (the engine died); their generators raise `error`."""
+        for state in self.request_states.values():
+            if state.queue is not None:
+                state.queue.put(error)
+        self.request_states.clear()
+
     def get_num_unfinished_requests(self) -> int:
         return len(self.request_states)
 
-    def process_outputs(self, outputs: list[EngineCoreOutput]) -> tuple[list[RequestOutput], list[str]]:
-        """Returns the updated RequestOutputs and the ids to abort in the engine core."""
+    def process_outputs(self, outputs: list[EngineCoreOutput], iteration_stats: IterationStats | None = None
+                        ) -> tuple[list[RequestOutput], list[str]]:
+        """Returns the RequestOutputs to hand out now (those with a queue go into it
+        instead) and the ids to abort in the engine core."""
         request_outputs, reqs_to_abort = [], []
+        now = time.time()
         for out in outputs:
             state = self.request_states.get(out.request_id)
             if state is None:
@@ -57,16 +106,35 @@ class OutputProcessor:
                 finish_reason, stop_reason = FinishReason.STOP, stop_str
                 reqs_to_abort.append(out.request_id)
             finished = finish_reason is not None
-            completion = CompletionOutput(
-                index=0,
-                text=state.detokenizer.get_next_output_text(delta=False, finished=finished),
-                token_ids=list(state.output_token_ids),
-                finish_reason=str(finish_reason) if finished else None,
-                stop_reason=stop_reason,
-            )
-            request_outputs.append(RequestOutput(
-                request_id=state.request_id, prompt=state.prompt,
-                prompt_token_ids=state.prompt_token_ids, outputs=[completion], finished=finished))
+            if iteration_stats is not None:
+                n_prompt = len(state.prompt_token_ids)
+                state.stats.update(len(out.new_token_ids), now, n_prompt, iteration_stats)
+                if finished:
+                    state.stats.finish(str(finish_reason), now, n_prompt, iteration_stats)
+            output = self._make_output(state, out.new_token_ids, finish_reason, stop_reason)
+            if output is not None:
+                if state.queue is not None:
+                    state.queue.put(output)
+                else:
+                    request_outputs.append(output)
             if finished:
                 del self.request_states[out.request_id]
         return request_outputs, reqs_to_abort
+
+    def _make_output(self, state: RequestState, new_token_ids: list[int],
+                     finish_reason: FinishReason | None, stop_reason) -> RequestOutput | None:
+        finished = finish_reason is not None
+        kind = state.output_kind
+        if kind == RequestOutputKind.FINAL_ONLY and not finished:
+            return None
+        delta = kind == RequestOutputKind.DELTA
+        completion = CompletionOutput(
+            index=0,
+            text=state.detokenizer.get_next_output_text(delta=delta, finished=finished),
+            token_ids=list(new_token_ids) if delta else list(state.output_token_ids),
+            finish_reason=str(finish_reason) if finished else None,
+            stop_reason=stop_reason,
+        )
+        return RequestOutput(request_id=state.request_id, prompt=state.prompt,
+                             prompt_token_ids=state.prompt_token_ids, outputs=[completion],
+                             finished=finished)

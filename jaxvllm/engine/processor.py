@@ -13,6 +13,15 @@ from jaxvllm.engine.messages import EngineCoreRequest
 from jaxvllm.sampling_params import SamplingParams
 
 
+def eos_token_id(tokenizer, hf_config) -> int | None:
+    """The tokenizer's EOS id, else the model config's (its first, if it lists several)."""
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is None:
+        eos = getattr(hf_config, "eos_token_id", None)
+        eos = eos[0] if isinstance(eos, list) else eos
+    return eos
+
+
 class Processor:
     def __init__(self, config: EngineConfig, tokenizer, vocab_size: int, eos_token_id: int | None):
         self.max_model_len = config.scheduler.max_model_len

@@ -60,7 +60,7 @@ class LLM:
 
     def reset_prefix_cache(self) -> bool:
         """Forget the cached prefixes; False (and nothing done) while requests hold blocks."""
-        return self.llm_engine.engine_core.reset_prefix_cache()
+        return self.llm_engine.reset_prefix_cache()
 
     def chat(self, messages, sampling_params=None, use_tqdm: bool = True,
              add_generation_prompt: bool = True, chat_template_kwargs: dict | None = None

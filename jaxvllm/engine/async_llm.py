@@ -1,0 +1,147 @@
+"""AsyncLLM: the asyncio front end that the server (and notebooks) stream from.
+
+Tokenizing and detokenizing run here while the EngineCore steps in its own process.
+One background task, the output handler, pulls EngineCoreOutputs off the socket,
+detokenizes them and hands each request's output to its collector; `generate` is an
+async iterator over that collector. Leaving the iterator early aborts the request.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import AsyncIterator
+
+import jax
+
+from jaxvllm.config import EngineArgs, EngineConfig
+from jaxvllm.core.stats import SchedulerStats
+from jaxvllm.engine.core_client import AsyncMPClient
+from jaxvllm.engine.exceptions import EngineDeadError
+from jaxvllm.engine.output_processor import OutputProcessor, RequestOutputCollector
+from jaxvllm.engine.processor import Processor, eos_token_id
+from jaxvllm.metrics.stats import IterationStats
+from jaxvllm.models.loader import load_hf_config, load_tokenizer, resolve_model
+from jaxvllm.outputs import RequestOutput
+from jaxvllm.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class AsyncLLM:
+    def __init__(self, config: EngineConfig, model_path: str, hf_config, tokenizer,
+                 stat_loggers=None):
+        self.vllm_config = config
+        self.model_config = hf_config
+        self.model_name = config.model or model_path
+        self.tokenizer = tokenizer
+        self.processor = Processor(config, tokenizer, hf_config.vocab_size,
+                                   eos_token_id(tokenizer, hf_config))
+        self.output_processor = OutputProcessor(tokenizer)
+        self.stat_loggers = list(stat_loggers or [])
+        self.engine_core = AsyncMPClient(config, model_path)
+        self.last_scheduler_stats: SchedulerStats | None = None
+        self._output_handler: asyncio.Task | None = None
+        self._errored_with: Exception | None = None
+
+    @classmethod
+    def from_engine_args(cls, args: EngineArgs, stat_loggers=None) -> "AsyncLLM":
+        model_path = resolve_model(args.model)
+        hf_config = load_hf_config(model_path)
+        # The front end never touches a device: the platform only picks engine defaults.
+        config = args.create_engine_config(hf_config, jax.default_backend())
+        return cls(config, model_path, hf_config, load_tokenizer(model_path), stat_loggers)
+
+    # ---- requests -----------------------------------------------------------------
+    async def generate(self, prompt, sampling_params: SamplingParams, request_id: str,
+                       priority: int = 0) -> AsyncIterator[RequestOutput]:
+        """Yields the request's outputs until it finishes; ValueError for invalid input
+        (before anything is queued), EngineDeadError if the engine process dies."""
+        self._ensure_output_handler()
+        if self.errored:
+            raise EngineDeadError()
+        request, prompt_text = self.processor.process_inputs(request_id, prompt, sampling_params,
+                                                             priority=priority)
+        collector = RequestOutputCollector(sampling_params.output_kind)
+        self.output_processor.add_request(request, prompt_text, collector)
+        finished = False
+        try:
+            await self.engine_core.add_request_async(request)
+            while not finished:
+                output = await collector.get()
+                finished = output.finished
+                yield output
+        finally:
+            if not finished:  # cancelled, closed early, or failed: free its blocks
+                await self._abort_quietly(request_id)
+
+    async def abort(self, request_id: str | list[str]) -> None:
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        self.output_processor.abort_requests(ids)
+        await self.engine_core.abort_requests_async(ids)
+
+    async def _abort_quietly(self, request_id: str) -> None:
+        self.output_processor.abort_requests([request_id])
+        if not self.errored:
+            try:
+                await asyncio.shield(self.engine_core.abort_requests_async([request_id]))
+            except EngineDeadError:
+                pass
+
+    # ---- output handler -----------------------------------------------------------
+    def _ensure_output_handler(self) -> None:
+        if self._output_handler is None or self._output_handler.done():
+            self._output_handler = asyncio.get_running_loop().create_task(self._run_output_handler())
+
+    async def _run_output_handler(self) -> None:
+        try:
+            while True:
+                outputs = await self.engine_core.get_output_async()
+                iteration_stats = IterationStats() if self.stat_loggers else None
+                _, reqs_to_abort = self.output_processor.process_outputs(outputs.outputs,
+                                                                         iteration_stats)
+                if reqs_to_abort:
+                    await self.engine_core.abort_requests_async(reqs_to_abort)
+                if outputs.scheduler_stats is not None:
+                    self.last_scheduler_stats = outputs.scheduler_stats
+                for stat_logger in self.stat_loggers:
+                    stat_logger.record(outputs.scheduler_stats, iteration_stats)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            logger.error("AsyncLLM output handler failed: %s", e)
+            self._errored_with = e if isinstance(e, EngineDeadError) else EngineDeadError(str(e))
+            self.output_processor.propagate_error(self._errored_with)
+
+    # ---- state and utilities ------------------------------------------------------
+    @property
+    def errored(self) -> bool:
+        return self._errored_with is not None or self.engine_core.engine_dead
+
+    @property
+    def is_running(self) -> bool:
+        return not self.errored
+
+    @property
+    def engine_core_pid(self) -> int | None:
+        return self.engine_core.engine_core_pid
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    def add_stat_logger(self, stat_logger) -> None:
+        self.stat_loggers.append(stat_logger)
+
+    async def check_health(self) -> None:
+        if self.errored:
+            raise EngineDeadError()
+
+    async def get_stats(self) -> SchedulerStats:
+        return SchedulerStats(**await self.engine_core.call_utility_async("get_stats"))
+
+    async def reset_prefix_cache(self) -> bool:
+        return await self.engine_core.call_utility_async("reset_prefix_cache")
+
+    def shutdown(self) -> None:
+        if self._output_handler is not None:
+            self._output_handler.cancel()
+        self.engine_core.shutdown()

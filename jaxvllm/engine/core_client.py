@@ -1,0 +1,278 @@
+"""Clients of the EngineCore: one per way of using it.
+
+- InprocClient: the core in this process, stepped by the caller (tests, notebooks, LLM).
+- SyncMPClient: the core in its own process; blocking calls (LLM with multiprocessing).
+- AsyncMPClient: the core in its own process; asyncio calls (AsyncLLM, the server).
+
+An MP client starts the engine process, watches its sentinel, and shuts it down. If the
+process dies first, every waiting call fails with EngineDeadError within a second or so.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import multiprocessing
+import os
+import queue
+import tempfile
+import threading
+import uuid
+import weakref
+from concurrent.futures import Future
+from multiprocessing.connection import wait
+
+import msgpack
+import zmq
+import zmq.asyncio
+
+from jaxvllm.config import EngineConfig
+from jaxvllm.engine.core_proc import run_engine_core
+from jaxvllm.engine.engine_core import EngineCore
+from jaxvllm.engine.exceptions import EngineDeadError
+from jaxvllm.engine.messages import (EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType,
+                                     UtilityRequest)
+from jaxvllm.engine.serial_utils import decode, encode
+
+logger = logging.getLogger(__name__)
+_SEND_TIMEOUT_MS = 5000
+
+
+class InprocClient:
+    def __init__(self, config: EngineConfig, model_path: str, hf_config):
+        self.engine_core = EngineCore(config, model_path, hf_config)
+
+    def get_output(self) -> EngineCoreOutputs:
+        return EngineCoreOutputs(outputs=self.engine_core.step())
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        self.engine_core.add_request(request)
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        self.engine_core.abort_requests(request_ids)
+
+    def call_utility(self, method: str, *args):
+        return getattr(self.engine_core, method)(*args)
+
+    def shutdown(self) -> None:
+        pass
+
+
+class _EngineProcess:
+    """The spawned engine process and its two sockets' addresses; shut down on collection."""
+
+    def __init__(self, config: EngineConfig, model_path: str, on_death):
+        base = os.path.join(tempfile.gettempdir(), f"jaxvllm-{uuid.uuid4().hex[:12]}")
+        self.input_address, self.output_address = f"ipc://{base}-in", f"ipc://{base}-out"
+        ctx = multiprocessing.get_context("spawn")  # jax and threads do not survive fork
+        reader, writer = ctx.Pipe(duplex=False)
+        self.proc = ctx.Process(target=run_engine_core, name="EngineCore", args=(
+            encode(config), model_path, self.input_address, self.output_address, writer, os.getpid()))
+        self.on_death = on_death
+        self.stopping = threading.Event()
+        self._reader, self._writer = reader, writer
+        self._finalizer = weakref.finalize(self, _terminate, self.proc, self.stopping)
+
+    def start_and_wait_ready(self) -> None:
+        self.proc.start()
+        self._writer.close()
+        while not self._reader.poll(0.5):
+            if not self.proc.is_alive():
+                raise RuntimeError(f"The engine core process exited with code {self.proc.exitcode} "
+                                   "during start-up; see its log above.")
+        msg = msgpack.unpackb(self._reader.recv_bytes())
+        if msg["status"] != "READY":
+            self.proc.join(10)
+            raise RuntimeError(f"The engine core failed to start: {msg.get('error')}")
+        threading.Thread(target=self._monitor, daemon=True, name="EngineCoreMonitor").start()
+
+    def _monitor(self) -> None:
+        wait([self.proc.sentinel])
+        if not self.stopping.is_set():
+            logger.error("The engine core process died (exit code %s).", self.proc.exitcode)
+            self.on_death()
+
+    def shutdown(self) -> None:
+        self._finalizer()
+
+
+def _terminate(proc, stopping: threading.Event) -> None:
+    stopping.set()
+    if proc.is_alive():
+        proc.terminate()
+        proc.join(5)
+    if proc.is_alive():
+        proc.kill()
+        proc.join(5)
+
+
+class _MPClientBase:
+    def __init__(self, config: EngineConfig, model_path: str, zmq_ctx: zmq.Context):
+        self.engine_dead = False
+        self.ctx = zmq_ctx
+        self.engine = _EngineProcess(config, model_path, self._on_engine_death)
+        self.input_socket = self.ctx.socket(zmq.PUSH)
+        self.input_socket.setsockopt(zmq.SNDTIMEO, _SEND_TIMEOUT_MS)
+        self.input_socket.setsockopt(zmq.LINGER, 0)
+        self.input_socket.bind(self.engine.input_address)
+        self.output_socket = self.ctx.socket(zmq.PULL)
+        self.output_socket.setsockopt(zmq.LINGER, 0)
+        self.output_socket.bind(self.engine.output_address)
+        self._call_ids = itertools.count()
+        self.pending_utility: dict[int, object] = {}
+        self.engine.start_and_wait_ready()
+
+    @property
+    def engine_core_pid(self) -> int | None:
+        return self.engine.proc.pid
+
+    def _frames(self, kind: EngineCoreRequestType, payload: bytes) -> list[bytes]:
+        if self.engine_dead:
+            raise EngineDeadError()
+        return [kind.value, payload]
+
+    def _on_engine_death(self) -> None:
+        raise NotImplementedError
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+        self.input_socket.close()
+        self.output_socket.close()
+
+
+class SyncMPClient(_MPClientBase):
+    def __init__(self, config: EngineConfig, model_path: str):
+        super().__init__(config, model_path, zmq.Context())
+        self.outputs_queue: queue.Queue = queue.Queue()
+        threading.Thread(target=self._process_outputs_socket, daemon=True,
+                         name="EngineCoreOutputReader").start()
+
+    def _process_outputs_socket(self) -> None:
+        try:
+            while True:
+                outputs = decode(EngineCoreOutputs, self.output_socket.recv())
+                if outputs.utility_output is not None:
+                    future = self.pending_utility.pop(outputs.utility_output.call_id, None)
+                    if future is not None:
+                        _resolve(future, outputs.utility_output)
+                if outputs.outputs:
+                    self.outputs_queue.put(outputs)
+        except zmq.ZMQError:
+            pass  # socket closed by shutdown
+
+    def _on_engine_death(self) -> None:
+        self.engine_dead = True
+        self.outputs_queue.put(EngineDeadError())
+        for future in list(self.pending_utility.values()):
+            future.set_exception(EngineDeadError())
+        self.pending_utility.clear()
+
+    def get_output(self) -> EngineCoreOutputs:
+        item = self.outputs_queue.get()
+        if isinstance(item, Exception):
+            self.outputs_queue.put(item)  # every later call fails the same way
+            raise item
+        return item
+
+    def _send(self, kind, payload) -> None:
+        try:
+            self.input_socket.send_multipart(self._frames(kind, payload))
+        except zmq.Again:
+            raise EngineDeadError("The engine core stopped reading its input.") from None
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        self._send(EngineCoreRequestType.ADD, encode(request))
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        if request_ids and not self.engine_dead:
+            self._send(EngineCoreRequestType.ABORT, msgpack.packb(list(request_ids)))
+
+    def call_utility(self, method: str, *args):
+        call_id = next(self._call_ids)
+        future: Future = Future()
+        self.pending_utility[call_id] = future
+        self._send(EngineCoreRequestType.UTILITY, encode(UtilityRequest(call_id, method, list(args))))
+        return future.result()
+
+
+class AsyncMPClient(_MPClientBase):
+    """All socket work happens in the event loop that first uses the client."""
+
+    def __init__(self, config: EngineConfig, model_path: str):
+        super().__init__(config, model_path, zmq.asyncio.Context())
+        self.outputs_queue: asyncio.Queue | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._reader_task: asyncio.Task | None = None
+
+    def _ensure_started(self) -> None:
+        if self._reader_task is None:
+            self._loop = asyncio.get_running_loop()
+            self.outputs_queue = asyncio.Queue()
+            self._reader_task = self._loop.create_task(self._process_outputs_socket())
+            if self.engine_dead:
+                self._fail_all()
+
+    async def _process_outputs_socket(self) -> None:
+        while True:
+            outputs = decode(EngineCoreOutputs, await self.output_socket.recv())
+            if outputs.utility_output is not None:
+                future = self.pending_utility.pop(outputs.utility_output.call_id, None)
+                if future is not None and not future.done():
+                    _resolve(future, outputs.utility_output)
+            if outputs.outputs:
+                self.outputs_queue.put_nowait(outputs)
+
+    def _on_engine_death(self) -> None:  # runs in the monitor thread
+        self.engine_dead = True
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._fail_all)
+
+    def _fail_all(self) -> None:
+        self.outputs_queue.put_nowait(EngineDeadError())
+        for future in list(self.pending_utility.values()):
+            if not future.done():
+                future.set_exception(EngineDeadError())
+        self.pending_utility.clear()
+
+    async def get_output_async(self) -> EngineCoreOutputs:
+        self._ensure_started()
+        item = await self.outputs_queue.get()
+        if isinstance(item, Exception):
+            self.outputs_queue.put_nowait(item)
+            raise item
+        return item
+
+    async def _send(self, kind, payload) -> None:
+        self._ensure_started()
+        try:
+            await self.input_socket.send_multipart(self._frames(kind, payload))
+        except zmq.Again:
+            raise EngineDeadError("The engine core stopped reading its input.") from None
+
+    async def add_request_async(self, request: EngineCoreRequest) -> None:
+        await self._send(EngineCoreRequestType.ADD, encode(request))
+
+    async def abort_requests_async(self, request_ids: list[str]) -> None:
+        if request_ids and not self.engine_dead:
+            await self._send(EngineCoreRequestType.ABORT, msgpack.packb(list(request_ids)))
+
+    async def call_utility_async(self, method: str, *args):
+        self._ensure_started()
+        call_id = next(self._call_ids)
+        future = self._loop.create_future()
+        self.pending_utility[call_id] = future
+        await self._send(EngineCoreRequestType.UTILITY,
+                         encode(UtilityRequest(call_id, method, list(args))))
+        return await future
+
+    def shutdown(self) -> None:
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+        super().shutdown()
+
+
+def _resolve(future, utility_output) -> None:
+    if utility_output.failure_message is not None:
+        future.set_exception(RuntimeError(utility_output.failure_message))
+    else:
+        future.set_result(utility_output.result)

@@ -1,0 +1,168 @@
+"""EngineCoreProc: the EngineCore in its own process, behind two ZMQ sockets.
+
+Three threads, as in vLLM V1: an input thread decodes messages from the front end into
+`input_queue`; the main thread runs the busy loop (take input -> schedule -> execute ->
+update -> put output); an output thread encodes `output_queue` onto the output socket.
+The socket I/O and msgpack work overlaps the device step that way, and the busy loop
+never blocks on the network. Everything received is msgpack decoded into the expected
+dataclass (serial_utils); nothing is unpickled.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import queue
+import signal
+import threading
+import time
+
+import msgpack
+import zmq
+
+from jaxvllm.config import EngineConfig
+from jaxvllm.engine.engine_core import EngineCore
+from jaxvllm.engine.messages import (EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType,
+                                     UtilityOutput, UtilityRequest)
+from jaxvllm.engine.serial_utils import decode, encode
+
+logger = logging.getLogger(__name__)
+
+# Methods the front end may call by name; nothing else is reachable over the socket.
+UTILITY_METHODS = ("get_stats", "reset_prefix_cache")
+_SHUTDOWN = object()
+
+
+class EngineCoreProc(EngineCore):
+    def __init__(self, config: EngineConfig, model_path: str, hf_config,
+                 input_address: str, output_address: str):
+        super().__init__(config, model_path, hf_config)
+        self.input_queue: queue.Queue = queue.Queue()
+        self.output_queue: queue.Queue = queue.Queue()
+        self.ctx = zmq.Context()
+        threading.Thread(target=self._process_input_socket, args=(input_address,), daemon=True,
+                         name="EngineCoreInput").start()
+        self.output_thread = threading.Thread(target=self._process_output_socket,
+                                              args=(output_address,), daemon=True,
+                                              name="EngineCoreOutput")
+        self.output_thread.start()
+
+    # ---- the busy loop ------------------------------------------------------------
+    def run_busy_loop(self) -> None:
+        while True:
+            if not self._process_input_queue():
+                return
+            if self.scheduler.has_unfinished_requests():
+                outputs = self.step()
+                if outputs:
+                    self.output_queue.put(EngineCoreOutputs(
+                        outputs=outputs, scheduler_stats=self.get_stats(), timestamp=time.monotonic()))
+
+    def _process_input_queue(self) -> bool:
+        """Handle every queued message; block for one when there is no work. False: shut down."""
+        block = not self.scheduler.has_unfinished_requests()
+        while True:
+            try:
+                item = self.input_queue.get(block=block)
+            except queue.Empty:
+                return True
+            if item is _SHUTDOWN:
+                return False
+            self._handle_client_request(*item)
+            block = False
+
+    def _handle_client_request(self, kind: EngineCoreRequestType, payload: bytes) -> None:
+        if kind == EngineCoreRequestType.ADD:
+            request = decode(EngineCoreRequest, payload)
+            try:
+                self.add_request(request)
+            except ValueError as e:  # e.g. a duplicate id: fail this request only
+                logger.warning("Rejected request %s: %s", request.request_id, e)
+        elif kind == EngineCoreRequestType.ABORT:
+            self.abort_requests(msgpack.unpackb(payload))
+        elif kind == EngineCoreRequestType.UTILITY:
+            call = decode(UtilityRequest, payload)
+            try:
+                if call.method not in UTILITY_METHODS:
+                    raise ValueError(f"Unknown utility method {call.method!r}.")
+                out = UtilityOutput(call.call_id, result=getattr(self, call.method)(*call.args))
+            except Exception as e:  # reported to the caller; the engine keeps serving
+                out = UtilityOutput(call.call_id, failure_message=f"{type(e).__name__}: {e}")
+            self.output_queue.put(EngineCoreOutputs(utility_output=out, timestamp=time.monotonic()))
+
+    # ---- socket threads -----------------------------------------------------------
+    def _process_input_socket(self, address: str) -> None:
+        sock = self.ctx.socket(zmq.PULL)
+        sock.connect(address)
+        while True:
+            frames = sock.recv_multipart(copy=False)
+            try:
+                kind = EngineCoreRequestType(frames[0].bytes)
+            except ValueError:
+                logger.error("Dropped a message of unknown type %r.", frames[0].bytes[:8])
+                continue
+            self.input_queue.put((kind, frames[1].bytes))
+
+    def _process_output_socket(self, address: str) -> None:
+        sock = self.ctx.socket(zmq.PUSH)
+        sock.setsockopt(zmq.LINGER, 2000)
+        sock.connect(address)
+        while True:
+            item = self.output_queue.get()
+            if item is _SHUTDOWN:
+                sock.close()
+                return
+            sock.send(encode(item), copy=False)
+
+    def shutdown(self) -> None:
+        self.output_queue.put(_SHUTDOWN)
+        self.output_thread.join(timeout=5)
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies, so that no engine outlives
+    the front end that started it (elsewhere the parent's shutdown handles it)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def run_engine_core(config_bytes: bytes, model_path: str, input_address: str,
+                    output_address: str, ready_pipe, parent_pid: int) -> None:
+    """Entry point of the engine process (started with the spawn method)."""
+    _die_with_parent()
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        return
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    shutdown_requested = threading.Event()
+
+    def on_signal(signum, frame):
+        shutdown_requested.set()
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    engine = None
+    try:
+        from jaxvllm.models.loader import load_hf_config
+        config = decode(EngineConfig, config_bytes)
+        engine = EngineCoreProc(config, model_path, load_hf_config(model_path),
+                                input_address, output_address)
+        ready_pipe.send_bytes(msgpack.packb({"status": "READY",
+                                             "num_blocks": engine.scheduler.kv_cache_manager
+                                             .block_pool.num_blocks}))
+        engine.run_busy_loop()
+    except SystemExit:
+        pass
+    except BaseException as e:
+        logger.exception("EngineCore failed.")
+        try:
+            ready_pipe.send_bytes(msgpack.packb({"status": "FAILED",
+                                                 "error": f"{type(e).__name__}: {e}"}))
+        except (OSError, ValueError):
+            pass
+        raise SystemExit(1)
+    finally:
+        if engine is not None:
+            engine.shutdown()
