@@ -11,8 +11,6 @@ import asyncio
 import logging
 from typing import AsyncIterator
 
-import jax
-
 from jaxvllm.config import EngineArgs, EngineConfig
 from jaxvllm.core.stats import SchedulerStats
 from jaxvllm.engine.core_client import AsyncMPClient
@@ -28,28 +26,24 @@ logger = logging.getLogger(__name__)
 
 
 class AsyncLLM:
-    def __init__(self, config: EngineConfig, model_path: str, hf_config, tokenizer,
-                 stat_loggers=None):
-        self.vllm_config = config
-        self.model_config = hf_config
-        self.model_name = config.model or model_path
-        self.tokenizer = tokenizer
-        self.processor = Processor(config, tokenizer, hf_config.vocab_size,
+    def __init__(self, args: EngineArgs, stat_loggers=None):
+        model_path = resolve_model(args.model)
+        self.model_config = hf_config = load_hf_config(model_path)
+        self.tokenizer = tokenizer = load_tokenizer(model_path)
+        self.engine_core = AsyncMPClient(args)  # loads the model and warms up: blocks
+        self.vllm_config: EngineConfig = self.engine_core.config
+        self.model_name = args.model or model_path
+        self.processor = Processor(self.vllm_config, tokenizer, hf_config.vocab_size,
                                    eos_token_id(tokenizer, hf_config))
         self.output_processor = OutputProcessor(tokenizer)
         self.stat_loggers = list(stat_loggers or [])
-        self.engine_core = AsyncMPClient(config, model_path)
         self.last_scheduler_stats: SchedulerStats | None = None
         self._output_handler: asyncio.Task | None = None
         self._errored_with: Exception | None = None
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs, stat_loggers=None) -> "AsyncLLM":
-        model_path = resolve_model(args.model)
-        hf_config = load_hf_config(model_path)
-        # The front end never touches a device: the platform only picks engine defaults.
-        config = args.create_engine_config(hf_config, jax.default_backend())
-        return cls(config, model_path, hf_config, load_tokenizer(model_path), stat_loggers)
+        return cls(args, stat_loggers)
 
     # ---- requests -----------------------------------------------------------------
     async def generate(self, prompt, sampling_params: SamplingParams, request_id: str,

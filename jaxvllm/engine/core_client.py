@@ -26,7 +26,7 @@ import msgpack
 import zmq
 import zmq.asyncio
 
-from jaxvllm.config import EngineConfig
+from jaxvllm.config import EngineArgs, EngineConfig
 from jaxvllm.engine.core_proc import run_engine_core
 from jaxvllm.engine.engine_core import EngineCore
 from jaxvllm.engine.exceptions import EngineDeadError
@@ -61,17 +61,18 @@ class InprocClient:
 class _EngineProcess:
     """The spawned engine process and its two sockets' addresses; shut down on collection."""
 
-    def __init__(self, config: EngineConfig, model_path: str, on_death):
+    def __init__(self, args: EngineArgs, on_death):
         base = os.path.join(tempfile.gettempdir(), f"jaxvllm-{uuid.uuid4().hex[:12]}")
         self.input_address, self.output_address = f"ipc://{base}-in", f"ipc://{base}-out"
         ctx = multiprocessing.get_context("spawn")  # jax and threads do not survive fork
         reader, writer = ctx.Pipe(duplex=False)
         self.proc = ctx.Process(target=run_engine_core, name="EngineCore", args=(
-            encode(config), model_path, self.input_address, self.output_address, writer, os.getpid()))
+            encode(args), self.input_address, self.output_address, writer, os.getpid()))
         self.on_death = on_death
         self.stopping = threading.Event()
         self._reader, self._writer = reader, writer
         self._finalizer = weakref.finalize(self, _terminate, self.proc, self.stopping)
+        self.config: EngineConfig | None = None  # resolved by the engine process
 
     def start_and_wait_ready(self) -> None:
         self.proc.start()
@@ -84,6 +85,7 @@ class _EngineProcess:
         if msg["status"] != "READY":
             self.proc.join(10)
             raise RuntimeError(f"The engine core failed to start: {msg.get('error')}")
+        self.config = decode(EngineConfig, msg["config"])
         threading.Thread(target=self._monitor, daemon=True, name="EngineCoreMonitor").start()
 
     def _monitor(self) -> None:
@@ -107,10 +109,10 @@ def _terminate(proc, stopping: threading.Event) -> None:
 
 
 class _MPClientBase:
-    def __init__(self, config: EngineConfig, model_path: str, zmq_ctx: zmq.Context):
+    def __init__(self, args: EngineArgs, zmq_ctx: zmq.Context):
         self.engine_dead = False
         self.ctx = zmq_ctx
-        self.engine = _EngineProcess(config, model_path, self._on_engine_death)
+        self.engine = _EngineProcess(args, self._on_engine_death)
         self.input_socket = self.ctx.socket(zmq.PUSH)
         self.input_socket.setsockopt(zmq.SNDTIMEO, _SEND_TIMEOUT_MS)
         self.input_socket.setsockopt(zmq.LINGER, 0)
@@ -121,6 +123,7 @@ class _MPClientBase:
         self._call_ids = itertools.count()
         self.pending_utility: dict[int, object] = {}
         self.engine.start_and_wait_ready()
+        self.config: EngineConfig = self.engine.config
 
     @property
     def engine_core_pid(self) -> int | None:
@@ -141,8 +144,8 @@ class _MPClientBase:
 
 
 class SyncMPClient(_MPClientBase):
-    def __init__(self, config: EngineConfig, model_path: str):
-        super().__init__(config, model_path, zmq.Context())
+    def __init__(self, args: EngineArgs):
+        super().__init__(args, zmq.Context())
         self.outputs_queue: queue.Queue = queue.Queue()
         threading.Thread(target=self._process_outputs_socket, daemon=True,
                          name="EngineCoreOutputReader").start()
@@ -198,8 +201,8 @@ class SyncMPClient(_MPClientBase):
 class AsyncMPClient(_MPClientBase):
     """All socket work happens in the event loop that first uses the client."""
 
-    def __init__(self, config: EngineConfig, model_path: str):
-        super().__init__(config, model_path, zmq.asyncio.Context())
+    def __init__(self, args: EngineArgs):
+        super().__init__(args, zmq.asyncio.Context())
         self.outputs_queue: asyncio.Queue | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reader_task: asyncio.Task | None = None

@@ -128,30 +128,33 @@ def _die_with_parent() -> None:
         pass
 
 
-def run_engine_core(config_bytes: bytes, model_path: str, input_address: str,
-                    output_address: str, ready_pipe, parent_pid: int) -> None:
-    """Entry point of the engine process (started with the spawn method)."""
+def run_engine_core(args_bytes: bytes, input_address: str, output_address: str,
+                    ready_pipe, parent_pid: int) -> None:
+    """Entry point of the engine process (started with the spawn method). The engine
+    config is resolved here, where the devices are, and sent back with READY; the front
+    end never initializes a device backend of its own (on a TPU it could not share it)."""
     _die_with_parent()
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         return
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    shutdown_requested = threading.Event()
 
     def on_signal(signum, frame):
-        shutdown_requested.set()
         raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     engine = None
     try:
-        from jaxvllm.models.loader import load_hf_config
-        config = decode(EngineConfig, config_bytes)
-        engine = EngineCoreProc(config, model_path, load_hf_config(model_path),
-                                input_address, output_address)
-        ready_pipe.send_bytes(msgpack.packb({"status": "READY",
-                                             "num_blocks": engine.scheduler.kv_cache_manager
-                                             .block_pool.num_blocks}))
+        import jax
+
+        from jaxvllm.config import EngineArgs
+        from jaxvllm.models.loader import load_hf_config, resolve_model
+        args = decode(EngineArgs, args_bytes)
+        model_path = resolve_model(args.model)
+        hf_config = load_hf_config(model_path)
+        config = args.create_engine_config(hf_config, jax.default_backend())
+        engine = EngineCoreProc(config, model_path, hf_config, input_address, output_address)
+        ready_pipe.send_bytes(msgpack.packb({"status": "READY", "config": encode(config)}))
         engine.run_busy_loop()
     except SystemExit:
         pass

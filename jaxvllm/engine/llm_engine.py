@@ -10,7 +10,7 @@ import os
 
 import jax
 
-from jaxvllm.config import EngineArgs, EngineConfig
+from jaxvllm.config import EngineArgs
 from jaxvllm.core.stats import SchedulerStats
 from jaxvllm.engine.core_client import InprocClient, SyncMPClient
 from jaxvllm.engine.engine_core import EngineCore
@@ -22,12 +22,17 @@ from jaxvllm.sampling_params import SamplingParams
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, model_path: str, hf_config, tokenizer,
-                 multiprocess_mode: bool = False):
+    def __init__(self, args: EngineArgs, multiprocess_mode: bool = False):
+        model_path = resolve_model(args.model)
+        hf_config = load_hf_config(model_path)
+        self.tokenizer = tokenizer = load_tokenizer(model_path)
+        if multiprocess_mode:
+            self.engine_core_client = SyncMPClient(args)
+            config = self.engine_core_client.config
+        else:
+            config = args.create_engine_config(hf_config, jax.default_backend())
+            self.engine_core_client = InprocClient(config, model_path, hf_config)
         self.config = config
-        self.tokenizer = tokenizer
-        self.engine_core_client = (SyncMPClient(config, model_path) if multiprocess_mode
-                                   else InprocClient(config, model_path, hf_config))
         self.processor = Processor(config, tokenizer, hf_config.vocab_size,
                                    eos_token_id(tokenizer, hf_config))
         self.output_processor = OutputProcessor(tokenizer)
@@ -36,10 +41,7 @@ class LLMEngine:
     def from_engine_args(cls, args: EngineArgs, multiprocess_mode: bool | None = None) -> "LLMEngine":
         if multiprocess_mode is None:
             multiprocess_mode = os.environ.get("JAXVLLM_ENABLE_MULTIPROCESSING", "0") == "1"
-        model_path = resolve_model(args.model)
-        hf_config = load_hf_config(model_path)
-        config = args.create_engine_config(hf_config, jax.default_backend())
-        return cls(config, model_path, hf_config, load_tokenizer(model_path), multiprocess_mode)
+        return cls(args, multiprocess_mode)
 
     @property
     def engine_core(self) -> EngineCore:
