@@ -38,6 +38,7 @@ class EngineArgs:
     scheduling_policy: str = "fcfs"        # or "priority": lower `priority` first
     preemption_mode: str = "recompute"     # or "swap": preempted KV goes to host memory
     swap_space: float = 4.0                # GiB of host memory per engine for "swap"
+    profile_dir: str | None = None         # where start_profile() writes jax.profiler traces
 
     @classmethod
     def from_file(cls, path: str, **overrides) -> "EngineArgs":
@@ -87,7 +88,8 @@ class EngineArgs:
             preemption_mode=self.preemption_mode,
         )
         config = EngineConfig(model=self.model, dtype=dtype, cache=cache, scheduler=sched, seed=self.seed,
-                              skip_warmup=self.skip_warmup, attention_backend=self.attention_backend)
+                              skip_warmup=self.skip_warmup, attention_backend=self.attention_backend,
+                              profile_dir=self.profile_dir)
         config.verify()
         return config
 
@@ -122,6 +124,7 @@ class EngineConfig:
     seed: int = 0
     skip_warmup: bool = False
     attention_backend: str = "auto"
+    profile_dir: str | None = None
 
     def verify(self) -> None:
         c, s = self.cache, self.scheduler

@@ -132,6 +132,13 @@ class AsyncLLM:
     async def get_stats(self) -> SchedulerStats:
         return SchedulerStats(**await self.engine_core.call_utility_async("get_stats"))
 
+    async def start_profile(self, profile_dir: str | None = None) -> str:
+        """Trace the engine process (where the device work runs) with jax.profiler."""
+        return await self.engine_core.call_utility_async("start_profile", profile_dir)
+
+    async def stop_profile(self) -> None:
+        await self.engine_core.call_utility_async("stop_profile")
+
     async def reset_prefix_cache(self) -> bool:
         return await self.engine_core.call_utility_async("reset_prefix_cache")
 

@@ -29,7 +29,7 @@ from jaxvllm.engine.serial_utils import decode, encode
 logger = logging.getLogger(__name__)
 
 # Methods the front end may call by name; nothing else is reachable over the socket.
-UTILITY_METHODS = ("get_stats", "reset_prefix_cache")
+UTILITY_METHODS = ("get_stats", "reset_prefix_cache", "start_profile", "stop_profile")
 _SHUTDOWN = object()
 
 

@@ -6,6 +6,9 @@ EngineCoreRequests, so the same core can later run in its own process behind ZMQ
 from __future__ import annotations
 
 import logging
+import os
+
+import jax
 
 from jaxvllm.config import EngineConfig
 from jaxvllm.core.request import Request
@@ -40,6 +43,8 @@ class EngineCore:
             long_prefill_token_threshold=sched.long_prefill_token_threshold,
             scheduling_policy=sched.scheduling_policy, preemption_mode=sched.preemption_mode,
             num_swap_blocks=num_swap_blocks, model_name=config.model or model_path)
+        self.step_num = 0
+        self.profiling = False
 
     def add_request(self, request: EngineCoreRequest) -> None:
         if request.request_id in self.scheduler.requests:
@@ -67,6 +72,31 @@ class EngineCore:
     def step(self) -> list[EngineCoreOutput]:
         if not self.scheduler.has_unfinished_requests():
             return []
-        scheduler_output = self.scheduler.schedule()
-        runner_output = self.model_runner.execute_model(scheduler_output)
-        return self.scheduler.update_from_output(scheduler_output, runner_output)
+        # Named spans so that a jax.profiler trace shows host and device time per step.
+        self.step_num += 1
+        with jax.profiler.StepTraceAnnotation("engine_step", step_num=self.step_num):
+            with jax.profiler.TraceAnnotation("schedule"):
+                scheduler_output = self.scheduler.schedule()
+            runner_output = self.model_runner.execute_model(scheduler_output)
+            with jax.profiler.TraceAnnotation("update_from_output"):
+                return self.scheduler.update_from_output(scheduler_output, runner_output)
+
+    # ---- profiling ----------------------------------------------------------------
+    def start_profile(self, profile_dir: str | None = None) -> str:
+        """Start a jax.profiler trace into profile_dir (else the engine's profile_dir)."""
+        profile_dir = profile_dir or self.config.profile_dir
+        if not profile_dir:
+            raise ValueError("No profile directory: set profile_dir (--profile-dir) or pass one.")
+        if self.profiling:
+            raise ValueError("A profile is already being captured; stop it first.")
+        os.makedirs(profile_dir, exist_ok=True)
+        jax.profiler.start_trace(profile_dir)
+        self.profiling = True
+        return profile_dir
+
+    def stop_profile(self) -> None:
+        if not self.profiling:
+            raise ValueError("No profile is being captured; start one first.")
+        jax.block_until_ready(self.model_runner.kv_cache)  # the last step's device work
+        jax.profiler.stop_trace()
+        self.profiling = False

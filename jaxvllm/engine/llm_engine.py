@@ -75,9 +75,16 @@ class LLMEngine:
     def reset_prefix_cache(self) -> bool:
         return self.engine_core_client.call_utility("reset_prefix_cache")
 
+    def start_profile(self, profile_dir: str | None = None) -> str:
+        return self.engine_core_client.call_utility("start_profile", profile_dir)
+
+    def stop_profile(self) -> None:
+        self.engine_core_client.call_utility("stop_profile")
+
     def step(self) -> list[RequestOutput]:
         outputs = self.engine_core_client.get_output()
-        request_outputs, reqs_to_abort = self.output_processor.process_outputs(outputs.outputs)
+        with jax.profiler.TraceAnnotation("output_processing"):
+            request_outputs, reqs_to_abort = self.output_processor.process_outputs(outputs.outputs)
         if reqs_to_abort:
             self.engine_core_client.abort_requests(reqs_to_abort)
         return request_outputs

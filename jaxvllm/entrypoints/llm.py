@@ -62,6 +62,14 @@ class LLM:
         """Forget the cached prefixes; False (and nothing done) while requests hold blocks."""
         return self.llm_engine.reset_prefix_cache()
 
+    def start_profile(self, profile_dir: str | None = None) -> str:
+        """Start capturing a jax.profiler trace (profile_dir, else the engine's profile_dir);
+        open it with TensorBoard/XProf or Perfetto. Returns the directory."""
+        return self.llm_engine.start_profile(profile_dir)
+
+    def stop_profile(self) -> None:
+        self.llm_engine.stop_profile()
+
     def chat(self, messages, sampling_params=None, use_tqdm: bool = True,
              add_generation_prompt: bool = True, chat_template_kwargs: dict | None = None
              ) -> list[RequestOutput]:

@@ -77,11 +77,15 @@ class ModelRunner:
         req_ids = list(out.num_scheduled_tokens)
         states = [self.input_batch.requests[r] for r in req_ids]
         counts = [out.num_scheduled_tokens[r] for r in req_ids]
-        input_ids, md, logits_indices = self._prepare_inputs(states, counts)
-        hidden, self.kv_cache = self._forward(self.params, self.kv_cache, input_ids, md, logits_indices)
-        sampling_md, all_greedy = self._prepare_sampling(
-            states, pick_bucket(self.request_buckets, len(states)))
-        sampled = np.asarray(self._sample(self.params, hidden, sampling_md, all_greedy=all_greedy))
+        with jax.profiler.TraceAnnotation("prepare_inputs"):
+            input_ids, md, logits_indices = self._prepare_inputs(states, counts)
+            sampling_md, all_greedy = self._prepare_sampling(
+                states, pick_bucket(self.request_buckets, len(states)))
+        with jax.profiler.TraceAnnotation("model_step"):
+            hidden, self.kv_cache = self._forward(self.params, self.kv_cache, input_ids, md,
+                                                  logits_indices)
+        with jax.profiler.TraceAnnotation("sampling"):
+            sampled = np.asarray(self._sample(self.params, hidden, sampling_md, all_greedy=all_greedy))
 
         sampled_token_ids = []
         for i, (state, n) in enumerate(zip(states, counts)):
