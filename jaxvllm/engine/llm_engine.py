@@ -24,7 +24,7 @@ from jaxvllm.sampling_params import SamplingParams
 class LLMEngine:
     def __init__(self, args: EngineArgs, multiprocess_mode: bool = False):
         model_path = resolve_model(args.model)
-        hf_config = load_hf_config(model_path)
+        self.hf_config = hf_config = load_hf_config(model_path)
         self.tokenizer = tokenizer = load_tokenizer(model_path)
         if multiprocess_mode:
             self.engine_core_client = SyncMPClient(args)
