@@ -3,12 +3,19 @@ from jaxvllm.sampling_params import SamplingParams
 from jaxvllm.outputs import CompletionOutput, RequestOutput
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
+__all__ = ["LLM", "AsyncLLM", "EngineArgs", "SamplingParams", "RequestOutput", "CompletionOutput"]
 
 
 def __getattr__(name):
-    # LLM pulls in jax; importing it lazily keeps `import jaxvllm` (and the host core) light.
+    # LLM and AsyncLLM pull in jax; importing them lazily keeps `import jaxvllm` (and the
+    # host core) light.
     if name == "LLM":
         from jaxvllm.entrypoints.llm import LLM
         return LLM
+    if name == "AsyncLLM":
+        from jaxvllm.engine.async_llm import AsyncLLM
+        return AsyncLLM
+    if name == "EngineArgs":
+        from jaxvllm.config import EngineArgs
+        return EngineArgs
     raise AttributeError(name)

@@ -1,4 +1,5 @@
-"""`jaxvllm generate` and `jaxvllm chat`: offline generation from the command line.
+"""`jaxvllm generate` and `jaxvllm chat`: offline generation from the command line;
+`jaxvllm serve`: the OpenAI-compatible HTTP server.
 
 Engine flags are spelled as vLLM spells them (--max-model-len, --max-num-seqs, ...);
 they are generated from EngineArgs so the two can never drift apart.
@@ -8,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import sys
 
 from jaxvllm.config import EngineArgs
@@ -44,6 +46,42 @@ def _engine_args(ns: argparse.Namespace) -> EngineArgs:
     return EngineArgs(**given)
 
 
+def _add_serve_parser(sub) -> None:
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server.")
+    serve.add_argument("model_tag", nargs="?", default=None,
+                       help="Model path (the default model when omitted); same as --model.")
+    serve.add_argument("--host", default="127.0.0.1", help="Bind address (0.0.0.0 exposes it).")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", default=os.environ.get("JAXVLLM_API_KEY"),
+                       help="Require 'Authorization: Bearer KEY' on /v1 (or $JAXVLLM_API_KEY).")
+    serve.add_argument("--served-model-name", default=None, help="The model id clients send.")
+    serve.add_argument("--max-request-bytes", type=int, default=8 << 20,
+                       help="Larger request bodies are refused with HTTP 413.")
+    serve.add_argument("--uvicorn-log-level", default="info")
+    serve.add_argument("--seed", type=int, default=None,
+                       help="Engine seed: requests without a seed draw theirs from it.")
+    _add_engine_flags(serve)
+
+
+def _serve(ns: argparse.Namespace) -> int:
+    import asyncio
+
+    from jaxvllm.entrypoints.openai.api_server import serve
+    if ns.model_tag is not None:
+        ns.model = ns.model_tag
+    try:
+        args = _engine_args(ns)
+        if ns.seed is not None:
+            args = dataclasses.replace(args, seed=ns.seed)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    asyncio.run(serve(args, host=ns.host, port=ns.port, api_key=ns.api_key,
+                      served_model_name=ns.served_model_name,
+                      max_request_bytes=ns.max_request_bytes, log_level=ns.uvicorn_log_level))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="jaxvllm")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -56,9 +94,12 @@ def main(argv: list[str] | None = None) -> int:
     for p in (gen, chat):
         _add_engine_flags(p)
         _add_sampling_flags(p)
+    _add_serve_parser(sub)
     ns = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("jaxvllm").setLevel(logging.INFO)
+    if ns.command == "serve":
+        return _serve(ns)
 
     from jaxvllm.entrypoints.llm import LLM  # after parsing: --help stays instant
     try:
