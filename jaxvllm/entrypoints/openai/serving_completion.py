@@ -1,0 +1,136 @@
+"""POST /v1/completions: one engine request per prompt (each sampled n times), merged
+into one response or one SSE stream. Choice i*n + j is sample j of prompt i (OpenAI's order)."""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from jaxvllm.entrypoints.openai.errors import APIError, error_body
+from jaxvllm.entrypoints.openai.logprobs import completion_logprobs, prompt_logprobs_json
+from jaxvllm.entrypoints.openai.protocol import CompletionRequest
+from jaxvllm.entrypoints.openai.serving_engine import OpenAIServing, engine_error, usage
+from jaxvllm.sampling_params import RequestOutputKind
+
+
+def sse(obj) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+class OpenAIServingCompletion(OpenAIServing):
+    def _prompts(self, request: CompletionRequest) -> list[tuple[str, list[int], str]]:
+        """(text, token ids, field path) per prompt, for every prompt form clients send."""
+        p = request.prompt
+        if isinstance(p, str) or (p and isinstance(p[0], int)) or not p:
+            p = [p]
+        out = []
+        for i, one in enumerate(p):
+            param = "prompt" if len(p) == 1 else f"prompt[{i}]"
+            if isinstance(one, str):
+                ids = self.tokenizer.encode(one, add_special_tokens=request.add_special_tokens)
+            else:
+                ids, one = list(one), self.tokenizer.decode(one) if one else ""
+            self.validate_prompt(ids, param)
+            out.append((one, ids, param))
+        return out
+
+    async def create_completion(self, request: CompletionRequest, request_id: str):
+        self.check_model(request.model)
+        self.check_engine()
+        if request.stream_options is not None and not request.stream:
+            raise APIError("stream_options can only be set when stream is true.", 400, "stream_options")
+        if request.suffix:
+            raise APIError("suffix is not supported.", 400, "suffix")
+        if request.best_of is not None and request.best_of != request.n:
+            raise APIError("best_of is not supported; use n.", 400, "best_of")
+        self.check_logprobs(request.logprobs, "logprobs")
+        prompts = self._prompts(request)
+        budget, budget_param = self.requested_budget(request)
+        echo_logprobs = request.echo and request.logprobs is not None
+        kind = RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY
+        params = [self.sampling_params(
+            request, budget_param, max_tokens=self.max_tokens(budget, len(ids), budget_param),
+            logprobs=request.logprobs,
+            prompt_logprobs=request.logprobs if echo_logprobs else request.prompt_logprobs,
+            output_kind=kind) for _, ids, _ in prompts]
+        engine_prompts = [{"prompt": text, "prompt_token_ids": ids} for text, ids, _ in prompts]
+        gen = self.generate_all(engine_prompts, params, request_id, request.priority)
+        if request.stream:
+            return StreamingResponse(self._stream(request, request_id, prompts, gen),
+                                     media_type="text/event-stream")
+        try:
+            return JSONResponse(await self._full(request, request_id, prompts, gen))
+        except Exception as e:
+            raise engine_error(e) from e
+
+    def _logprobs(self, request, prompt, o, prompt_lps, first: bool, offset: int):
+        """Legacy logprobs of one (delta) output; with echo, the prompt's come first."""
+        if request.logprobs is None:
+            return None
+        text, ids, _ = prompt
+        parts = []
+        if request.echo and first:
+            lps = prompt_lps if prompt_lps is not None else [None] * len(ids)
+            parts.append(completion_logprobs(self.tokenizer, ids, lps, request.logprobs, offset))
+            offset += len(text)
+        parts.append(completion_logprobs(self.tokenizer, o.token_ids, o.logprobs or
+                                         [{}] * len(o.token_ids), request.logprobs, offset))
+        return {k: sum((p[k] for p in parts), []) for k in parts[0]}
+
+    def _head(self, request_id: str, created: int) -> dict:
+        return {"id": request_id, "object": "text_completion", "created": created,
+                "model": self.model_name}
+
+    async def _full(self, request, request_id, prompts, gen) -> dict:
+        finals, prompt_lps = {}, {}
+        async for i, out in gen:
+            prompt_lps.setdefault(i, getattr(out, "prompt_logprobs", None))
+            for o in out.outputs:
+                finals[i * request.n + o.index] = (i, o)
+        choices = []
+        for idx in sorted(finals):
+            i, o = finals[idx]
+            choices.append({
+                "index": idx, "text": (prompts[i][0] if request.echo else "") + o.text,
+                "logprobs": self._logprobs(request, prompts[i], o, prompt_lps.get(i), True, 0),
+                "finish_reason": o.finish_reason, "stop_reason": o.stop_reason})
+            if request.prompt_logprobs is not None:
+                choices[-1]["prompt_logprobs"] = prompt_logprobs_json(self.tokenizer, prompt_lps.get(i))
+        num_prompt = sum(len(ids) for _, ids, _ in prompts)
+        num_gen = sum(len(o.token_ids) for _, o in finals.values())
+        return {**self._head(request_id, self.created()), "choices": choices,
+                "usage": usage(num_prompt, num_gen)}
+
+    async def _stream(self, request, request_id, prompts, gen):
+        head = self._head(request_id, self.created())
+        opts = request.stream_options
+        include_usage = bool(opts and opts.include_usage)
+        continuous = include_usage and bool(opts.continuous_usage_stats)
+        generated = defaultdict(int)   # choice -> tokens so far
+        text_len = defaultdict(int)    # choice -> characters sent so far (text_offset)
+        try:
+            async for i, out in gen:
+                for o in out.outputs:
+                    idx = i * request.n + o.index
+                    first = idx not in text_len
+                    text = (prompts[i][0] if request.echo and first else "") + o.text
+                    lps = self._logprobs(request, prompts[i], o, getattr(out, "prompt_logprobs", None),
+                                         first, text_len[idx])
+                    generated[idx] += len(o.token_ids)
+                    text_len[idx] += len(text)
+                    if not text and o.finish_reason is None and not o.token_ids:
+                        continue
+                    chunk = {**head, "choices": [{
+                        "index": idx, "text": text, "logprobs": lps,
+                        "finish_reason": o.finish_reason, "stop_reason": o.stop_reason}]}
+                    if continuous:
+                        chunk["usage"] = usage(len(prompts[i][1]), generated[idx])
+                    yield sse(chunk)
+            if include_usage:
+                yield sse({**head, "choices": [], "usage": usage(
+                    sum(len(ids) for _, ids, _ in prompts), sum(generated.values()))})
+        except Exception as e:  # the status line is gone: report in the stream
+            err = engine_error(e)
+            yield sse(error_body(err.message, err.status, err.param))
+        yield "data: [DONE]\n\n"

@@ -1,0 +1,151 @@
+"""What the completion, chat and tokenizer endpoints share: model check, request ids,
+prompt validation against the model's limits, running several generators at once, and
+aborting whatever is left when the client goes away."""
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import AsyncIterator
+
+from fastapi import Request
+
+from jaxvllm.engine.exceptions import EngineDeadError
+from jaxvllm.entrypoints.openai.errors import APIError, param_of_value_error
+from jaxvllm.entrypoints.openai.protocol import SamplingRequestBase
+from jaxvllm.outputs import RequestOutput
+from jaxvllm.sampling_params import SamplingParams
+
+MAX_LOGPROBS = 20  # OpenAI's limit on top logprobs
+
+
+class OpenAIServing:
+    def __init__(self, engine, model_name: str, metrics=None):
+        self.engine = engine
+        self.model_name = model_name
+        self.tokenizer = engine.get_tokenizer()
+        self.max_model_len = engine.vllm_config.scheduler.max_model_len
+        self.vocab_size = engine.model_config.vocab_size
+        self.metrics = metrics
+        self._background: set[asyncio.Task] = set()
+
+    def check_engine(self) -> None:
+        """A dead engine fails the request now (500), not as a 200 stream of errors."""
+        if self.engine.errored:
+            raise APIError(str(EngineDeadError()), 500)
+
+    def check_model(self, model: str | None) -> None:
+        if model and model != self.model_name:
+            raise APIError(f"The model `{model}` does not exist; this server serves "
+                           f"`{self.model_name}`.", 404, "model")
+
+    @staticmethod
+    def request_id(raw_request: Request, prefix: str) -> str:
+        return f"{prefix}-{raw_request.headers.get('x-request-id') or uuid.uuid4().hex}"
+
+    @staticmethod
+    def created() -> int:
+        return int(time.time())
+
+    def validate_prompt(self, token_ids: list[int], param: str) -> None:
+        if not token_ids:
+            raise APIError(f"{param} must not be empty.", 400, param)
+        bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise APIError(f"{param} holds token ids outside [0, {self.vocab_size}): {bad[:5]}.",
+                           400, param)
+        if len(token_ids) >= self.max_model_len:
+            raise APIError(f"This model's maximum context length is {self.max_model_len} tokens, "
+                           f"but {param} has {len(token_ids)} tokens (at least one must be left "
+                           f"to generate).", 400, param)
+
+    @staticmethod
+    def requested_budget(request) -> tuple[int | None, str]:
+        """max_completion_tokens (OpenAI's current name) wins over max_tokens."""
+        if request.max_completion_tokens is not None:
+            return request.max_completion_tokens, "max_completion_tokens"
+        return request.max_tokens, "max_tokens"
+
+    def max_tokens(self, requested: int | None, prompt_len: int, param: str) -> int:
+        """The requested budget, or what is left of the context; more than fits is a 400."""
+        left = self.max_model_len - prompt_len
+        if requested is None:
+            return left
+        if requested > left:
+            raise APIError(f"This model's maximum context length is {self.max_model_len} tokens. "
+                           f"However, you requested {requested + prompt_len} tokens ({prompt_len} "
+                           f"in the prompt, {requested} for {param}). Please reduce the length.",
+                           400, param)
+        return requested
+
+    @staticmethod
+    def check_logprobs(value: int | None, param: str) -> None:
+        if value is not None and not 0 <= value <= MAX_LOGPROBS:
+            raise APIError(f"{param} must be in [0, {MAX_LOGPROBS}], got {value}.", 400, param)
+
+    @staticmethod
+    def sampling_params(request: SamplingRequestBase, max_tokens_param: str, **kwargs
+                        ) -> SamplingParams:
+        try:
+            return request.to_sampling_params(**kwargs)
+        except ValueError as e:
+            raise APIError(str(e), 400,
+                           param_of_value_error(str(e), {"max_tokens": max_tokens_param})) from e
+
+    async def generate_all(self, prompts: list[dict], params: list[SamplingParams],
+                           request_id: str, priority: int = 0) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """(prompt index, output) from one engine request per prompt, as they arrive. Closing
+        or cancelling this iterator aborts every request that has not finished."""
+        # Unique even when clients reuse an x-request-id.
+        ids = [f"{request_id}-{i}-{uuid.uuid4().hex[:8]}" for i in range(len(prompts))]
+        gens = [self.engine.generate(p, sp, rid, priority=priority)
+                for p, sp, rid in zip(prompts, params, ids)]
+        pending = {asyncio.ensure_future(anext(g)): i for i, g in enumerate(gens)}
+        unfinished = set(ids)
+        try:
+            while pending:
+                done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for fut in done:
+                    i = pending.pop(fut)
+                    try:
+                        out = fut.result()
+                    except StopAsyncIteration:
+                        continue
+                    if out.finished:
+                        unfinished.discard(ids[i])
+                    pending[asyncio.ensure_future(anext(gens[i]))] = i
+                    yield i, out
+        except ValueError as e:
+            raise APIError(str(e), 400, param_of_value_error(str(e))) from e
+        finally:
+            for fut in pending:
+                fut.cancel()
+            if unfinished and not self.engine.errored:
+                self._abort_detached(sorted(unfinished))
+
+    def _abort_detached(self, ids: list[str]) -> None:
+        """Abort in a task of its own: this runs while the caller is being cancelled, and an
+        await here could itself be cancelled before the engine hears of it."""
+        if self.metrics is not None:
+            self.metrics.aborted_by_server.inc(len(ids))
+
+        async def abort():
+            try:
+                await self.engine.abort(ids)
+            except EngineDeadError:
+                pass
+        task = asyncio.get_running_loop().create_task(abort())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def engine_error(e: Exception) -> APIError:
+    """Failures inside the engine are the server's fault (500), not the client's."""
+    if isinstance(e, APIError):
+        return e
+    return APIError(f"{type(e).__name__}: {e}", 500)

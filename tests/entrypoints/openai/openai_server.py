@@ -1,0 +1,134 @@
+"""A real `jaxvllm serve` in a subprocess on 127.0.0.1, shared by the tests of a session.
+
+Not a conftest.py: a second conftest module would shadow tests/conftest.py for the tests
+that `from conftest import ...`. Test modules import the fixtures from here; the servers
+are cached for the whole session and stopped when it ends.
+
+The tiny server uses a random-weight Llama with the default model's full vocabulary and
+tokenizer, so text prompts and the chat template work while a step costs milliseconds."""
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import write_tiny_llama
+
+API_KEY = "test-key"
+# Programs compile on first use (no warm-up) and the KV pool is small: quick to start.
+TINY_ENGINE_FLAGS = ["--skip-warmup", "--max-model-len", "512", "--max-num-seqs", "16",
+                     "--max-num-batched-tokens", "128", "--kv-cache-memory-bytes", str(32 << 20)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RemoteServer:
+    def __init__(self, args: list[str], timeout: float = 300.0):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="jaxvllm-serve-", suffix=".log",
+                                               delete=False)
+        cmd = [sys.executable, "-m", "jaxvllm.entrypoints.cli", "serve", *args,
+               "--host", "127.0.0.1", "--port", str(self.port), "--uvicorn-log-level", "warning"]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env=os.environ | {"PYTHONUNBUFFERED": "1"})
+        self._wait_ready(timeout)
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"jaxvllm serve exited with {self.proc.returncode}:\n{self.log_text()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise TimeoutError(f"jaxvllm serve did not become healthy:\n{self.log_text()}")
+
+    def log_text(self) -> str:
+        with open(self.log.name) as f:
+            return f.read()[-5000:]
+
+    @property
+    def engine_core_pid(self) -> int:
+        match = re.search(r"engine core pid (\d+)", self.log_text())
+        assert match, self.log_text()
+        return int(match.group(1))
+
+    def metrics(self) -> dict[str, float]:
+        """Prometheus samples by name (labels other than model_name appended as {k=v})."""
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+        out = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                labels = {k: v for k, v in s.labels.items() if k != "model_name"}
+                key = s.name + ("{" + ",".join(f"{k}={v}" for k, v in sorted(labels.items())) + "}"
+                                if labels else "")
+                out[key] = s.value
+        return out
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.log.close()
+        if os.path.exists(self.log.name):
+            os.unlink(self.log.name)
+
+
+_servers: dict[str, RemoteServer] = {}
+
+
+def shared_server(config, key: str, make_args) -> RemoteServer:
+    """One server per key for the whole session, stopped when the session ends."""
+    if key not in _servers or _servers[key].proc.poll() is not None:
+        _servers[key] = RemoteServer(make_args())
+        config.add_cleanup(_servers[key].stop)
+    return _servers[key]
+
+
+def discard_server(key: str) -> None:
+    _servers.pop(key).stop()
+
+
+def tiny_model(tmp_path_factory):
+    """A random Llama with the default model's full vocabulary and tokenizer."""
+    from jaxvllm.models.loader import default_model_path, load_tokenizer
+
+    path = tmp_path_factory.mktemp("tiny-llama-full-vocab")
+    write_tiny_llama(path, vocab_size=49152)
+    load_tokenizer(default_model_path()).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_server(request, tmp_path_factory):
+    return shared_server(request.config, "tiny", lambda: [
+        str(tiny_model(tmp_path_factory)), *TINY_ENGINE_FLAGS,
+        "--served-model-name", "tiny", "--api-key", API_KEY])
+
+
+@pytest.fixture
+def client(tiny_server):
+    with httpx.Client(base_url=tiny_server.url, timeout=60,
+                      headers={"Authorization": f"Bearer {API_KEY}"}) as c:
+        yield c
