@@ -149,6 +149,22 @@ def build_app(engine, model_name: str, api_key: str | None = None,
     async def tokenizer_info():
         return JSONResponse(tokenization.tokenizer_info())
 
+    if engine.vllm_config.profile_dir:  # as in vLLM: only when a profile directory is given
+        @app.post("/start_profile")
+        async def start_profile():
+            try:
+                return {"profile_dir": await engine.start_profile()}
+            except RuntimeError as e:  # e.g. already capturing
+                raise APIError(str(e).split(": ", 1)[-1]) from e
+
+        @app.post("/stop_profile")
+        async def stop_profile():
+            try:
+                await engine.stop_profile()
+            except RuntimeError as e:
+                raise APIError(str(e).split(": ", 1)[-1]) from e
+            return Response(status_code=200)
+
     return app
 
 

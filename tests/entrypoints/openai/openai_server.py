@@ -122,9 +122,13 @@ def tiny_model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tiny_server(request, tmp_path_factory):
-    return shared_server(request.config, "tiny", lambda: [
+    profile_dir = str(tmp_path_factory.mktemp("profiles"))
+    server = shared_server(request.config, "tiny", lambda: [
         str(tiny_model(tmp_path_factory)), *TINY_ENGINE_FLAGS,
-        "--served-model-name", "tiny", "--api-key", API_KEY])
+        "--served-model-name", "tiny", "--api-key", API_KEY, "--profile-dir", profile_dir])
+    if not hasattr(server, "profile_dir"):
+        server.profile_dir = profile_dir
+    return server
 
 
 @pytest.fixture
