@@ -5,12 +5,19 @@ field's name and its allowed range before the request reaches the engine.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+# Most top logprobs a request may ask for (vLLM's default max_logprobs); the sampler
+# always computes this many, so one compiled variant serves every k.
+MAX_LOGPROBS = 20
 
 
 @dataclass
 class SamplingParams:
     n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
@@ -24,20 +31,33 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    # Filled in by the Processor from `bad_words` (vLLM's name): each word's token ids.
+    _bad_words_token_ids: list[list[int]] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.logit_bias is not None:  # JSON keys arrive as strings; vLLM clamps to +-100
+            try:
+                self.logit_bias = {int(t): min(100.0, max(-100.0, float(b)))
+                                   for t, b in self.logit_bias.items()}
+            except (TypeError, ValueError, AttributeError):
+                raise ValueError(f"logit_bias must map token ids to floats, got {self.logit_bias!r}.")
         self._verify()
 
     def _verify(self) -> None:
         def bad(name: str, allowed: str) -> ValueError:
             return ValueError(f"{name} must be {allowed}, got {getattr(self, name)!r}.")
 
-        if self.n != 1:
-            raise bad("n", "1 (parallel sampling is not supported yet)")
+        if not isinstance(self.n, int) or self.n < 1:
+            raise bad("n", "at least 1")
         if not self.temperature >= 0.0:
             raise bad("temperature", "non-negative")
         if not 0.0 < self.top_p <= 1.0:
@@ -60,6 +80,37 @@ class SamplingParams:
             raise bad("stop_token_ids", "a list of non-negative token ids")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise bad("stop", "a list of non-empty strings")
+        if not -2.0 <= self.presence_penalty <= 2.0:
+            raise bad("presence_penalty", "in [-2, 2]")
+        if not -2.0 <= self.frequency_penalty <= 2.0:
+            raise bad("frequency_penalty", "in [-2, 2]")
+        if not self.repetition_penalty > 0.0:
+            raise bad("repetition_penalty", "greater than 0")
+        if self.logit_bias is not None and any(t < 0 for t in self.logit_bias):
+            raise bad("logit_bias", "keyed by non-negative token ids")
+        if self.allowed_token_ids is not None and (
+                not self.allowed_token_ids
+                or any(not isinstance(t, int) or t < 0 for t in self.allowed_token_ids)):
+            raise bad("allowed_token_ids", "a non-empty list of non-negative token ids")
+        if self.bad_words is not None and any(not isinstance(w, str) or not w.strip()
+                                              for w in self.bad_words):
+            raise bad("bad_words", "a list of non-empty strings")
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and (not isinstance(k, int) or not 0 <= k <= MAX_LOGPROBS):
+                raise bad(name, f"None or an integer in [0, {MAX_LOGPROBS}]")
+
+    @property
+    def bad_words_token_ids(self) -> list[list[int]]:
+        return self._bad_words_token_ids or []
+
+    @property
+    def uses_penalty_row(self) -> bool:
+        """Whether the sampler needs this request's persistent device row: its token
+        counts (penalties) or its constant bias (logit_bias, allowed ids, one-token bad words)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias or self.allowed_token_ids is not None
+                    or any(len(w) == 1 for w in self.bad_words_token_ids))
 
     @property
     def sampling_type_greedy(self) -> bool:

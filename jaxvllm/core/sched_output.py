@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from jaxvllm.engine.messages import LogprobsLists
 from jaxvllm.sampling_params import SamplingParams
 
 
@@ -55,3 +56,7 @@ class ModelRunnerOutput:
     req_ids: list[str]
     # One list per request: the sampled token, or empty for a partial prefill chunk.
     sampled_token_ids: list[list[int]]
+    # Per request, for those that asked (else None); None altogether when nobody did.
+    logprobs: list[LogprobsLists | None] | None = None
+    # A request's prompt logprobs, sent with its first sampled token.
+    prompt_logprobs: dict[str, LogprobsLists] = field(default_factory=dict)

@@ -242,7 +242,9 @@ class Scheduler:
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
         outputs = []
-        for req_id, sampled in zip(runner_output.req_ids, runner_output.sampled_token_ids):
+        logprobs, prompt_logprobs = runner_output.logprobs, runner_output.prompt_logprobs
+        for i, (req_id, sampled) in enumerate(zip(runner_output.req_ids,
+                                                  runner_output.sampled_token_ids)):
             if not sampled:
                 continue  # a prefill chunk that samples nothing
             request = self.requests.get(req_id)
@@ -258,6 +260,8 @@ class Scheduler:
                 new_token_ids=sampled,
                 finish_reason=_FINISH_REASON[request.status] if finished else None,
                 stop_reason=request.stop_reason,
+                new_logprobs=logprobs[i] if logprobs is not None else None,
+                new_prompt_logprobs=prompt_logprobs.get(req_id) if prompt_logprobs else None,
             ))
         return outputs
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from jaxvllm.engine.detokenizer import IncrementalDetokenizer
+from jaxvllm.engine.logprobs import LogprobsProcessor
 from jaxvllm.engine.messages import EngineCoreOutput, EngineCoreRequest, FinishReason
 from jaxvllm.outputs import CompletionOutput, RequestOutput
 
@@ -19,6 +20,7 @@ class RequestState:
     prompt: str | None
     prompt_token_ids: list[int]
     detokenizer: IncrementalDetokenizer
+    logprobs: LogprobsProcessor
     output_token_ids: list[int] = field(default_factory=list)
 
 
@@ -33,7 +35,8 @@ class OutputProcessor:
         self.request_states[request.request_id] = RequestState(
             request_id=request.request_id, prompt=prompt, prompt_token_ids=request.prompt_token_ids,
             detokenizer=IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids,
-                                               request.sampling_params))
+                                               request.sampling_params),
+            logprobs=LogprobsProcessor(self.tokenizer, request.sampling_params))
 
     def abort_requests(self, request_ids) -> None:
         for req_id in request_ids:
@@ -51,6 +54,7 @@ class OutputProcessor:
                 continue  # aborted meanwhile
             finish_reason, stop_reason = out.finish_reason, out.stop_reason
             state.output_token_ids.extend(out.new_token_ids)
+            state.logprobs.update(out.new_logprobs, out.new_prompt_logprobs)
             stop_terminated = finish_reason == FinishReason.STOP
             stop_str = state.detokenizer.update(out.new_token_ids, stop_terminated)
             if stop_str is not None and finish_reason is None:
@@ -61,12 +65,15 @@ class OutputProcessor:
                 index=0,
                 text=state.detokenizer.get_next_output_text(delta=False, finished=finished),
                 token_ids=list(state.output_token_ids),
+                cumulative_logprob=state.logprobs.cumulative_logprob,
+                logprobs=None if state.logprobs.logprobs is None else list(state.logprobs.logprobs),
                 finish_reason=str(finish_reason) if finished else None,
                 stop_reason=stop_reason,
             )
             request_outputs.append(RequestOutput(
                 request_id=state.request_id, prompt=state.prompt,
-                prompt_token_ids=state.prompt_token_ids, outputs=[completion], finished=finished))
+                prompt_token_ids=state.prompt_token_ids, outputs=[completion], finished=finished,
+                prompt_logprobs=state.logprobs.prompt_logprobs))
             if finished:
                 del self.request_states[out.request_id]
         return request_outputs, reqs_to_abort
