@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from jaxvllm.engine.detokenizer import IncrementalDetokenizer
 from jaxvllm.engine.logprobs import LogprobsProcessor
 from jaxvllm.engine.messages import EngineCoreOutput, EngineCoreRequest, FinishReason
+from jaxvllm.engine.parallel_sampling import ParentRequest
 from jaxvllm.outputs import CompletionOutput, RequestOutput
 
 
@@ -22,6 +23,8 @@ class RequestState:
     detokenizer: IncrementalDetokenizer
     logprobs: LogprobsProcessor
     output_token_ids: list[int] = field(default_factory=list)
+    parent: ParentRequest | None = None  # set for the children of an n > 1 request
+    parent_index: int = 0
 
 
 class OutputProcessor:
@@ -29,14 +32,16 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.request_states: dict[str, RequestState] = {}
 
-    def add_request(self, request: EngineCoreRequest, prompt: str | None) -> None:
+    def add_request(self, request: EngineCoreRequest, prompt: str | None,
+                    parent: ParentRequest | None = None, parent_index: int = 0) -> None:
         if request.request_id in self.request_states:
             raise ValueError(f"Request id {request.request_id!r} is already running.")
         self.request_states[request.request_id] = RequestState(
             request_id=request.request_id, prompt=prompt, prompt_token_ids=request.prompt_token_ids,
             detokenizer=IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids,
                                                request.sampling_params),
-            logprobs=LogprobsProcessor(self.tokenizer, request.sampling_params))
+            logprobs=LogprobsProcessor(self.tokenizer, request.sampling_params),
+            parent=parent, parent_index=parent_index)
 
     def abort_requests(self, request_ids) -> None:
         for req_id in request_ids:
@@ -70,10 +75,14 @@ class OutputProcessor:
                 finish_reason=str(finish_reason) if finished else None,
                 stop_reason=stop_reason,
             )
-            request_outputs.append(RequestOutput(
+            request_output = RequestOutput(
                 request_id=state.request_id, prompt=state.prompt,
                 prompt_token_ids=state.prompt_token_ids, outputs=[completion], finished=finished,
-                prompt_logprobs=state.logprobs.prompt_logprobs))
+                prompt_logprobs=state.logprobs.prompt_logprobs)
+            if state.parent is not None:
+                request_output = state.parent.make_request_output(state.parent_index, completion,
+                                                                  request_output)
+            request_outputs.append(request_output)
             if finished:
                 del self.request_states[out.request_id]
         return request_outputs, reqs_to_abort
