@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jaxvllm.core.sched_output import SchedulerOutput
+from jaxvllm.engine.messages import LogprobsLists
 from jaxvllm.sampling_params import SamplingParams
 
 
@@ -27,11 +28,15 @@ class CachedRequestState:
     # Fixed for the request's life, so the step loop reads flags instead of params.
     has_row: bool = False   # its persistent penalty/bias row is written and used
     extended: bool = False  # needs the sampler's extended variant (row or logprobs)
+    # Prompt logprobs gathered chunk by chunk until the first token is sampled, then sent.
+    prompt_logprobs: LogprobsLists | None = None
 
     def __post_init__(self) -> None:
         p = self.sampling_params
         self.has_row = p.uses_penalty_row
         self.extended = self.has_row or p.logprobs is not None
+        if p.prompt_logprobs is not None and self.num_output_tokens == 0:
+            self.prompt_logprobs = LogprobsLists([], [], [])
 
     @property
     def num_output_tokens(self) -> int:

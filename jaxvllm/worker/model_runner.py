@@ -3,10 +3,13 @@ the compiled step.
 
 Two jitted functions make one step: `_forward` (model + KV write, then the final hidden
 state of each request's last scheduled token; compiled once per token bucket, the KV cache
-donated) and `_sample` (LM head and sampling; compiled once per request bucket). Splitting them keeps the
-number of compiled programs at tokens + requests instead of tokens x requests, and the
-costly 49k-wide LM head runs only for the rows that sample. Hidden states stay on device
-between the two calls; only sampled token ids come back to the host.
+donated) and `_sample` (LM head and sampling; compiled once per request bucket and
+greedy/random, plus `_sample_extended` for batches using penalties, biases or logprobs).
+Splitting them keeps the number of compiled programs at tokens + requests instead of
+tokens x requests, and the costly 49k-wide LM head runs only for the rows that sample
+(and, for requests asking for prompt logprobs, `_prompt_logprobs` over their prompt
+positions). Hidden states stay on device between the calls; only sampled token ids (and
+requested logprobs) come back to the host.
 """
 from __future__ import annotations
 
@@ -19,15 +22,15 @@ from flax import nnx
 
 from jaxvllm.config import EngineConfig
 from jaxvllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
-from jaxvllm.engine.messages import LogprobsLists
 from jaxvllm.layers.attention import AttentionMetadata
 from jaxvllm.sampling_params import SamplingParams
 from jaxvllm.worker.input_batch import InputBatch
+from jaxvllm.worker.logprobs import accumulate_prompt_logprobs, prompt_positions, sampled_logprobs
 from jaxvllm.worker.kv_swap import KVSwapper
 from jaxvllm.worker import penalties
 from jaxvllm.worker.model_runner_utils import make_buckets, pick_bucket
 from jaxvllm.worker.penalties import PenaltyMetadata
-from jaxvllm.worker.sampler import SamplingMetadata, sample, sample_extended
+from jaxvllm.worker.sampler import SamplingMetadata, compute_logprobs, sample, sample_extended
 
 logger = logging.getLogger(__name__)
 _MIN_SUPPRESS_BUCKET = 8
@@ -58,7 +61,7 @@ class ModelRunner:
         def forward(params, kv_cache, input_ids, md, logits_indices):
             self.num_compilations += 1
             hidden, kv_cache = nnx.merge(graphdef, params)(input_ids, kv_cache, md, attend)
-            return hidden[logits_indices], kv_cache
+            return hidden[logits_indices], hidden, kv_cache
 
         def sample_fn(params, hidden, sampling_md, all_greedy):
             self.num_compilations += 1
@@ -72,6 +75,11 @@ class ModelRunner:
             logits = nnx.merge(graphdef, params).compute_logits(hidden[:num_rows])
             return sample_extended(logits, sampling_md, penalty_state, penalty_md, all_greedy)
 
+        def prompt_logprobs_fn(params, hidden, indices, targets):
+            self.num_compilations += 1
+            logits = nnx.merge(graphdef, params).compute_logits(hidden[indices])
+            return compute_logprobs(logits, targets)
+
         def set_row_fn(penalty_state, slot, counts, prompt_mask, bias):
             self.num_compilations += 1
             return penalties.set_row(penalty_state, slot, counts, prompt_mask, bias)
@@ -81,6 +89,7 @@ class ModelRunner:
         self._sample_extended = jax.jit(sample_extended_fn, static_argnames=("all_greedy",),
                                         donate_argnums=(3,))
         self._set_row = jax.jit(set_row_fn, donate_argnums=(0,))
+        self._prompt_logprobs = jax.jit(prompt_logprobs_fn)
 
     def _count_compilation(self) -> None:
         self.num_compilations += 1
@@ -98,7 +107,13 @@ class ModelRunner:
         states = [self.input_batch.requests[r] for r in req_ids]
         counts = [out.num_scheduled_tokens[r] for r in req_ids]
         input_ids, md, logits_indices = self._prepare_inputs(states, counts)
-        hidden, self.kv_cache = self._forward(self.params, self.kv_cache, input_ids, md, logits_indices)
+        hidden, all_hidden, self.kv_cache = self._forward(self.params, self.kv_cache, input_ids, md,
+                                                          logits_indices)
+        if any(s.prompt_logprobs is not None for s in states):
+            indices, targets, spans = prompt_positions(states, counts, len(input_ids))
+            if spans:
+                accumulate_prompt_logprobs(spans, jax.device_get(
+                    self._prompt_logprobs(self.params, all_hidden, indices, targets)))
         R = pick_bucket(self.request_buckets, len(states))
         sampling_md, all_greedy = self._prepare_sampling(states, R)
         # Rows whose token is kept: the others are prefill chunks short of the prompt's end.
@@ -109,20 +124,22 @@ class ModelRunner:
             sampled, lp, self.penalty_state = self._sample_extended(
                 self.params, hidden, sampling_md, self.penalty_state, penalty_md, all_greedy=all_greedy)
             sampled, lp = jax.device_get((sampled, lp))
-            logprobs = _logprobs_lists(states, commits, sampled, lp)
+            logprobs = sampled_logprobs(states, commits, sampled, lp)
         else:
             sampled = np.asarray(self._sample(self.params, hidden, sampling_md, all_greedy=all_greedy))
 
-        sampled_token_ids = []
+        sampled_token_ids, prompt_logprobs = [], {}
         for i, (state, n, commit) in enumerate(zip(states, counts, commits)):
             state.num_computed_tokens += n
             if commit:
                 token = int(sampled[i])
                 state.token_ids.append(token)
                 sampled_token_ids.append([token])
+                if state.prompt_logprobs is not None:
+                    prompt_logprobs[state.req_id], state.prompt_logprobs = state.prompt_logprobs, None
             else:
                 sampled_token_ids.append([])
-        return ModelRunnerOutput(req_ids, sampled_token_ids, logprobs)
+        return ModelRunnerOutput(req_ids, sampled_token_ids, logprobs, prompt_logprobs)
 
     def _write_row(self, state) -> None:
         counts, prompt_mask, bias = penalties.build_row(
@@ -215,8 +232,9 @@ class ModelRunner:
                 positions=np.zeros(T, np.int32), slot_mapping=np.arange(T, dtype=np.int32) % self.block_size,
                 kv_lens=np.zeros(S, np.int32), page_indices=np.zeros((S, self.max_pages_per_seq), np.int32),
                 cu_q_lens=np.zeros(S + 1, np.int32), num_seqs=np.zeros(1, np.int32))
-            hidden, self.kv_cache = self._forward(self.params, self.kv_cache, np.zeros(T, np.int32), md,
-                                                  np.zeros(S, np.int32))
+            hidden, all_hidden, self.kv_cache = self._forward(
+                self.params, self.kv_cache, np.zeros(T, np.int32), md, np.zeros(S, np.int32))
+            self._prompt_logprobs(self.params, all_hidden, np.zeros(T, np.int32), np.zeros(T, np.int32))
         for R in self.request_buckets:
             md = SamplingMetadata(
                 temperature=np.ones(R, np.float32), top_k=np.zeros(R, np.int32), top_p=np.ones(R, np.float32),
@@ -236,16 +254,3 @@ class ModelRunner:
                     self.num_compilations, time.perf_counter() - start, self.token_buckets,
                     self.request_buckets)
 
-
-def _logprobs_lists(states, commits, sampled, lp) -> list[LogprobsLists | None]:
-    """Each committing row's logprobs, cut to the k its request asked for."""
-    token_lp, rank, top_ids, top_lp = lp
-    out = []
-    for i, (s, commit) in enumerate(zip(states, commits)):
-        k = s.sampling_params.logprobs
-        if k is None or not commit:
-            out.append(None)
-            continue
-        out.append(LogprobsLists([[int(sampled[i])] + top_ids[i, :k].tolist()],
-                                 [[float(token_lp[i])] + top_lp[i, :k].tolist()], [int(rank[i])]))
-    return out

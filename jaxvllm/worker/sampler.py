@@ -74,7 +74,7 @@ def sample_extended(logits: jax.Array, md: SamplingMetadata, state: PenaltyState
     i32[R, K] and logprobs f32[R, K])."""
     raw = logits.astype(jnp.float32)
     tokens = _draw(penalized_logits(raw, md, state, pmd), md, all_greedy)
-    return tokens, _logprobs(raw, tokens), record(state, pmd, tokens)
+    return tokens, compute_logprobs(raw, tokens), record(state, pmd, tokens)
 
 
 def penalized_logits(logits: jax.Array, md: SamplingMetadata, state: PenaltyState,
@@ -84,7 +84,9 @@ def penalized_logits(logits: jax.Array, md: SamplingMetadata, state: PenaltyStat
     return apply_penalties(x, state, pmd)
 
 
-def _logprobs(raw: jax.Array, tokens: jax.Array):
+def compute_logprobs(raw: jax.Array, tokens: jax.Array):
+    """Raw logprobs of `tokens` (one per row) with their ranks, and each row's top
+    MAX_LOGPROBS: (f32[R], i32[R], i32[R, K], f32[R, K])."""
     lp = jax.nn.log_softmax(raw, axis=-1)
     token_lp = jnp.take_along_axis(lp, jnp.minimum(tokens, raw.shape[-1] - 1)[:, None], axis=-1)
     rank = jnp.sum(lp >= token_lp, axis=-1)  # vLLM's rank: 1 for the most likely token

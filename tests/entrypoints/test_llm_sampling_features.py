@@ -116,3 +116,27 @@ def test_greedy_logprobs_match_transformers(llm, hf_model):
             assert entry[token].decoded_token == llm.get_tokenizer().decode([token])
         assert c.cumulative_logprob == pytest.approx(sum(ref[i, t] for i, t in enumerate(ids)), abs=1e-3)
     assert_pool_full(llm)
+
+
+def test_prompt_logprobs_match_transformers_across_chunks(tiny_model_dir, hf_model):
+    """Prompts longer than the token budget are scored chunk by chunk; a second run of
+    the same prompt gets no prefix-cache hit, so it is scored in full again."""
+    llm = make_llm(tiny_model_dir, max_num_batched_tokens=16, max_num_seqs=4)
+    k = 3
+    prompts = [PROMPTS[6], PROMPTS[3], PROMPTS[6]]  # 100 tokens, 1 token, the first again
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=k),
+                        use_tqdm=False)
+    for prompt, out in zip(prompts, outs):
+        with torch.no_grad():
+            ref = torch.log_softmax(hf_model(torch.tensor([prompt])).logits[0].float(), -1).numpy()
+        got = out.prompt_logprobs
+        assert len(got) == len(prompt) and got[0] is None
+        for pos in range(1, len(prompt)):
+            token, entry = prompt[pos], got[pos]
+            assert abs(entry[token].logprob - ref[pos - 1, token]) < 1e-4
+            assert entry[token].rank == 1 + int((ref[pos - 1] > ref[pos - 1, token] + 1e-5).sum())
+            top = np.argsort(-ref[pos - 1])[:k].tolist()
+            assert set(entry) == set(top) | {token}
+        assert out.outputs[0].logprobs is None
+    assert llm.llm_engine.engine_core.get_stats().prefix_cache_hits == 0
+    assert_pool_full(llm)
