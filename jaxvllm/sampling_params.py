@@ -116,3 +116,20 @@ class SamplingParams:
     def sampling_type_greedy(self) -> bool:
         """Greedy decoding: temperature 0 (vLLM treats tiny temperatures the same way)."""
         return self.temperature < 1e-5
+
+
+@dataclass
+class BeamSearchParams:
+    """For `LLM.beam_search` (jaxvllm/beam_search.py), with vLLM's fields."""
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.beam_width, int) or not 1 <= self.beam_width <= MAX_LOGPROBS // 2:
+            raise ValueError(f"beam_width must be an integer in [1, {MAX_LOGPROBS // 2}], "
+                             f"got {self.beam_width!r}.")
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens!r}.")

@@ -78,6 +78,10 @@ class Processor:
         params._bad_words_token_ids = words
         return params
 
+    def tokenize(self, prompt) -> list[int]:
+        """A prompt's token ids (the forms generate accepts), without building a request."""
+        return self._tokenize(prompt)[1]
+
     def _tokenize(self, prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict):  # vLLM's TextPrompt / TokensPrompt
             if "prompt_token_ids" in prompt:
