@@ -13,6 +13,26 @@ MAX_LOGPROBS = 20
 
 
 @dataclass
+class StructuredOutputsParams:
+    """Constrains the output to a grammar (vLLM's name and fields): set exactly one of
+    json (a JSON schema, as dict or string), regex, choice (one of these strings),
+    grammar (Lark) or json_object (any JSON object)."""
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+    def __post_init__(self) -> None:
+        given = [k for k in ("json", "regex", "choice", "grammar", "json_object") if getattr(self, k)]
+        if len(given) != 1:
+            raise ValueError(f"structured_outputs must set exactly one of json, regex, choice, grammar, "
+                             f"json_object; got {given or 'none'}.")
+        if self.choice is not None and any(not isinstance(c, str) or not c for c in self.choice):
+            raise ValueError(f"structured_outputs.choice must be non-empty strings, got {self.choice!r}.")
+
+
+@dataclass
 class SamplingParams:
     n: int = 1
     presence_penalty: float = 0.0
@@ -36,6 +56,7 @@ class SamplingParams:
     bad_words: list[str] | None = None
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    structured_outputs: StructuredOutputsParams | None = None
     # Filled in by the Processor from `bad_words` (vLLM's name): each word's token ids.
     _bad_words_token_ids: list[list[int]] | None = field(default=None, repr=False)
 
@@ -111,6 +132,11 @@ class SamplingParams:
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
                     or self.logit_bias or self.allowed_token_ids is not None
                     or any(len(w) == 1 for w in self.bad_words_token_ids))
+
+    @property
+    def uses_extended_sampler(self) -> bool:
+        """Whether a batch holding this request runs the sampler's extended variant."""
+        return self.uses_penalty_row or self.logprobs is not None or self.structured_outputs is not None
 
     @property
     def sampling_type_greedy(self) -> bool:

@@ -49,6 +49,9 @@ class SchedulerOutput:
     # back into a resumed request's freshly allocated blocks.
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
+    # Structured output: allowed-token bitmask words (int32) of each constrained request
+    # that samples this step (core/structured_output.py).
+    grammar_bitmask: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass

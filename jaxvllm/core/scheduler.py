@@ -23,6 +23,7 @@ from jaxvllm.core.sched_utils import check_stop
 from jaxvllm.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                        SchedulerOutput)
 from jaxvllm.core.stats import SchedulerStats
+from jaxvllm.core.structured_output import StructuredOutputManager
 from jaxvllm.core.swap_space import SwapSpace
 from jaxvllm.engine.messages import EngineCoreOutput, FinishReason
 
@@ -38,7 +39,8 @@ class Scheduler:
     def __init__(self, *, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
                  num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
                  long_prefill_token_threshold: int = 0, scheduling_policy: str = "fcfs",
-                 preemption_mode: str = "recompute", num_swap_blocks: int = 0, model_name: str = ""):
+                 preemption_mode: str = "recompute", num_swap_blocks: int = 0, model_name: str = "",
+                 structured_output_manager: StructuredOutputManager | None = None):
         if preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {preemption_mode!r}.")
         self.max_num_seqs = max_num_seqs
@@ -49,6 +51,7 @@ class Scheduler:
         self.kv_cache_manager = KVCacheManager(num_blocks, block_size, max_model_len,
                                                enable_prefix_caching, model_name)
         self.swap_space = SwapSpace(num_swap_blocks) if preemption_mode == "swap" else None
+        self.structured_output_manager = structured_output_manager
         self.requests: dict[str, Request] = {}
         self.waiting = create_request_queue(scheduling_policy)
         self.running: list[Request] = []
@@ -61,6 +64,10 @@ class Scheduler:
 
     # ---- requests in and out -------------------------------------------------------
     def add_request(self, request: Request) -> None:
+        if request.sampling_params.structured_outputs is not None:
+            if self.structured_output_manager is None:
+                raise ValueError("structured_outputs needs an engine with a tokenizer.")
+            self.structured_output_manager.add_request(request)
         self.requests[request.request_id] = request
         self.waiting.add_request(request)
 
@@ -87,6 +94,8 @@ class Scheduler:
         if self.swap_space is not None:
             self.swap_space.free(request.request_id)
         del self.requests[request.request_id]
+        if self.structured_output_manager is not None:
+            self.structured_output_manager.remove_request(request.request_id)
         if request.request_id in self._worker_known:
             self._worker_known.discard(request.request_id)
             self._finished_req_ids.add(request.request_id)
@@ -188,6 +197,12 @@ class Scheduler:
             if start < num_prompt:
                 self.num_prefill_tokens += min(n, num_prompt - start)
             request.num_computed_tokens = start + n
+        manager = self.structured_output_manager
+        if manager is not None and manager.matchers:
+            # Constrained requests that sample this step (not mid-prompt) get their mask.
+            output.grammar_bitmask = manager.grammar_bitmask(
+                [r for r in num_scheduled if r in manager.matchers
+                 and requests[r].num_computed_tokens >= requests[r].num_tokens])
         return output
 
     def _num_new_tokens(self, request: Request, token_budget: int, num_computed: int) -> int:
@@ -251,6 +266,8 @@ class Scheduler:
             if request is None:
                 continue  # finished meanwhile
             request.output_token_ids.extend(sampled)
+            if scheduler_output.grammar_bitmask and req_id in scheduler_output.grammar_bitmask:
+                self.structured_output_manager.accept_token(req_id, sampled[-1])
             finished = check_stop(request, self.max_model_len)
             if finished:
                 self.running.remove(request)

@@ -11,7 +11,9 @@ from jaxvllm.config import EngineConfig
 from jaxvllm.core.request import Request
 from jaxvllm.core.scheduler import Scheduler
 from jaxvllm.core.stats import SchedulerStats
+from jaxvllm.core.structured_output import StructuredOutputManager
 from jaxvllm.engine.messages import EngineCoreOutput, EngineCoreRequest
+from jaxvllm.models.loader import load_tokenizer
 from jaxvllm.worker.worker import Worker
 
 logger = logging.getLogger(__name__)
@@ -39,7 +41,9 @@ class EngineCore:
             enable_prefix_caching=config.cache.enable_prefix_caching,
             long_prefill_token_threshold=sched.long_prefill_token_threshold,
             scheduling_policy=sched.scheduling_policy, preemption_mode=sched.preemption_mode,
-            num_swap_blocks=num_swap_blocks, model_name=config.model or model_path)
+            num_swap_blocks=num_swap_blocks, model_name=config.model or model_path,
+            structured_output_manager=StructuredOutputManager(lambda: load_tokenizer(model_path),
+                                                              hf_config.vocab_size))
 
     def add_request(self, request: EngineCoreRequest) -> None:
         if request.request_id in self.scheduler.requests:

@@ -10,6 +10,7 @@ import random
 import time
 
 from jaxvllm.config import EngineConfig
+from jaxvllm.core.structured_output import grammar_for
 from jaxvllm.engine.messages import EngineCoreRequest
 from jaxvllm.sampling_params import SamplingParams
 
@@ -62,6 +63,8 @@ class Processor:
                           ("allowed_token_ids", params.allowed_token_ids or [])):
             if any(t >= vocab for t in ids):
                 raise ValueError(f"{name} must lie in [0, {vocab}); got {[t for t in ids if t >= vocab][:5]}.")
+        if params.structured_outputs is not None:
+            grammar_for(params.structured_outputs)  # a bad grammar is rejected here, by name
         if not params.bad_words:
             return params
         words = []

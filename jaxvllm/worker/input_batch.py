@@ -27,14 +27,14 @@ class CachedRequestState:
     slot: int
     # Fixed for the request's life, so the step loop reads flags instead of params.
     has_row: bool = False   # its persistent penalty/bias row is written and used
-    extended: bool = False  # needs the sampler's extended variant (row or logprobs)
+    extended: bool = False  # needs the sampler's extended variant (row, logprobs, grammar)
     # Prompt logprobs gathered chunk by chunk until the first token is sampled, then sent.
     prompt_logprobs: LogprobsLists | None = None
 
     def __post_init__(self) -> None:
         p = self.sampling_params
         self.has_row = p.uses_penalty_row
-        self.extended = self.has_row or p.logprobs is not None
+        self.extended = p.uses_extended_sampler
         if p.prompt_logprobs is not None and self.num_output_tokens == 0:
             self.prompt_logprobs = LogprobsLists([], [], [])
 

@@ -120,7 +120,7 @@ class ModelRunner:
         commits = [s.num_computed_tokens + n >= len(s.token_ids) for s, n in zip(states, counts)]
         logprobs = None
         if any(s.extended for s in states):
-            penalty_md = self._penalty_metadata(states, commits, R)
+            penalty_md = self._penalty_metadata(states, commits, R, out.grammar_bitmask)
             sampled, lp, self.penalty_state = self._sample_extended(
                 self.params, hidden, sampling_md, self.penalty_state, penalty_md, all_greedy=all_greedy)
             sampled, lp = jax.device_get((sampled, lp))
@@ -148,13 +148,17 @@ class ModelRunner:
         self.penalty_state = self._set_row(self.penalty_state, np.int32(state.slot), counts,
                                            prompt_mask, bias)
 
-    def _penalty_metadata(self, states, commits, R: int) -> PenaltyMetadata:
+    def _penalty_metadata(self, states, commits, R: int, grammar_bitmask=None) -> PenaltyMetadata:
         slot = np.zeros(R, np.int32)
         commit_slot = np.full(R, self.max_num_seqs, np.int32)
         has_row = np.zeros(R, bool)
         presence = np.zeros(R, np.float32)
         frequency = np.zeros(R, np.float32)
         repetition = np.ones(R, np.float32)
+        token_bitmask = np.full((R, -(-self.vocab_size // 32)), -1, np.int32)
+        for i, s in enumerate(states):
+            if grammar_bitmask and s.req_id in grammar_bitmask:
+                token_bitmask[i] = grammar_bitmask[s.req_id]
         for i, (s, commit) in enumerate(zip(states, commits)):
             if s.has_row:
                 p = s.sampling_params
@@ -163,7 +167,8 @@ class ModelRunner:
                 presence[i], frequency[i] = p.presence_penalty, p.frequency_penalty
                 repetition[i] = p.repetition_penalty
         return PenaltyMetadata(slot=slot, commit_slot=commit_slot, has_row=has_row,
-                               presence=presence, frequency=frequency, repetition=repetition)
+                               presence=presence, frequency=frequency, repetition=repetition,
+                               token_bitmask=token_bitmask)
 
     def _prepare_inputs(self, states, counts):
         num_tokens = sum(counts)

@@ -39,6 +39,8 @@ class PenaltyMetadata:
         padding rows and prefill chunks that sample nothing.
     has_row: bool[R], whether the slot was written for this request (else its bias is stale).
     presence, frequency, repetition: f32[R] (0, 0, 1 disable them).
+    token_bitmask: i32[R, ceil(V / 32)], structured output's allowed tokens (token t is
+        bit t % 32 of word t // 32); all bits set (-1) for unconstrained rows.
     """
     slot: jax.Array
     commit_slot: jax.Array
@@ -46,6 +48,7 @@ class PenaltyMetadata:
     presence: jax.Array
     frequency: jax.Array
     repetition: jax.Array
+    token_bitmask: jax.Array
 
 
 def init_state(num_slots: int, vocab: int) -> PenaltyState:
@@ -62,7 +65,11 @@ def set_row(state: PenaltyState, slot: jax.Array, counts: jax.Array, prompt_mask
 
 
 def apply_bias(x: jax.Array, state: PenaltyState, md: PenaltyMetadata) -> jax.Array:
-    return x + jnp.where(md.has_row[:, None], state.bias[md.slot], 0.0)
+    """The row's constant bias, then the step's structured-output mask."""
+    x = x + jnp.where(md.has_row[:, None], state.bias[md.slot], 0.0)
+    bits = md.token_bitmask[:, :, None] >> jnp.arange(32, dtype=jnp.int32)
+    allowed = (bits & 1).reshape(x.shape[0], -1)[:, :x.shape[1]] == 1
+    return jnp.where(allowed, x, -jnp.inf)
 
 
 def apply_penalties(x: jax.Array, state: PenaltyState, md: PenaltyMetadata) -> jax.Array:

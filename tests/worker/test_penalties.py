@@ -74,15 +74,20 @@ def test_penalized_logits_match_vllm_semantics():
             state = penalties.set_row(state, slots[r], *penalties.build_row(params, prompt, outputs, V))
             rows.append((prompt, outputs, params))
         suppress = [[int(t) for t in rng.integers(0, V, 3)] for _ in range(R)]
-        pmd = PenaltyMetadata(
+        words = -(-V // 32)
+        bitmask = np.full((R, words), -1, np.int32)
+        bitmask[0] = rng.integers(-2**31, 2**31, words)  # a structured-output row
+        pmd = PenaltyMetadata(token_bitmask=bitmask,
             slot=slots.astype(np.int32), commit_slot=slots.astype(np.int32),
             has_row=np.array([True] * (R - 1) + [False]),
             presence=np.array([p.presence_penalty for *_, p in rows] + [0], np.float32),
             frequency=np.array([p.frequency_penalty for *_, p in rows] + [0], np.float32),
             repetition=np.array([p.repetition_penalty for *_, p in rows] + [1], np.float32))
         got = np.asarray(fn(logits, make_md(R, V, suppress=suppress), state, pmd))
+        allowed = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")[:, :V] == 1
         for r, (prompt, outputs, params) in enumerate(rows):
             want = reference(logits[r], prompt, outputs, params, suppress[r])
+            want[~allowed[r]] = -np.inf
             np.testing.assert_allclose(got[r], want, rtol=1e-5, atol=1e-5)
         plain = logits[-1].copy()
         plain[suppress[-1]] = -np.inf
@@ -94,7 +99,8 @@ def test_sample_extended_counts_committed_tokens_and_returns_raw_logprobs():
     logits = rng.standard_normal((R, V)).astype(np.float32)
     state = PenaltyState(output_counts=np.zeros((S, V), np.int32), prompt_mask=np.zeros((S, V), bool),
                          bias=np.zeros((S, V), np.float32))
-    pmd = PenaltyMetadata(slot=np.array([3, 1, 0, 0], np.int32), commit_slot=np.array([3, S, 0, S], np.int32),
+    pmd = PenaltyMetadata(token_bitmask=np.full((R, -(-V // 32)), -1, np.int32),
+                          slot=np.array([3, 1, 0, 0], np.int32), commit_slot=np.array([3, S, 0, S], np.int32),
                           has_row=np.array([True, True, False, False]),
                           presence=np.zeros(R, np.float32), frequency=np.zeros(R, np.float32),
                           repetition=np.full(R, 1.5, np.float32))
