@@ -29,10 +29,18 @@ def greedy(**kw):
     return SamplingParams(temperature=0, max_tokens=N_NEW, min_tokens=N_NEW, **kw)
 
 
-def test_repetition_penalty_matches_transformers(llm, hf_model):
+@pytest.mark.parametrize("engine_kwargs", [
+    None,
+    # chunked prompts (rows that sample nothing must not be counted) and preemption (the
+    # row is rebuilt from the tokens so far when the request comes back)
+    dict(max_num_batched_tokens=16, max_num_seqs=4, num_gpu_blocks_override=18),
+], ids=["plain", "chunked-preempt"])
+def test_repetition_penalty_matches_transformers(llm, hf_model, tiny_model_dir, engine_kwargs):
     """transformers' repetition_penalty has vLLM's semantics (prompt and output tokens,
     positive logits divided, others multiplied)."""
-    prompts = PROMPTS[:4]
+    if engine_kwargs is not None:
+        llm = make_llm(tiny_model_dir, **engine_kwargs)
+    prompts = PROMPTS[:4] if engine_kwargs is None else PROMPTS
     plain = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy(), use_tqdm=False)]
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy(repetition_penalty=1.3),
                                                         use_tqdm=False)]
@@ -45,6 +53,8 @@ def test_repetition_penalty_matches_transformers(llm, hf_model):
     # the penalty shows: fewer repeats of earlier tokens than plain greedy
     repeats = lambda p, out: sum(t in p + out[:i] for i, t in enumerate(out))
     assert sum(map(repeats, prompts, got)) < sum(map(repeats, prompts, plain))
+    if engine_kwargs is not None:
+        assert llm.llm_engine.engine_core.scheduler.num_preemptions > 0
     assert_pool_full(llm)
 
 
