@@ -86,12 +86,13 @@ def penalized_logits(logits: jax.Array, md: SamplingMetadata, state: PenaltyStat
 
 def compute_logprobs(raw: jax.Array, tokens: jax.Array):
     """Raw logprobs of `tokens` (one per row) with their ranks, and each row's top
-    MAX_LOGPROBS: (f32[R], i32[R], i32[R, K], f32[R, K])."""
-    lp = jax.nn.log_softmax(raw, axis=-1)
-    token_lp = jnp.take_along_axis(lp, jnp.minimum(tokens, raw.shape[-1] - 1)[:, None], axis=-1)
-    rank = jnp.sum(lp >= token_lp, axis=-1)  # vLLM's rank: 1 for the most likely token
-    top_lp, top_ids = lax.optimization_barrier(lax.top_k(lp, min(MAX_LOGPROBS, raw.shape[-1])))
-    return token_lp[:, 0], rank.astype(jnp.int32), top_ids, top_lp
+    MAX_LOGPROBS: (f32[R], i32[R], i32[R, K], f32[R, K]). Ranks and the top-k are taken
+    on the logits (log_softmax only shifts each row), so no [R, V] logprobs are built."""
+    lse = jax.nn.logsumexp(raw, axis=-1)
+    token_raw = jnp.take_along_axis(raw, jnp.minimum(tokens, raw.shape[-1] - 1)[:, None], axis=-1)
+    rank = jnp.sum(raw >= token_raw, axis=-1)  # vLLM's rank: 1 for the most likely token
+    top_raw, top_ids = lax.optimization_barrier(lax.top_k(raw, min(MAX_LOGPROBS, raw.shape[-1])))
+    return token_raw[:, 0] - lse, rank.astype(jnp.int32), top_ids, top_raw - lse[:, None]
 
 
 def _draw(x: jax.Array, md: SamplingMetadata, all_greedy: bool) -> jax.Array:
