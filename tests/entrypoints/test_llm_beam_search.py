@@ -6,7 +6,7 @@ import torch
 
 from jaxvllm.sampling_params import BeamSearchParams
 
-from tests.entrypoints.test_llm_tiny import PROMPTS, assert_pool_full, make_llm
+from test_llm_tiny import PROMPTS, assert_pool_full, make_llm
 
 N_NEW, WIDTH = 8, 4
 

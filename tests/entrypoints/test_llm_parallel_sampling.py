@@ -9,7 +9,7 @@ import pytest
 
 from jaxvllm import SamplingParams
 
-from tests.entrypoints.test_llm_tiny import assert_pool_full, make_llm
+from test_llm_tiny import assert_pool_full, make_llm
 
 PROMPT = [int(t) for t in np.random.default_rng(7).integers(3, 256, 512)]
 BLOCK = 16

@@ -9,7 +9,7 @@ import torch
 from jaxvllm import SamplingParams
 from jaxvllm.outputs import Logprob
 
-from tests.entrypoints.test_llm_tiny import PROMPTS, assert_pool_full, make_llm
+from test_llm_tiny import PROMPTS, assert_pool_full, make_llm
 
 N_NEW = 24
 

@@ -12,7 +12,7 @@ import pytest
 from jaxvllm import SamplingParams
 from jaxvllm.sampling_params import StructuredOutputsParams
 
-from tests.entrypoints.test_llm_tiny import PROMPTS, assert_pool_full, make_llm
+from test_llm_tiny import PROMPTS, assert_pool_full, make_llm
 
 
 @pytest.fixture(scope="module")
