@@ -19,7 +19,7 @@ from __future__ import annotations
 from jaxvllm.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from jaxvllm.core.request import Request, RequestStatus
 from jaxvllm.core.request_queue import create_request_queue
-from jaxvllm.core.sched_utils import check_stop
+from jaxvllm.core.sched_utils import check_stop, owes_prompt_logprobs
 from jaxvllm.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                        SchedulerOutput)
 from jaxvllm.core.stats import SchedulerStats
@@ -155,7 +155,7 @@ class Scheduler:
         while (not preempted and self.waiting and token_budget > 0
                and len(self.running) < self.max_num_seqs):
             request = self.waiting.peek_request()
-            if request.status == RequestStatus.SWAPPED or _owes_prompt_logprobs(request):
+            if request.status == RequestStatus.SWAPPED or owes_prompt_logprobs(request):
                 hit, num_hit = KVCacheBlocks([]), 0  # prompt logprobs need every position computed
             else:
                 hit, num_hit = self.kv_cache_manager.get_computed_blocks(request)
@@ -237,7 +237,7 @@ class Scheduler:
         """Swap the request's pages out if there is host room, else drop them to recompute
         later; it goes back to the waiting queue either way. Returns the swap-out pairs."""
         pairs = None
-        if self.swap_space is not None and not _owes_prompt_logprobs(request):
+        if self.swap_space is not None and not owes_prompt_logprobs(request):
             pairs = self.swap_space.swap_out(request.request_id,
                                              self.kv_cache_manager.get_block_ids(request.request_id))
         self.kv_cache_manager.free(request)
@@ -296,9 +296,3 @@ class Scheduler:
             prefix_cache_queries=prefix.queries, prefix_cache_hits=prefix.hits,
             num_preemptions=self.num_preemptions, num_swap_outs=self.num_swap_outs,
             num_prefill_tokens=self.num_prefill_tokens)
-
-
-def _owes_prompt_logprobs(request: Request) -> bool:
-    """The worker gathers prompt logprobs while it computes the prompt, so such a request
-    must compute all of it in one worker lifetime: no cache hit, no swap mid-prompt."""
-    return request.sampling_params.prompt_logprobs is not None and not request.output_token_ids

@@ -43,7 +43,7 @@ class Processor:
             raise ValueError(f"The prompt (length {len(token_ids)}) is longer than the maximum model "
                              f"length of {self.max_model_len} minus one generated token; shorten it "
                              f"or raise max_model_len.")
-        params = self._check_token_ids(params)
+        params = self._check_params(params)
         seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
         return EngineCoreRequest(
             request_id=request_id, prompt_token_ids=token_ids, sampling_params=params,
@@ -52,9 +52,9 @@ class Processor:
             priority=priority, cache_salt=cache_salt,
         ), text
 
-    def _check_token_ids(self, params: SamplingParams) -> SamplingParams:
-        """Token ids in the params must exist in the model's vocabulary. Returns the params,
-        copied with each bad word's token ids when there are bad words (vLLM's rule: each
+    def _check_params(self, params: SamplingParams) -> SamplingParams:
+        """Token ids in the params must exist in the model's vocabulary and a grammar must
+        compile. Returns the params, copied with each bad word's token ids when there are bad words (vLLM's rule: each
         word as is and with a leading space, the latter only when it tokenizes differently
         into as many tokens)."""
         vocab = self.vocab_size

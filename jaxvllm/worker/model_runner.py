@@ -4,7 +4,8 @@ the compiled step.
 Two jitted functions make one step: `_forward` (model + KV write, then the final hidden
 state of each request's last scheduled token; compiled once per token bucket, the KV cache
 donated) and `_sample` (LM head and sampling; compiled once per request bucket and
-greedy/random, plus `_sample_extended` for batches using penalties, biases or logprobs).
+greedy/random, plus `_sample_extended` for batches using penalties, biases, logprobs or
+structured output, which keeps per-request rows on device: worker/penalties.py).
 Splitting them keeps the number of compiled programs at tokens + requests instead of
 tokens x requests, and the costly 49k-wide LM head runs only for the rows that sample
 (and, for requests asking for prompt logprobs, `_prompt_logprobs` over their prompt
@@ -24,10 +25,10 @@ from jaxvllm.config import EngineConfig
 from jaxvllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from jaxvllm.layers.attention import AttentionMetadata
 from jaxvllm.sampling_params import SamplingParams
-from jaxvllm.worker.input_batch import InputBatch
-from jaxvllm.worker.logprobs import accumulate_prompt_logprobs, prompt_positions, sampled_logprobs
-from jaxvllm.worker.kv_swap import KVSwapper
 from jaxvllm.worker import penalties
+from jaxvllm.worker.input_batch import InputBatch
+from jaxvllm.worker.kv_swap import KVSwapper
+from jaxvllm.worker.logprobs import accumulate_prompt_logprobs, prompt_positions, sampled_logprobs
 from jaxvllm.worker.model_runner_utils import make_buckets, pick_bucket
 from jaxvllm.worker.penalties import PenaltyMetadata
 from jaxvllm.worker.sampler import SamplingMetadata, compute_logprobs, sample, sample_extended
@@ -155,11 +156,10 @@ class ModelRunner:
         presence = np.zeros(R, np.float32)
         frequency = np.zeros(R, np.float32)
         repetition = np.ones(R, np.float32)
-        token_bitmask = np.full((R, -(-self.vocab_size // 32)), -1, np.int32)
-        for i, s in enumerate(states):
+        token_bitmask = np.full((R, -(-self.vocab_size // 32)), -1, np.int32)  # all allowed
+        for i, (s, commit) in enumerate(zip(states, commits)):
             if grammar_bitmask and s.req_id in grammar_bitmask:
                 token_bitmask[i] = grammar_bitmask[s.req_id]
-        for i, (s, commit) in enumerate(zip(states, commits)):
             if s.has_row:
                 p = s.sampling_params
                 slot[i], has_row[i] = s.slot, True
