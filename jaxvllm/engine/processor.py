@@ -54,9 +54,9 @@ class Processor:
 
     def _check_params(self, params: SamplingParams) -> SamplingParams:
         """Token ids in the params must exist in the model's vocabulary and a grammar must
-        compile. Returns the params, copied with each bad word's token ids when there are bad words (vLLM's rule: each
-        word as is and with a leading space, the latter only when it tokenizes differently
-        into as many tokens)."""
+        compile. Returns the params, copied with each bad word's token ids when there are
+        bad words (vLLM's rule: each word as is and with a leading space, the latter only
+        when it tokenizes differently into as many tokens)."""
         vocab = self.vocab_size
         for name, ids in (("stop_token_ids", params.stop_token_ids),
                           ("logit_bias", list(params.logit_bias or ())),
