@@ -3,6 +3,7 @@ Hugging Face transformers in float32: token-exact greedy generation for a batch 
 prompts, under plain, chunked-prefill and preempting configurations, and prefill logits."""
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -12,6 +13,7 @@ import torch
 from conftest import run_prefill
 from jaxvllm import LLM, SamplingParams
 from jaxvllm.models.loader import default_model_path
+from jaxvllm.sampling_params import StructuredOutputsParams
 
 pytestmark = pytest.mark.slow
 
@@ -113,3 +115,30 @@ def test_prefill_logits_match_transformers(llm, prompts, hf_model):
           f"max abs error / max |logit| {np.abs(ours - theirs).max() / np.abs(theirs).max():.2e}")
     assert rel < 1e-4
     assert (ours.argmax(-1) == theirs.argmax(-1)).all()
+
+
+def test_logprobs_and_json_output(llm, prompts, hf_model):
+    """Greedy tokens' raw logprobs against transformers' log_softmax, and a JSON schema
+    obeyed by the real model (its tokenizer covers every forced token)."""
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts[:2]],
+                        SamplingParams(temperature=0, max_tokens=12, logprobs=3), use_tqdm=False)
+    worst = 0.0
+    for prompt, out in zip(prompts[:2], outs):
+        ids = out.outputs[0].token_ids
+        with torch.no_grad():
+            ref = torch.log_softmax(hf_model(torch.tensor([prompt + ids])).logits[0], -1)[len(prompt) - 1:-1]
+        for pos, (token, entry) in enumerate(zip(ids, out.outputs[0].logprobs)):
+            worst = max(worst, abs(entry[token].logprob - ref[pos, token].item()))
+            assert entry[token].rank == 1
+    print(f"default model: greedy-token logprobs vs transformers, max abs error {worst:.2e}")
+    assert worst < 1e-4
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                               "population": {"type": "integer"}},
+              "required": ["city", "population"], "additionalProperties": False,
+              "x-guidance": {"whitespace_flexible": False}}
+    out = llm.generate(prompts[5], SamplingParams(temperature=0, max_tokens=40,
+                                                  structured_outputs=StructuredOutputsParams(json=schema)),
+                       use_tqdm=False)[0].outputs[0]
+    value = json.loads(out.text)
+    assert set(value) == {"city", "population"} and isinstance(value["population"], int)
+    assert _pool_is_full(llm)

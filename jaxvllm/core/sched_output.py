@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from jaxvllm.engine.messages import LogprobsLists
 from jaxvllm.sampling_params import SamplingParams
 
 
@@ -48,6 +49,9 @@ class SchedulerOutput:
     # back into a resumed request's freshly allocated blocks.
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
+    # Structured output: allowed-token bitmask words (int32) of each constrained request
+    # that samples this step (core/structured_output.py).
+    grammar_bitmask: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -55,3 +59,7 @@ class ModelRunnerOutput:
     req_ids: list[str]
     # One list per request: the sampled token, or empty for a partial prefill chunk.
     sampled_token_ids: list[list[int]]
+    # Per request, for those that asked (else None); None altogether when nobody did.
+    logprobs: list[LogprobsLists | None] | None = None
+    # A request's prompt logprobs, sent with its first sampled token.
+    prompt_logprobs: dict[str, LogprobsLists] = field(default_factory=dict)

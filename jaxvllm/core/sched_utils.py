@@ -1,7 +1,8 @@
-"""check_stop: whether a request is done after its latest sampled token, and why.
+"""Per-request rules kept apart from the scheduler so each reads as one small function.
 
-Kept apart from the scheduler so the finish rules (length caps first, then EOS and stop
-tokens once min_tokens is reached) read as one small function.
+check_stop: whether a request is done after its latest sampled token, and why (length caps
+first, then EOS and stop tokens once min_tokens is reached).
+owes_prompt_logprobs: whether a request must still compute its whole prompt in one go.
 """
 from __future__ import annotations
 
@@ -27,3 +28,9 @@ def check_stop(request: Request, max_model_len: int) -> bool:
         request.stop_reason = last
         return True
     return False
+
+
+def owes_prompt_logprobs(request: Request) -> bool:
+    """The worker gathers prompt logprobs while it computes the prompt, so such a request
+    must compute all of it in one worker lifetime: no cache hit, no swap mid-prompt."""
+    return request.sampling_params.prompt_logprobs is not None and not request.output_token_ids

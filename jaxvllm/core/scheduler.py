@@ -19,10 +19,11 @@ from __future__ import annotations
 from jaxvllm.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from jaxvllm.core.request import Request, RequestStatus
 from jaxvllm.core.request_queue import create_request_queue
-from jaxvllm.core.sched_utils import check_stop
+from jaxvllm.core.sched_utils import check_stop, owes_prompt_logprobs
 from jaxvllm.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                        SchedulerOutput)
 from jaxvllm.core.stats import SchedulerStats
+from jaxvllm.core.structured_output import StructuredOutputManager
 from jaxvllm.core.swap_space import SwapSpace
 from jaxvllm.engine.messages import EngineCoreOutput, FinishReason
 
@@ -38,7 +39,8 @@ class Scheduler:
     def __init__(self, *, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
                  num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
                  long_prefill_token_threshold: int = 0, scheduling_policy: str = "fcfs",
-                 preemption_mode: str = "recompute", num_swap_blocks: int = 0, model_name: str = ""):
+                 preemption_mode: str = "recompute", num_swap_blocks: int = 0, model_name: str = "",
+                 structured_output_manager: StructuredOutputManager | None = None):
         if preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {preemption_mode!r}.")
         self.max_num_seqs = max_num_seqs
@@ -49,6 +51,7 @@ class Scheduler:
         self.kv_cache_manager = KVCacheManager(num_blocks, block_size, max_model_len,
                                                enable_prefix_caching, model_name)
         self.swap_space = SwapSpace(num_swap_blocks) if preemption_mode == "swap" else None
+        self.structured_output_manager = structured_output_manager
         self.requests: dict[str, Request] = {}
         self.waiting = create_request_queue(scheduling_policy)
         self.running: list[Request] = []
@@ -61,6 +64,10 @@ class Scheduler:
 
     # ---- requests in and out -------------------------------------------------------
     def add_request(self, request: Request) -> None:
+        if request.sampling_params.structured_outputs is not None:
+            if self.structured_output_manager is None:
+                raise ValueError("structured_outputs needs an engine with a tokenizer.")
+            self.structured_output_manager.add_request(request)
         self.requests[request.request_id] = request
         self.waiting.add_request(request)
 
@@ -87,6 +94,8 @@ class Scheduler:
         if self.swap_space is not None:
             self.swap_space.free(request.request_id)
         del self.requests[request.request_id]
+        if self.structured_output_manager is not None:
+            self.structured_output_manager.remove_request(request.request_id)
         if request.request_id in self._worker_known:
             self._worker_known.discard(request.request_id)
             self._finished_req_ids.add(request.request_id)
@@ -146,8 +155,8 @@ class Scheduler:
         while (not preempted and self.waiting and token_budget > 0
                and len(self.running) < self.max_num_seqs):
             request = self.waiting.peek_request()
-            if request.status == RequestStatus.SWAPPED:
-                hit, num_hit = KVCacheBlocks([]), 0
+            if request.status == RequestStatus.SWAPPED or owes_prompt_logprobs(request):
+                hit, num_hit = KVCacheBlocks([]), 0  # prompt logprobs need every position computed
             else:
                 hit, num_hit = self.kv_cache_manager.get_computed_blocks(request)
             num_new = self._num_new_tokens(request, token_budget, request.num_computed_tokens + num_hit)
@@ -188,6 +197,12 @@ class Scheduler:
             if start < num_prompt:
                 self.num_prefill_tokens += min(n, num_prompt - start)
             request.num_computed_tokens = start + n
+        manager = self.structured_output_manager
+        if manager is not None and manager.matchers:
+            # Constrained requests that sample this step (not mid-prompt) get their mask.
+            output.grammar_bitmask = manager.grammar_bitmask(
+                [r for r in num_scheduled if r in manager.matchers
+                 and requests[r].num_computed_tokens >= requests[r].num_tokens])
         return output
 
     def _num_new_tokens(self, request: Request, token_budget: int, num_computed: int) -> int:
@@ -222,7 +237,7 @@ class Scheduler:
         """Swap the request's pages out if there is host room, else drop them to recompute
         later; it goes back to the waiting queue either way. Returns the swap-out pairs."""
         pairs = None
-        if self.swap_space is not None:
+        if self.swap_space is not None and not owes_prompt_logprobs(request):
             pairs = self.swap_space.swap_out(request.request_id,
                                              self.kv_cache_manager.get_block_ids(request.request_id))
         self.kv_cache_manager.free(request)
@@ -242,13 +257,17 @@ class Scheduler:
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
         outputs = []
-        for req_id, sampled in zip(runner_output.req_ids, runner_output.sampled_token_ids):
+        logprobs, prompt_logprobs = runner_output.logprobs, runner_output.prompt_logprobs
+        for i, (req_id, sampled) in enumerate(zip(runner_output.req_ids,
+                                                  runner_output.sampled_token_ids)):
             if not sampled:
                 continue  # a prefill chunk that samples nothing
             request = self.requests.get(req_id)
             if request is None:
                 continue  # finished meanwhile
             request.output_token_ids.extend(sampled)
+            if scheduler_output.grammar_bitmask and req_id in scheduler_output.grammar_bitmask:
+                self.structured_output_manager.accept_token(req_id, sampled[-1])
             finished = check_stop(request, self.max_model_len)
             if finished:
                 self.running.remove(request)
@@ -258,6 +277,8 @@ class Scheduler:
                 new_token_ids=sampled,
                 finish_reason=_FINISH_REASON[request.status] if finished else None,
                 stop_reason=request.stop_reason,
+                new_logprobs=logprobs[i] if logprobs is not None else None,
+                new_prompt_logprobs=prompt_logprobs.get(req_id) if prompt_logprobs else None,
             ))
         return outputs
 

@@ -16,6 +16,7 @@ from jaxvllm.core.stats import SchedulerStats
 from jaxvllm.engine.core_client import AsyncMPClient
 from jaxvllm.engine.exceptions import EngineDeadError
 from jaxvllm.engine.output_processor import OutputProcessor, RequestOutputCollector
+from jaxvllm.engine.parallel_sampling import ParentRequest
 from jaxvllm.engine.processor import Processor, eos_token_id
 from jaxvllm.metrics.stats import IterationStats
 from jaxvllm.models.loader import load_hf_config, load_tokenizer, resolve_model
@@ -40,6 +41,7 @@ class AsyncLLM:
         self.last_scheduler_stats: SchedulerStats | None = None
         self._output_handler: asyncio.Task | None = None
         self._errored_with: Exception | None = None
+        self._children: dict[str, list[str]] = {}  # request id -> its engine request ids
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs, stat_loggers=None) -> "AsyncLLM":
@@ -49,35 +51,53 @@ class AsyncLLM:
     async def generate(self, prompt, sampling_params: SamplingParams, request_id: str,
                        priority: int = 0) -> AsyncIterator[RequestOutput]:
         """Yields the request's outputs until it finishes; ValueError for invalid input
-        (before anything is queued), EngineDeadError if the engine process dies."""
+        (before anything is queued), EngineDeadError if the engine process dies.
+        With n > 1 the request fans out into n children (parallel_sampling.py) whose
+        completions come back together, each with its index."""
         self._ensure_output_handler()
         if self.errored:
             raise EngineDeadError()
-        request, prompt_text = self.processor.process_inputs(request_id, prompt, sampling_params,
-                                                             priority=priority)
         collector = RequestOutputCollector(sampling_params.output_kind)
-        self.output_processor.add_request(request, prompt_text, collector)
+        parent = ParentRequest.from_params(request_id, sampling_params)
+        children = (parent.child_requests() if parent is not None
+                    else [(request_id, sampling_params)])
+        requests, child_ids = [], []
+        try:
+            for index, (child_id, params) in enumerate(children):
+                request, prompt_text = self.processor.process_inputs(child_id, prompt, params,
+                                                                     priority=priority)
+                self.output_processor.add_request(request, prompt_text, collector, parent, index)
+                requests.append(request)
+                child_ids.append(child_id)
+        except BaseException:
+            self.output_processor.abort_requests(child_ids)
+            raise
+        self._children[request_id] = child_ids
         finished = False
         try:
-            await self.engine_core.add_request_async(request)
+            for request in requests:
+                await self.engine_core.add_request_async(request)
             while not finished:
                 output = await collector.get()
                 finished = output.finished
                 yield output
         finally:
+            self._children.pop(request_id, None)
             if not finished:  # cancelled, closed early, or failed: free its blocks
-                await self._abort_quietly(request_id)
+                await self._abort_quietly(child_ids)
 
     async def abort(self, request_id: str | list[str]) -> None:
+        """Abort requests by id; their generators end with finish_reason "abort"."""
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        ids = [c for r in ids for c in self._children.get(r, [r])]
         self.output_processor.abort_requests(ids)
         await self.engine_core.abort_requests_async(ids)
 
-    async def _abort_quietly(self, request_id: str) -> None:
-        self.output_processor.abort_requests([request_id])
+    async def _abort_quietly(self, request_ids: list[str]) -> None:
+        self.output_processor.abort_requests(request_ids)
         if not self.errored:
             try:
-                await asyncio.shield(self.engine_core.abort_requests_async([request_id]))
+                await asyncio.shield(self.engine_core.abort_requests_async(request_ids))
             except EngineDeadError:
                 pass
 

@@ -147,21 +147,32 @@ class SyncMPClient(_MPClientBase):
     def __init__(self, args: EngineArgs):
         super().__init__(args, zmq.Context())
         self.outputs_queue: queue.Queue = queue.Queue()
-        threading.Thread(target=self._process_outputs_socket, daemon=True,
-                         name="EngineCoreOutputReader").start()
+        self._stop = threading.Event()
+        self._reader = threading.Thread(target=self._process_outputs_socket, daemon=True,
+                                        name="EngineCoreOutputReader")
+        self._reader.start()
 
     def _process_outputs_socket(self) -> None:
-        try:
-            while True:
-                outputs = decode(EngineCoreOutputs, self.output_socket.recv())
-                if outputs.utility_output is not None:
-                    future = self.pending_utility.pop(outputs.utility_output.call_id, None)
-                    if future is not None:
-                        _resolve(future, outputs.utility_output)
-                if outputs.outputs:
-                    self.outputs_queue.put(outputs)
-        except zmq.ZMQError:
-            pass  # socket closed by shutdown
+        """Owns the output socket: a zmq socket must not be closed by another thread
+        while this one waits on it, so the thread polls, notices _stop and closes it."""
+        sock = self.output_socket
+        while not self._stop.is_set():
+            if not sock.poll(100):
+                continue
+            outputs = decode(EngineCoreOutputs, sock.recv())
+            if outputs.utility_output is not None:
+                future = self.pending_utility.pop(outputs.utility_output.call_id, None)
+                if future is not None:
+                    _resolve(future, outputs.utility_output)
+            if outputs.outputs:
+                self.outputs_queue.put(outputs)
+        sock.close()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._reader.join(timeout=5)
+        self.engine.shutdown()
+        self.input_socket.close()
 
     def _on_engine_death(self) -> None:
         self.engine_dead = True

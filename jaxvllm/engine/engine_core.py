@@ -14,7 +14,9 @@ from jaxvllm.config import EngineConfig
 from jaxvllm.core.request import Request
 from jaxvllm.core.scheduler import Scheduler
 from jaxvllm.core.stats import SchedulerStats
+from jaxvllm.core.structured_output import StructuredOutputManager
 from jaxvllm.engine.messages import EngineCoreOutput, EngineCoreRequest
+from jaxvllm.models.loader import load_tokenizer
 from jaxvllm.worker.worker import Worker
 
 logger = logging.getLogger(__name__)
@@ -42,7 +44,9 @@ class EngineCore:
             enable_prefix_caching=config.cache.enable_prefix_caching,
             long_prefill_token_threshold=sched.long_prefill_token_threshold,
             scheduling_policy=sched.scheduling_policy, preemption_mode=sched.preemption_mode,
-            num_swap_blocks=num_swap_blocks, model_name=config.model or model_path)
+            num_swap_blocks=num_swap_blocks, model_name=config.model or model_path,
+            structured_output_manager=StructuredOutputManager(lambda: load_tokenizer(model_path),
+                                                              hf_config.vocab_size))
         self.step_num = 0
         self.profiling = False
 

@@ -15,6 +15,7 @@ from jaxvllm.core.stats import SchedulerStats
 from jaxvllm.engine.core_client import InprocClient, SyncMPClient
 from jaxvllm.engine.engine_core import EngineCore
 from jaxvllm.engine.output_processor import OutputProcessor
+from jaxvllm.engine.parallel_sampling import ParentRequest
 from jaxvllm.engine.processor import Processor, eos_token_id
 from jaxvllm.models.loader import load_hf_config, load_tokenizer, resolve_model
 from jaxvllm.outputs import RequestOutput
@@ -36,6 +37,7 @@ class LLMEngine:
         self.processor = Processor(config, tokenizer, hf_config.vocab_size,
                                    eos_token_id(tokenizer, hf_config))
         self.output_processor = OutputProcessor(tokenizer)
+        self._children: dict[str, list[str]] = {}  # n > 1 requests: parent id -> child ids
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs, multiprocess_mode: bool | None = None) -> "LLMEngine":
@@ -52,9 +54,29 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt, params: SamplingParams,
                     arrival_time: float | None = None, priority: int = 0) -> None:
+        """With params.n > 1 the request fans out into n children (parallel_sampling.py),
+        whose outputs come back as one RequestOutput under `request_id`."""
+        parent = ParentRequest.from_params(request_id, params)
+        if parent is None:
+            self._add_request(request_id, prompt, params, arrival_time, priority)
+            return
+        if request_id in self._children:
+            raise ValueError(f"Request id {request_id!r} is already running.")
+        added = []
+        try:
+            for index, (child_id, child_params) in enumerate(parent.child_requests()):
+                self._add_request(child_id, prompt, child_params, arrival_time, priority, parent, index)
+                added.append(child_id)
+        except Exception:
+            self.abort_request(added)
+            raise
+        self._children[request_id] = added
+
+    def _add_request(self, request_id, prompt, params, arrival_time, priority, parent=None,
+                     parent_index=0) -> None:
         request, prompt_text = self.processor.process_inputs(request_id, prompt, params, arrival_time,
                                                              priority)
-        self.output_processor.add_request(request, prompt_text)
+        self.output_processor.add_request(request, prompt_text, parent=parent, parent_index=parent_index)
         try:
             self.engine_core_client.add_request(request)
         except Exception:
@@ -62,7 +84,8 @@ class LLMEngine:
             raise
 
     def abort_request(self, request_ids) -> None:
-        self.engine_core_client.abort_requests(list(request_ids))
+        request_ids = [c for r in request_ids for c in self._children.pop(r, [r])]
+        self.engine_core_client.abort_requests(request_ids)
         self.output_processor.abort_requests(request_ids)
 
     def has_unfinished_requests(self) -> bool:
@@ -87,6 +110,10 @@ class LLMEngine:
             request_outputs, reqs_to_abort = self.output_processor.process_outputs(outputs.outputs)
         if reqs_to_abort:
             self.engine_core_client.abort_requests(reqs_to_abort)
+        if self._children:
+            for output in request_outputs:
+                if output.finished:
+                    self._children.pop(output.request_id, None)
         return request_outputs
 
     def shutdown(self) -> None:

@@ -41,12 +41,25 @@ class EngineCoreRequest:
     cache_salt: str | None = None
 
 
+@dataclass
+class LogprobsLists:
+    """Logprobs of some positions (vLLM's name): row i holds position i's token first,
+    then the top-k candidates in descending order; its rank among all tokens (1 = the
+    most likely) is in sampled_token_ranks."""
+    logprob_token_ids: list[list[int]]
+    logprobs: list[list[float]]
+    sampled_token_ranks: list[int]
+
+
 @dataclass(slots=True)  # one per request per step: kept cheap to build
 class EngineCoreOutput:
     request_id: str
     new_token_ids: list[int]
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
+    # Only for requests that asked for them (SamplingParams.logprobs / prompt_logprobs).
+    new_logprobs: LogprobsLists | None = None
+    new_prompt_logprobs: LogprobsLists | None = None
 
     @property
     def finished(self) -> bool:

@@ -1,10 +1,12 @@
 """OutputProcessor: turns EngineCoreOutputs into RequestOutputs.
 
 Detokenizes incrementally, applies stop strings (which the engine core cannot see),
-records finish reasons and latency statistics, and shapes each output by the request's
-output_kind (cumulative, delta or final only). Requests that a stop string ends are
-reported back so that the caller aborts them in the core and their blocks return to
-the pool. For AsyncLLM each request has a RequestOutputCollector that its generator awaits.
+turns logprobs into vLLM's per-position dicts, records finish reasons and latency
+statistics, and shapes each output by the request's output_kind (cumulative, delta or
+final only). Children of an n > 1 request are gathered into their parent's output.
+Requests that a stop string ends are reported back so that the caller aborts them in
+the core and their blocks return to the pool. For AsyncLLM each request has a
+RequestOutputCollector that its generator awaits.
 """
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ import time
 from dataclasses import dataclass, field
 
 from jaxvllm.engine.detokenizer import IncrementalDetokenizer
+from jaxvllm.engine.logprobs import LogprobsProcessor
 from jaxvllm.engine.messages import EngineCoreOutput, EngineCoreRequest, FinishReason
+from jaxvllm.engine.parallel_sampling import ParentRequest
 from jaxvllm.metrics.stats import IterationStats, RequestStateStats
 from jaxvllm.outputs import CompletionOutput, RequestOutput
 from jaxvllm.sampling_params import RequestOutputKind
@@ -21,7 +25,8 @@ from jaxvllm.sampling_params import RequestOutputKind
 
 class RequestOutputCollector:
     """The latest undelivered output of one request. A slow consumer gets the outputs
-    merged (delta outputs concatenated, cumulative ones replaced), never a backlog."""
+    merged (delta outputs concatenated per completion index, cumulative ones replaced),
+    never a backlog."""
 
     def __init__(self, output_kind: RequestOutputKind):
         self.delta = output_kind == RequestOutputKind.DELTA
@@ -29,13 +34,11 @@ class RequestOutputCollector:
         self.ready = asyncio.Event()
 
     def put(self, output: RequestOutput | Exception) -> None:
-        if (self.delta and isinstance(self.output, RequestOutput)
-                and isinstance(output, RequestOutput)):
-            for prev, new in zip(self.output.outputs, output.outputs):
-                new.text = prev.text + new.text
-                new.token_ids = prev.token_ids + new.token_ids
-        if not isinstance(self.output, Exception):
-            self.output = output
+        if isinstance(self.output, Exception):
+            return  # the error stands
+        if self.delta and isinstance(self.output, RequestOutput) and isinstance(output, RequestOutput):
+            output = _merge_deltas(self.output, output)
+        self.output = output
         self.ready.set()
 
     async def get(self) -> RequestOutput:
@@ -47,16 +50,35 @@ class RequestOutputCollector:
         return output
 
 
+def _merge_deltas(prev: RequestOutput, new: RequestOutput) -> RequestOutput:
+    by_index = {c.index: c for c in prev.outputs}
+    for c in new.outputs:
+        old = by_index.get(c.index)
+        if old is not None:
+            c.text, c.token_ids = old.text + c.text, old.token_ids + c.token_ids
+            if old.logprobs is not None and c.logprobs is not None:
+                c.logprobs = old.logprobs + c.logprobs
+        by_index[c.index] = c
+    new.outputs = sorted(by_index.values(), key=lambda c: c.index)
+    new.prompt_logprobs = prev.prompt_logprobs or new.prompt_logprobs
+    return new
+
+
 @dataclass
 class RequestState:
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
     detokenizer: IncrementalDetokenizer
+    logprobs: LogprobsProcessor
     output_kind: RequestOutputKind
     stats: RequestStateStats
     queue: RequestOutputCollector | None = None
+    parent: ParentRequest | None = None  # set for the children of an n > 1 request
+    parent_index: int = 0
     output_token_ids: list[int] = field(default_factory=list)
+    num_logprobs_sent: int = 0
+    prompt_logprobs_sent: bool = False
 
 
 class OutputProcessor:
@@ -65,18 +87,27 @@ class OutputProcessor:
         self.request_states: dict[str, RequestState] = {}
 
     def add_request(self, request: EngineCoreRequest, prompt: str | None,
-                    queue: RequestOutputCollector | None = None) -> None:
+                    queue: RequestOutputCollector | None = None,
+                    parent: ParentRequest | None = None, parent_index: int = 0) -> None:
         if request.request_id in self.request_states:
             raise ValueError(f"Request id {request.request_id!r} is already running.")
         params = request.sampling_params
         self.request_states[request.request_id] = RequestState(
             request_id=request.request_id, prompt=prompt, prompt_token_ids=request.prompt_token_ids,
             detokenizer=IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, params),
-            output_kind=params.output_kind, stats=RequestStateStats(request.arrival_time), queue=queue)
+            logprobs=LogprobsProcessor(self.tokenizer, params), output_kind=params.output_kind,
+            stats=RequestStateStats(request.arrival_time), queue=queue, parent=parent,
+            parent_index=parent_index)
 
     def abort_requests(self, request_ids) -> None:
+        """Forget the requests; a streaming one gets a last output, finish_reason "abort",
+        so that its generator ends."""
         for req_id in request_ids:
-            self.request_states.pop(req_id, None)
+            state = self.request_states.pop(req_id, None)
+            if state is not None and state.queue is not None:
+                output = self._make_output(state, [], FinishReason.ABORT, None)
+                if output is not None:
+                    state.queue.put(output)
 
     def propagate_error(self, error: Exception) -> None:
         """Fail every pending request (the engine died); their generators raise `error`."""
@@ -100,6 +131,7 @@ class OutputProcessor:
                 continue  # aborted meanwhile
             finish_reason, stop_reason = out.finish_reason, out.stop_reason
             state.output_token_ids.extend(out.new_token_ids)
+            state.logprobs.update(out.new_logprobs, out.new_prompt_logprobs)
             stop_terminated = finish_reason == FinishReason.STOP
             stop_str = state.detokenizer.update(out.new_token_ids, stop_terminated)
             if stop_str is not None and finish_reason is None:
@@ -128,13 +160,25 @@ class OutputProcessor:
         if kind == RequestOutputKind.FINAL_ONLY and not finished:
             return None
         delta = kind == RequestOutputKind.DELTA
+        logprobs = state.logprobs.logprobs
+        if logprobs is not None and delta:
+            logprobs, state.num_logprobs_sent = logprobs[state.num_logprobs_sent:], len(logprobs)
+        prompt_logprobs = state.logprobs.prompt_logprobs
+        if delta and state.prompt_logprobs_sent:
+            prompt_logprobs = None  # sent with the first delta only, as in vLLM
+        state.prompt_logprobs_sent |= prompt_logprobs is not None
         completion = CompletionOutput(
-            index=0,
+            index=state.parent_index,
             text=state.detokenizer.get_next_output_text(delta=delta, finished=finished),
             token_ids=list(new_token_ids) if delta else list(state.output_token_ids),
+            cumulative_logprob=state.logprobs.cumulative_logprob,
+            logprobs=None if logprobs is None else list(logprobs),
             finish_reason=str(finish_reason) if finished else None,
             stop_reason=stop_reason,
         )
+        if state.parent is not None:
+            return state.parent.make_request_output(state.parent_index, completion, state.prompt,
+                                                    state.prompt_token_ids, prompt_logprobs, kind)
         return RequestOutput(request_id=state.request_id, prompt=state.prompt,
                              prompt_token_ids=state.prompt_token_ids, outputs=[completion],
-                             finished=finished)
+                             finished=finished, prompt_logprobs=prompt_logprobs)

@@ -5,10 +5,12 @@ core, so a bad request never holds KV blocks or disturbs the others.
 """
 from __future__ import annotations
 
+import copy
 import random
 import time
 
 from jaxvllm.config import EngineConfig
+from jaxvllm.core.structured_output import grammar_for
 from jaxvllm.engine.messages import EngineCoreRequest
 from jaxvllm.sampling_params import SamplingParams
 
@@ -50,8 +52,7 @@ class Processor:
             raise ValueError(f"The prompt (length {len(token_ids)}) is longer than the maximum model "
                              f"length of {self.max_model_len} minus one generated token; shorten it "
                              f"or raise max_model_len.")
-        if any(t >= self.vocab_size for t in params.stop_token_ids):
-            raise ValueError(f"stop_token_ids must lie in [0, {self.vocab_size}).")
+        params = self._check_params(params)
         seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
         return EngineCoreRequest(
             request_id=request_id, prompt_token_ids=token_ids, sampling_params=params,
@@ -59,6 +60,39 @@ class Processor:
             arrival_time=arrival_time if arrival_time is not None else time.time(),
             priority=priority, cache_salt=cache_salt,
         ), text
+
+    def _check_params(self, params: SamplingParams) -> SamplingParams:
+        """Token ids in the params must exist in the model's vocabulary and a grammar must
+        compile. Returns the params, copied with each bad word's token ids when there are
+        bad words (vLLM's rule: each word as is and with a leading space, the latter only
+        when it tokenizes differently into as many tokens)."""
+        vocab = self.vocab_size
+        for name, ids in (("stop_token_ids", params.stop_token_ids),
+                          ("logit_bias", list(params.logit_bias or ())),
+                          ("allowed_token_ids", params.allowed_token_ids or [])):
+            if any(t >= vocab for t in ids):
+                raise ValueError(f"{name} must lie in [0, {vocab}); got {[t for t in ids if t >= vocab][:5]}.")
+        if params.structured_outputs is not None:
+            grammar_for(params.structured_outputs)  # a bad grammar is rejected here, by name
+        if not params.bad_words:
+            return params
+        words = []
+        for word in params.bad_words:
+            plain = self.tokenizer.encode(word.lstrip(), add_special_tokens=False)
+            spaced = self.tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+            words.append(plain)
+            if spaced[0] != plain[0] and len(spaced) == len(plain):
+                words.append(spaced)
+        bad = [t for w in words for t in w if t >= vocab]
+        if bad:
+            raise ValueError(f"bad_words must tokenize to ids in [0, {vocab}); got {bad[:5]}.")
+        params = copy.copy(params)
+        params._bad_words_token_ids = words
+        return params
+
+    def tokenize(self, prompt) -> list[int]:
+        """A prompt's token ids (the forms generate accepts), without building a request."""
+        return self._tokenize(prompt)[1]
 
     def _tokenize(self, prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict):  # vLLM's TextPrompt / TokensPrompt

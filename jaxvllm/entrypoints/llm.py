@@ -6,10 +6,11 @@ from typing import Sequence
 
 from tqdm.auto import tqdm
 
+from jaxvllm.beam_search import BeamSearchOutput, beam_search
 from jaxvllm.config import EngineArgs
 from jaxvllm.engine.llm_engine import LLMEngine
 from jaxvllm.outputs import RequestOutput
-from jaxvllm.sampling_params import SamplingParams
+from jaxvllm.sampling_params import BeamSearchParams, SamplingParams
 
 
 class LLM:
@@ -57,6 +58,11 @@ class LLM:
         except BaseException:
             self.llm_engine.abort_request(request_ids)  # nothing of a failed call stays queued
             raise
+
+    def beam_search(self, prompts, params: BeamSearchParams) -> list[BeamSearchOutput]:
+        """prompts: strings, token-id lists or {"prompt" / "prompt_token_ids"} dicts; each
+        output holds the beam_width best sequences (prompt + generated tokens), best first."""
+        return beam_search(self, [self.llm_engine.processor.tokenize(p) for p in prompts], params)
 
     def reset_prefix_cache(self) -> bool:
         """Forget the cached prefixes; False (and nothing done) while requests hold blocks."""

@@ -3,10 +3,14 @@ the compiled step.
 
 Two jitted functions make one step: `_forward` (model + KV write, then the final hidden
 state of each request's last scheduled token; compiled once per token bucket, the KV cache
-donated) and `_sample` (LM head and sampling; compiled once per request bucket). Splitting them keeps the
-number of compiled programs at tokens + requests instead of tokens x requests, and the
-costly 49k-wide LM head runs only for the rows that sample. Hidden states stay on device
-between the two calls; only sampled token ids come back to the host.
+donated) and `_sample` (LM head and sampling; compiled once per request bucket and
+greedy/random, plus `_sample_extended` for batches using penalties, biases, logprobs or
+structured output, which keeps per-request rows on device: worker/penalties.py).
+Splitting them keeps the number of compiled programs at tokens + requests instead of
+tokens x requests, and the costly 49k-wide LM head runs only for the rows that sample
+(and, for requests asking for prompt logprobs, `_prompt_logprobs` over their prompt
+positions). Hidden states stay on device between the calls; only sampled token ids (and
+requested logprobs) come back to the host.
 """
 from __future__ import annotations
 
@@ -20,10 +24,14 @@ from flax import nnx
 from jaxvllm.config import EngineConfig
 from jaxvllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from jaxvllm.layers.attention import AttentionMetadata
+from jaxvllm.sampling_params import SamplingParams
+from jaxvllm.worker import penalties
 from jaxvllm.worker.input_batch import InputBatch
 from jaxvllm.worker.kv_swap import KVSwapper
+from jaxvllm.worker.logprobs import accumulate_prompt_logprobs, prompt_positions, sampled_logprobs
 from jaxvllm.worker.model_runner_utils import make_buckets, pick_bucket
-from jaxvllm.worker.sampler import SamplingMetadata, sample
+from jaxvllm.worker.penalties import PenaltyMetadata
+from jaxvllm.worker.sampler import SamplingMetadata, compute_logprobs, sample, sample_extended
 
 logger = logging.getLogger(__name__)
 _MIN_SUPPRESS_BUCKET = 8
@@ -42,7 +50,8 @@ class ModelRunner:
         self.request_buckets = make_buckets(1, self.max_num_seqs)
         self.vocab_size = model.args.vocab_size
         self.kv_cache = kv_cache
-        self.input_batch = InputBatch()
+        self.input_batch = InputBatch(self.max_num_seqs)
+        self.penalty_state = penalties.init_state(self.max_num_seqs, self.vocab_size)
         # Incremented at trace time: one trace is one compilation.
         self.num_compilations = 0
         self.swapper = (KVSwapper(kv_cache, num_swap_blocks, self._count_compilation)
@@ -53,7 +62,7 @@ class ModelRunner:
         def forward(params, kv_cache, input_ids, md, logits_indices):
             self.num_compilations += 1
             hidden, kv_cache = nnx.merge(graphdef, params)(input_ids, kv_cache, md, attend)
-            return hidden[logits_indices], kv_cache
+            return hidden[logits_indices], hidden, kv_cache
 
         def sample_fn(params, hidden, sampling_md, all_greedy):
             self.num_compilations += 1
@@ -61,15 +70,36 @@ class ModelRunner:
             logits = nnx.merge(graphdef, params).compute_logits(hidden[:num_rows])
             return sample(logits, sampling_md, all_greedy)
 
+        def sample_extended_fn(params, hidden, sampling_md, penalty_state, penalty_md, all_greedy):
+            self.num_compilations += 1
+            num_rows = sampling_md.temperature.shape[0]
+            logits = nnx.merge(graphdef, params).compute_logits(hidden[:num_rows])
+            return sample_extended(logits, sampling_md, penalty_state, penalty_md, all_greedy)
+
+        def prompt_logprobs_fn(params, hidden, indices, targets):
+            self.num_compilations += 1
+            logits = nnx.merge(graphdef, params).compute_logits(hidden[indices])
+            return compute_logprobs(logits, targets)
+
+        def set_row_fn(penalty_state, slot, counts, prompt_mask, bias):
+            self.num_compilations += 1
+            return penalties.set_row(penalty_state, slot, counts, prompt_mask, bias)
+
         self._forward = jax.jit(forward, donate_argnums=(1,))
         self._sample = jax.jit(sample_fn, static_argnames=("all_greedy",))
+        self._sample_extended = jax.jit(sample_extended_fn, static_argnames=("all_greedy",),
+                                        donate_argnums=(3,))
+        self._set_row = jax.jit(set_row_fn, donate_argnums=(0,))
+        self._prompt_logprobs = jax.jit(prompt_logprobs_fn)
 
     def _count_compilation(self) -> None:
         self.num_compilations += 1
 
     # ---- one step -----------------------------------------------------------------
     def execute_model(self, out: SchedulerOutput) -> ModelRunnerOutput:
-        self.input_batch.update_states(out)
+        for state in self.input_batch.update_states(out):
+            if state.has_row:
+                self._write_row(state)
         if out.blocks_to_swap_out or out.blocks_to_swap_in:
             self.kv_cache = self.swapper.swap(self.kv_cache, out.blocks_to_swap_out, out.blocks_to_swap_in)
         if out.total_num_scheduled_tokens == 0:
@@ -79,24 +109,71 @@ class ModelRunner:
         counts = [out.num_scheduled_tokens[r] for r in req_ids]
         with jax.profiler.TraceAnnotation("prepare_inputs"):
             input_ids, md, logits_indices = self._prepare_inputs(states, counts)
-            sampling_md, all_greedy = self._prepare_sampling(
-                states, pick_bucket(self.request_buckets, len(states)))
         with jax.profiler.TraceAnnotation("model_step"):
-            hidden, self.kv_cache = self._forward(self.params, self.kv_cache, input_ids, md,
-                                                  logits_indices)
+            hidden, all_hidden, self.kv_cache = self._forward(self.params, self.kv_cache, input_ids, md,
+                                                              logits_indices)
+        if any(s.prompt_logprobs is not None for s in states):
+            with jax.profiler.TraceAnnotation("prompt_logprobs"):
+                indices, targets, spans = prompt_positions(states, counts, len(input_ids))
+                if spans:
+                    accumulate_prompt_logprobs(spans, jax.device_get(
+                        self._prompt_logprobs(self.params, all_hidden, indices, targets)))
+        with jax.profiler.TraceAnnotation("prepare_inputs"):
+            R = pick_bucket(self.request_buckets, len(states))
+            sampling_md, all_greedy = self._prepare_sampling(states, R)
+        # Rows whose token is kept: the others are prefill chunks short of the prompt's end.
+        commits = [s.num_computed_tokens + n >= len(s.token_ids) for s, n in zip(states, counts)]
+        logprobs = None
         with jax.profiler.TraceAnnotation("sampling"):
-            sampled = np.asarray(self._sample(self.params, hidden, sampling_md, all_greedy=all_greedy))
+            if any(s.extended for s in states):
+                penalty_md = self._penalty_metadata(states, commits, R, out.grammar_bitmask)
+                sampled, lp, self.penalty_state = self._sample_extended(
+                    self.params, hidden, sampling_md, self.penalty_state, penalty_md, all_greedy=all_greedy)
+                sampled, lp = jax.device_get((sampled, lp))
+                logprobs = sampled_logprobs(states, commits, sampled, lp)
+            else:
+                sampled = np.asarray(self._sample(self.params, hidden, sampling_md, all_greedy=all_greedy))
 
-        sampled_token_ids = []
-        for i, (state, n) in enumerate(zip(states, counts)):
+        sampled_token_ids, prompt_logprobs = [], {}
+        for i, (state, n, commit) in enumerate(zip(states, counts, commits)):
             state.num_computed_tokens += n
-            if state.num_computed_tokens >= len(state.token_ids):
+            if commit:
                 token = int(sampled[i])
                 state.token_ids.append(token)
                 sampled_token_ids.append([token])
+                if state.prompt_logprobs is not None:
+                    prompt_logprobs[state.req_id], state.prompt_logprobs = state.prompt_logprobs, None
             else:
-                sampled_token_ids.append([])  # a prefill chunk short of the prompt's end
-        return ModelRunnerOutput(req_ids, sampled_token_ids)
+                sampled_token_ids.append([])
+        return ModelRunnerOutput(req_ids, sampled_token_ids, logprobs, prompt_logprobs)
+
+    def _write_row(self, state) -> None:
+        counts, prompt_mask, bias = penalties.build_row(
+            state.sampling_params, state.token_ids[:state.num_prompt_tokens],
+            state.token_ids[state.num_prompt_tokens:], self.vocab_size)
+        self.penalty_state = self._set_row(self.penalty_state, np.int32(state.slot), counts,
+                                           prompt_mask, bias)
+
+    def _penalty_metadata(self, states, commits, R: int, grammar_bitmask=None) -> PenaltyMetadata:
+        slot = np.zeros(R, np.int32)
+        commit_slot = np.full(R, self.max_num_seqs, np.int32)
+        has_row = np.zeros(R, bool)
+        presence = np.zeros(R, np.float32)
+        frequency = np.zeros(R, np.float32)
+        repetition = np.ones(R, np.float32)
+        token_bitmask = np.full((R, -(-self.vocab_size // 32)), -1, np.int32)  # all allowed
+        for i, (s, commit) in enumerate(zip(states, commits)):
+            if grammar_bitmask and s.req_id in grammar_bitmask:
+                token_bitmask[i] = grammar_bitmask[s.req_id]
+            if s.has_row:
+                p = s.sampling_params
+                slot[i], has_row[i] = s.slot, True
+                commit_slot[i] = s.slot if commit else self.max_num_seqs
+                presence[i], frequency[i] = p.presence_penalty, p.frequency_penalty
+                repetition[i] = p.repetition_penalty
+        return PenaltyMetadata(slot=slot, commit_slot=commit_slot, has_row=has_row,
+                               presence=presence, frequency=frequency, repetition=repetition,
+                               token_bitmask=token_bitmask)
 
     def _prepare_inputs(self, states, counts):
         num_tokens = sum(counts)
@@ -136,7 +213,7 @@ class ModelRunner:
         min_p = np.zeros(R, np.float32)
         seed = np.zeros((R, 2), np.uint32)
         step = np.zeros(R, np.int32)
-        suppress = [s.stop_ids_to_suppress() for s in states]
+        suppress = [s.ids_to_suppress() for s in states]
         K = _MIN_SUPPRESS_BUCKET  # powers of two, so any number of stop ids compiles few shapes
         while K < max(map(len, suppress)):
             K *= 2
@@ -154,8 +231,9 @@ class ModelRunner:
 
     # ---- compile discipline -------------------------------------------------------
     def warmup(self) -> None:
-        """Compile every token bucket and every request bucket (greedy and sampling) now,
-        with all-padding inputs, so that serving never waits on the compiler."""
+        """Compile every token bucket and every request bucket (greedy and sampling, plain
+        and extended) and the row writer now, with all-padding inputs, so that serving
+        never waits on the compiler."""
         start = time.perf_counter()
         S = self.max_num_seqs
         hidden = None
@@ -164,18 +242,25 @@ class ModelRunner:
                 positions=np.zeros(T, np.int32), slot_mapping=np.arange(T, dtype=np.int32) % self.block_size,
                 kv_lens=np.zeros(S, np.int32), page_indices=np.zeros((S, self.max_pages_per_seq), np.int32),
                 cu_q_lens=np.zeros(S + 1, np.int32), num_seqs=np.zeros(1, np.int32))
-            hidden, self.kv_cache = self._forward(self.params, self.kv_cache, np.zeros(T, np.int32), md,
-                                                  np.zeros(S, np.int32))
+            hidden, all_hidden, self.kv_cache = self._forward(
+                self.params, self.kv_cache, np.zeros(T, np.int32), md, np.zeros(S, np.int32))
+            self._prompt_logprobs(self.params, all_hidden, np.zeros(T, np.int32), np.zeros(T, np.int32))
         for R in self.request_buckets:
             md = SamplingMetadata(
                 temperature=np.ones(R, np.float32), top_k=np.zeros(R, np.int32), top_p=np.ones(R, np.float32),
                 min_p=np.zeros(R, np.float32), seed=np.zeros((R, 2), np.uint32), step=np.zeros(R, np.int32),
                 suppress_token_ids=np.full((R, _MIN_SUPPRESS_BUCKET), self.vocab_size, np.int32))
+            penalty_md = self._penalty_metadata([], [], R)
             for all_greedy in (True, False):
                 self._sample(self.params, hidden, md, all_greedy=all_greedy)
+                _, _, self.penalty_state = self._sample_extended(
+                    self.params, hidden, md, self.penalty_state, penalty_md, all_greedy=all_greedy)
+        self.penalty_state = self._set_row(self.penalty_state, np.int32(0), *penalties.build_row(
+            SamplingParams(), [0], [], self.vocab_size))
         if self.swapper is not None:
             self.kv_cache = self.swapper.warmup(self.kv_cache)
         jax.block_until_ready(self.kv_cache)
         logger.info("Warm-up compiled %d programs in %.1f s (token buckets %s, request buckets %s).",
                     self.num_compilations, time.perf_counter() - start, self.token_buckets,
                     self.request_buckets)
+

@@ -11,6 +11,11 @@ Cost on XLA:CPU (64 rows x 49152 tokens) shaped the choices below: a float sort 
 top_k/top_p are skipped when no row uses them, worked out on the 256 largest logits
 otherwise, and a full (int-key) sort runs only when some row's cutoff lies deeper.
 Per-token threefry noise would cost more than all the rest, hence a keyed hash.
+
+`sample_extended` is the variant for batches where some request uses penalties, biases,
+allowed/bad tokens or logprobs; batches without them run `sample`, which does none of it.
+Logprobs are vLLM's default "raw_logprobs": log_softmax of the model's raw logits, before
+any bias, penalty, temperature or filter.
 """
 from __future__ import annotations
 
@@ -18,6 +23,10 @@ import flax
 import jax
 import jax.numpy as jnp
 from jax import lax
+
+from jaxvllm.sampling_params import MAX_LOGPROBS
+from jaxvllm.worker.penalties import (PenaltyMetadata, PenaltyState, apply_bias, apply_penalties,
+                                      record)
 
 _SAMPLING_EPS = 1e-5  # vLLM: temperatures below this mean greedy
 _FAST_K = 256  # logits examined before falling back to a full sort
@@ -54,7 +63,39 @@ def sample(logits: jax.Array, md: SamplingMetadata, all_greedy: bool) -> jax.Arr
     `all_greedy` must be static: when True the whole random path (noise, sorting,
     filters) is left out of the compiled function.
     """
-    x = _suppress(logits.astype(jnp.float32), md.suppress_token_ids)
+    return _draw(_suppress(logits.astype(jnp.float32), md.suppress_token_ids), md, all_greedy)
+
+
+def sample_extended(logits: jax.Array, md: SamplingMetadata, state: PenaltyState,
+                    pmd: PenaltyMetadata, all_greedy: bool):
+    """`sample` after bias and penalties (vLLM's order: bias and masks, then penalties),
+    with raw logprobs. Returns (tokens i32[R], logprobs, state with the tokens counted);
+    logprobs is (sampled token's logprob f32[R], its rank i32[R], top MAX_LOGPROBS ids
+    i32[R, K] and logprobs f32[R, K])."""
+    raw = logits.astype(jnp.float32)
+    tokens = _draw(penalized_logits(raw, md, state, pmd), md, all_greedy)
+    return tokens, compute_logprobs(raw, tokens), record(state, pmd, tokens)
+
+
+def penalized_logits(logits: jax.Array, md: SamplingMetadata, state: PenaltyState,
+                     pmd: PenaltyMetadata) -> jax.Array:
+    """What `sample_extended` samples from, before temperature and filters, f32[R, V]."""
+    x = _suppress(apply_bias(logits.astype(jnp.float32), state, pmd), md.suppress_token_ids)
+    return apply_penalties(x, state, pmd)
+
+
+def compute_logprobs(raw: jax.Array, tokens: jax.Array):
+    """Raw logprobs of `tokens` (one per row) with their ranks, and each row's top
+    MAX_LOGPROBS: (f32[R], i32[R], i32[R, K], f32[R, K]). Ranks and the top-k are taken
+    on the logits (log_softmax only shifts each row), so no [R, V] logprobs are built."""
+    lse = jax.nn.logsumexp(raw, axis=-1)
+    token_raw = jnp.take_along_axis(raw, jnp.minimum(tokens, raw.shape[-1] - 1)[:, None], axis=-1)
+    rank = jnp.sum(raw >= token_raw, axis=-1)  # vLLM's rank: 1 for the most likely token
+    top_raw, top_ids = lax.optimization_barrier(lax.top_k(raw, min(MAX_LOGPROBS, raw.shape[-1])))
+    return token_raw[:, 0] - lse, rank.astype(jnp.int32), top_ids, top_raw - lse[:, None]
+
+
+def _draw(x: jax.Array, md: SamplingMetadata, all_greedy: bool) -> jax.Array:
     greedy = _argmax(x)
     if all_greedy:
         return greedy

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from jaxvllm import LLM, SamplingParams
+from jaxvllm.sampling_params import StructuredOutputsParams
 
 PROMPTS = [[int(t) for t in np.random.default_rng(i).integers(3, 256, n)]
            for i, n in enumerate([5, 17, 33, 1, 64, 16, 100, 9])]
@@ -64,11 +65,18 @@ def test_compilations_fixed_after_warmup(tiny_model_dir):
     llm = make_llm(tiny_model_dir, skip_warmup=False, max_num_batched_tokens=128)
     runner = llm.llm_engine.engine_core.model_runner
     after_warmup = runner.num_compilations
-    assert after_warmup == len(runner.token_buckets) + 2 * len(runner.request_buckets)
+    # tokens x (forward, prompt logprobs), requests x (greedy, random) x (plain, extended),
+    # one row writer
+    assert after_warmup == 2 * len(runner.token_buckets) + 4 * len(runner.request_buckets) + 1
     rng = np.random.default_rng(0)
     prompts = [[int(t) for t in rng.integers(3, 256, rng.integers(1, 200))] for _ in range(64)]
+    features = [dict(), dict(repetition_penalty=1.3), dict(presence_penalty=0.5, frequency_penalty=0.5),
+                dict(logit_bias={5: 3.0}), dict(allowed_token_ids=list(range(10, 60))),
+                dict(bad_words=["7", "01"]), dict(logprobs=3), dict(prompt_logprobs=2, logprobs=0),
+                dict(structured_outputs=StructuredOutputsParams(regex="[0-9]+"))]
     params = [SamplingParams(temperature=float(rng.choice([0.0, 0.8])), top_p=float(rng.choice([1.0, 0.9])),
-                             top_k=int(rng.choice([0, 20])), max_tokens=int(rng.integers(1, 40)), seed=i)
+                             top_k=int(rng.choice([0, 20])), max_tokens=int(rng.integers(1, 40)), seed=i,
+                             **(features[rng.integers(len(features))] if i % 2 else {}))
               for i in range(64)]
     outputs = llm.generate(prompts, params, use_tqdm=False)
     assert len(outputs) == 64

@@ -1,0 +1,87 @@
+"""Beam search, as vLLM's `LLM.beam_search` does it: in the front end, on top of logprobs.
+
+Each step runs every live beam as a one-token request asking for its top 2 x beam_width
+logprobs, then keeps the beam_width best extensions per prompt by cumulative logprob
+(normalised by length ** length_penalty). The beams' shared history costs no recompute:
+their full KV blocks come from the prefix cache (only the last, partly filled block of
+each beam is computed again). Finished beams (EOS, unless ignore_eos) wait in `completed`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from jaxvllm.outputs import Logprob
+from jaxvllm.sampling_params import BeamSearchParams, SamplingParams
+
+
+@dataclass
+class BeamSearchSequence:
+    """tokens holds the prompt followed by the generated tokens (vLLM's layout)."""
+    tokens: list[int]
+    logprobs: list[dict[int, Logprob]]
+    cum_logprob: float = 0.0
+    text: str | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+@dataclass
+class BeamSearchOutput:
+    sequences: list[BeamSearchSequence]
+
+
+@dataclass
+class BeamSearchInstance:
+    beams: list[BeamSearchSequence]
+    completed: list[BeamSearchSequence] = field(default_factory=list)
+
+
+def get_beam_search_score(tokens: list[int], cumulative_logprob: float, eos_token_id: int | None,
+                          length_penalty: float = 1.0) -> float:
+    """vLLM's score: the EOS token does not count towards the length."""
+    seq_len = len(tokens) - (1 if tokens[-1] == eos_token_id else 0)
+    return cumulative_logprob / (seq_len ** length_penalty)
+
+
+def beam_search(llm, prompt_token_ids: list[list[int]], params: BeamSearchParams) -> list[BeamSearchOutput]:
+    tokenizer = llm.get_tokenizer()
+    eos = llm.llm_engine.processor.eos_token_id
+    step_params = SamplingParams(logprobs=2 * params.beam_width, max_tokens=1,
+                                 temperature=params.temperature, ignore_eos=params.ignore_eos)
+
+    def score(beam: BeamSearchSequence) -> float:
+        return get_beam_search_score(beam.tokens, beam.cum_logprob, eos, params.length_penalty)
+
+    instances = [BeamSearchInstance([BeamSearchSequence(list(p), [])]) for p in prompt_token_ids]
+    for _ in range(params.max_tokens):
+        live = [(inst, beam) for inst in instances for beam in inst.beams]
+        if not live:
+            break
+        outputs = llm.generate([{"prompt_token_ids": beam.tokens} for _, beam in live], step_params,
+                               use_tqdm=False)
+        candidates: dict[int, list[BeamSearchSequence]] = {id(inst): [] for inst in instances}
+        for (inst, beam), out in zip(live, outputs):
+            completion = out.outputs[0]
+            if not completion.logprobs:  # ended by max_model_len: nothing to extend
+                inst.completed.append(beam)
+                continue
+            position = completion.logprobs[0]
+            for token, lp in position.items():
+                new = BeamSearchSequence(beam.tokens + [token], beam.logprobs + [position],
+                                         beam.cum_logprob + lp.logprob)
+                if token == eos and not params.ignore_eos:
+                    new.finish_reason = "stop"
+                    inst.completed.append(new)
+                else:
+                    candidates[id(inst)].append(new)
+        for inst in instances:
+            inst.beams = sorted(candidates[id(inst)], key=score, reverse=True)[:params.beam_width]
+    results = []
+    for inst in instances:
+        for beam in inst.beams:
+            beam.finish_reason = beam.finish_reason or "length"
+        best = sorted(inst.completed + inst.beams, key=score, reverse=True)[:params.beam_width]
+        for beam in best:
+            beam.text = tokenizer.decode(beam.tokens)
+        results.append(BeamSearchOutput(best))
+    return results

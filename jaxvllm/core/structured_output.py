@@ -1,0 +1,85 @@
+"""Structured output: each constrained request's grammar matcher, on the host (llguidance).
+
+As in vLLM V1, the scheduler owns the matchers: when it schedules a step it asks each
+constrained request that will sample for its allowed-token bitmask (one bit per token,
+int32 words, token t at bit t % 32 of word t // 32), the worker masks the logits with it
+on device, and the sampled token is fed back to the matcher. llguidance only allows EOS
+once the grammar is complete, so requests end through the normal EOS stop.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from jaxvllm.core.request import Request
+from jaxvllm.sampling_params import StructuredOutputsParams
+
+
+def grammar_for(params: StructuredOutputsParams) -> str:
+    """The llguidance grammar for the params; ValueError if it does not compile."""
+    import llguidance
+
+    M = llguidance.LLMatcher
+    if params.json is not None:
+        schema = params.json if isinstance(params.json, str) else json.dumps(params.json)
+        grammar = M.grammar_from_json_schema(schema)
+    elif params.json_object:
+        grammar = M.grammar_from_json_schema('{"type": "object"}')
+    elif params.regex is not None:
+        grammar = M.grammar_from_regex(params.regex)
+    elif params.choice is not None:
+        grammar = M.grammar_from_regex("|".join(_escape(c) for c in params.choice))
+    else:
+        grammar = M.grammar_from_lark(params.grammar)
+    error = M.validate_grammar(grammar)
+    if error:
+        raise ValueError(f"structured_outputs does not compile: {error}")
+    return grammar
+
+
+def _escape(text: str) -> str:
+    return "".join("\\" + c if c in r".^$*+?()[]{}|\/-" else c for c in text)
+
+
+class StructuredOutputManager:
+    def __init__(self, load_tokenizer, vocab_size: int):
+        self._load_tokenizer = load_tokenizer  # loaded on the first constrained request (~1 s)
+        self._ll_tokenizer = None
+        self.vocab_size = vocab_size
+        self.num_words = -(-vocab_size // 32)
+        self.matchers: dict[str, object] = {}
+
+    def add_request(self, request: Request) -> None:
+        import llguidance
+        import llguidance.hf
+
+        if self._ll_tokenizer is None:
+            self._ll_tokenizer = llguidance.hf.from_tokenizer(self._load_tokenizer())
+        grammar = grammar_for(request.sampling_params.structured_outputs)
+        matcher = llguidance.LLMatcher(self._ll_tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise ValueError(f"structured_outputs does not compile: {matcher.get_error()}")
+        # Tokens generated before (a resumed request) already constrain what follows.
+        matcher.consume_tokens(request.output_token_ids)
+        self.matchers[request.request_id] = matcher
+
+    def remove_request(self, request_id: str) -> None:
+        self.matchers.pop(request_id, None)
+
+    def grammar_bitmask(self, request_ids) -> dict[str, list[int]]:
+        """Allowed-token words per request, cut (or zero-padded) to the model's vocab."""
+        import llguidance.numpy as lln
+
+        if not request_ids:
+            return {}
+        words = lln.allocate_token_bitmask(len(request_ids), self._ll_tokenizer.vocab_size)
+        for i, req_id in enumerate(request_ids):
+            lln.fill_next_token_bitmask(self.matchers[req_id], words, i)
+        rows = np.zeros((len(request_ids), self.num_words), np.int32)
+        n = min(self.num_words, words.shape[1])
+        rows[:, :n] = words[:, :n]
+        return {req_id: row.tolist() for req_id, row in zip(request_ids, rows)}
+
+    def accept_token(self, request_id: str, token: int) -> None:
+        self.matchers[request_id].consume_token(token)
