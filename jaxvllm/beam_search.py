@@ -43,24 +43,35 @@ def get_beam_search_score(tokens: list[int], cumulative_logprob: float, eos_toke
     return cumulative_logprob / (seq_len ** length_penalty)
 
 
-def beam_search(llm, prompt_token_ids: list[list[int]], params: BeamSearchParams) -> list[BeamSearchOutput]:
-    tokenizer = llm.get_tokenizer()
-    eos = llm.llm_engine.processor.eos_token_id
-    step_params = SamplingParams(logprobs=2 * params.beam_width, max_tokens=1,
-                                 temperature=params.temperature, ignore_eos=params.ignore_eos)
+class BeamSearch:
+    """The algorithm as a state machine, so that the synchronous LLM and the asyncio
+    server drive the same code: `step_prompts()` lists the requests of the next step,
+    `update(outputs)` consumes their outputs, `results()` ranks what is left."""
 
-    def score(beam: BeamSearchSequence) -> float:
-        return get_beam_search_score(beam.tokens, beam.cum_logprob, eos, params.length_penalty)
+    def __init__(self, tokenizer, eos_token_id: int | None, prompt_token_ids: list[list[int]],
+                 params: BeamSearchParams):
+        self.tokenizer, self.eos, self.params = tokenizer, eos_token_id, params
+        self.step_params = SamplingParams(logprobs=2 * params.beam_width, max_tokens=1,
+                                          temperature=params.temperature, ignore_eos=params.ignore_eos)
+        self.instances = [BeamSearchInstance([BeamSearchSequence(list(p), [])]) for p in prompt_token_ids]
+        self.num_steps = 0
+        self._live: list[tuple[BeamSearchInstance, BeamSearchSequence]] = []
 
-    instances = [BeamSearchInstance([BeamSearchSequence(list(p), [])]) for p in prompt_token_ids]
-    for _ in range(params.max_tokens):
-        live = [(inst, beam) for inst in instances for beam in inst.beams]
-        if not live:
-            break
-        outputs = llm.generate([{"prompt_token_ids": beam.tokens} for _, beam in live], step_params,
-                               use_tqdm=False)
-        candidates: dict[int, list[BeamSearchSequence]] = {id(inst): [] for inst in instances}
-        for (inst, beam), out in zip(live, outputs):
+    def score(self, beam: BeamSearchSequence) -> float:
+        return get_beam_search_score(beam.tokens, beam.cum_logprob, self.eos, self.params.length_penalty)
+
+    def step_prompts(self) -> list[dict]:
+        """The next step's prompts (one per live beam); empty when the search is over."""
+        if self.num_steps >= self.params.max_tokens:
+            return []
+        self._live = [(inst, beam) for inst in self.instances for beam in inst.beams]
+        return [{"prompt_token_ids": beam.tokens} for _, beam in self._live]
+
+    def update(self, outputs) -> None:
+        """outputs: the finished RequestOutput of each step prompt, in order."""
+        self.num_steps += 1
+        candidates: dict[int, list[BeamSearchSequence]] = {id(inst): [] for inst in self.instances}
+        for (inst, beam), out in zip(self._live, outputs):
             completion = out.outputs[0]
             if not completion.logprobs:  # ended by max_model_len: nothing to extend
                 inst.completed.append(beam)
@@ -69,19 +80,29 @@ def beam_search(llm, prompt_token_ids: list[list[int]], params: BeamSearchParams
             for token, lp in position.items():
                 new = BeamSearchSequence(beam.tokens + [token], beam.logprobs + [position],
                                          beam.cum_logprob + lp.logprob)
-                if token == eos and not params.ignore_eos:
+                if token == self.eos and not self.params.ignore_eos:
                     new.finish_reason = "stop"
                     inst.completed.append(new)
                 else:
                     candidates[id(inst)].append(new)
-        for inst in instances:
-            inst.beams = sorted(candidates[id(inst)], key=score, reverse=True)[:params.beam_width]
-    results = []
-    for inst in instances:
-        for beam in inst.beams:
-            beam.finish_reason = beam.finish_reason or "length"
-        best = sorted(inst.completed + inst.beams, key=score, reverse=True)[:params.beam_width]
-        for beam in best:
-            beam.text = tokenizer.decode(beam.tokens)
-        results.append(BeamSearchOutput(best))
-    return results
+        for inst in self.instances:
+            inst.beams = sorted(candidates[id(inst)], key=self.score, reverse=True)[:self.params.beam_width]
+
+    def results(self) -> list[BeamSearchOutput]:
+        results = []
+        for inst in self.instances:
+            for beam in inst.beams:
+                beam.finish_reason = beam.finish_reason or "length"
+            best = sorted(inst.completed + inst.beams, key=self.score, reverse=True)[:self.params.beam_width]
+            for beam in best:
+                beam.text = self.tokenizer.decode(beam.tokens)
+            results.append(BeamSearchOutput(best))
+        return results
+
+
+def beam_search(llm, prompt_token_ids: list[list[int]], params: BeamSearchParams) -> list[BeamSearchOutput]:
+    search = BeamSearch(llm.get_tokenizer(), llm.llm_engine.processor.eos_token_id, prompt_token_ids,
+                        params)
+    while prompts := search.step_prompts():
+        search.update(llm.generate(prompts, search.step_params, use_tqdm=False))
+    return search.results()
