@@ -8,10 +8,12 @@ each beam is computed again). Finished beams (EOS, unless ignore_eos) wait in `c
 """
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 from dataclasses import dataclass, field
 
 from jaxvllm.outputs import Logprob
-from jaxvllm.sampling_params import BeamSearchParams, SamplingParams
+from jaxvllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 
 @dataclass
@@ -106,3 +108,19 @@ def beam_search(llm, prompt_token_ids: list[list[int]], params: BeamSearchParams
     while prompts := search.step_prompts():
         search.update(llm.generate(prompts, search.step_params, use_tqdm=False))
     return search.results()
+
+
+async def beam_search_async(engine, prompt_token_ids: list[int], params: BeamSearchParams,
+                            request_id: str) -> BeamSearchOutput:
+    """The same search driven through AsyncLLM: each step's beams run concurrently."""
+    search = BeamSearch(engine.get_tokenizer(), engine.processor.eos_token_id, [prompt_token_ids],
+                        params)
+    step_params = dataclasses.replace(search.step_params, output_kind=RequestOutputKind.FINAL_ONLY)
+
+    async def final(prompt, rid):
+        return [out async for out in engine.generate(prompt, step_params, rid)][-1]
+
+    while prompts := search.step_prompts():
+        search.update(await asyncio.gather(*(
+            final(p, f"{request_id}-beam{search.num_steps}-{i}") for i, p in enumerate(prompts))))
+    return search.results()[0]

@@ -75,9 +75,12 @@ def param_of_value_error(message: str, renames: dict[str, str] | None = None) ->
     known = {"n", "temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "min_tokens",
              "stop", "stop_token_ids", "presence_penalty", "frequency_penalty",
              "repetition_penalty", "logprobs", "prompt_logprobs", "logit_bias", "prompt",
-             "prompt_token_ids", "priority"}
+             "prompt_token_ids", "priority", "structured_outputs", "response_format",
+             "beam_width", "length_penalty"}
     if first in known:
         return (renames or {}).get(first, first)
+    if first.split(".")[0] in known:  # a nested field such as response_format.json_schema
+        return first
     if "prompt" in message.lower():
         return "prompt"
     return None

@@ -10,7 +10,7 @@ from typing import Any, ClassVar, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from jaxvllm.sampling_params import SamplingParams
+from jaxvllm.sampling_params import SamplingParams, StructuredOutputsParams
 
 _SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
 
@@ -29,6 +29,30 @@ class OpenAIBaseModel(BaseModel):
 class StreamOptions(OpenAIBaseModel):
     include_usage: bool | None = True
     continuous_usage_stats: bool | None = False
+
+
+class JsonSchemaResponseFormat(OpenAIBaseModel):
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(OpenAIBaseModel):
+    """OpenAI's response_format: "text", "json_object" or "json_schema"."""
+    type: str
+    json_schema: JsonSchemaResponseFormat | None = None
+
+    def to_structured_outputs(self) -> StructuredOutputsParams | None:
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            return StructuredOutputsParams(json_object=True)
+        if self.type == "json_schema":
+            if self.json_schema is None or self.json_schema.schema_ is None:
+                raise ValueError("response_format.json_schema.schema is required for type json_schema.")
+            return StructuredOutputsParams(json=self.json_schema.schema_)
+        raise ValueError(f"response_format.type must be text, json_object or json_schema; "
+                         f"got {self.type!r}.")
 
 
 class SamplingRequestBase(OpenAIBaseModel):
@@ -57,6 +81,8 @@ class SamplingRequestBase(OpenAIBaseModel):
     spaces_between_special_tokens: bool = True
     prompt_logprobs: int | None = None
     priority: int = 0
+    response_format: ResponseFormat | None = None
+    structured_outputs: dict[str, Any] | None = None  # vLLM's: json, regex, choice, grammar
 
     def _sampling_kwargs(self, max_tokens: int, logprobs: int | None,
                          prompt_logprobs: int | None) -> dict[str, Any]:
@@ -74,6 +100,13 @@ class SamplingRequestBase(OpenAIBaseModel):
             "logit_bias": ({int(k): v for k, v in self.logit_bias.items()}
                            if self.logit_bias else None),
         }
+        if self.structured_outputs is not None:
+            try:
+                given["structured_outputs"] = StructuredOutputsParams(**self.structured_outputs)
+            except TypeError as e:
+                raise ValueError(f"structured_outputs: {e}.") from e
+        elif self.response_format is not None:
+            given["structured_outputs"] = self.response_format.to_structured_outputs()
         return {k: v for k, v in given.items() if v is not None}
 
     def to_sampling_params(self, max_tokens: int, logprobs: int | None = None,
@@ -103,6 +136,8 @@ class CompletionRequest(SamplingRequestBase):
     suffix: str | None = None
     best_of: int | None = None
     add_special_tokens: bool = True
+    use_beam_search: bool = False  # vLLM's: beam width n, returns the n best beams
+    length_penalty: float = 1.0
 
 
 class ChatContentPart(OpenAIBaseModel):

@@ -11,7 +11,8 @@ from jaxvllm.entrypoints.openai.errors import APIError, error_body
 from jaxvllm.entrypoints.openai.logprobs import completion_logprobs, prompt_logprobs_json
 from jaxvllm.entrypoints.openai.protocol import CompletionRequest
 from jaxvllm.entrypoints.openai.serving_engine import OpenAIServing, engine_error, usage
-from jaxvllm.sampling_params import RequestOutputKind
+from jaxvllm.beam_search import beam_search_async
+from jaxvllm.sampling_params import BeamSearchParams, RequestOutputKind
 
 
 def sse(obj) -> str:
@@ -47,6 +48,9 @@ class OpenAIServingCompletion(OpenAIServing):
         self.check_logprobs(request.logprobs, "logprobs")
         prompts = self._prompts(request)
         budget, budget_param = self.requested_budget(request)
+        if request.use_beam_search:
+            return JSONResponse(await self._beam_search(request, request_id, prompts, budget,
+                                                        budget_param))
         echo_logprobs = request.echo and request.logprobs is not None
         kind = RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY
         params = [self.sampling_params(
@@ -63,6 +67,34 @@ class OpenAIServingCompletion(OpenAIServing):
             return JSONResponse(await self._full(request, request_id, prompts, gen))
         except Exception as e:
             raise engine_error(e) from e
+
+    async def _beam_search(self, request, request_id, prompts, budget, budget_param) -> dict:
+        """vLLM's use_beam_search: the n best of n beams per prompt, returned when done."""
+        if request.stream:
+            raise APIError("use_beam_search does not support stream.", 400, "stream")
+        choices, num_gen = [], 0
+        for i, (text, ids, _) in enumerate(prompts):
+            try:
+                params = BeamSearchParams(
+                    beam_width=request.n, max_tokens=self.max_tokens(budget, len(ids), budget_param),
+                    ignore_eos=request.ignore_eos, temperature=request.temperature or 0.0,
+                    length_penalty=request.length_penalty)
+            except ValueError as e:
+                raise APIError(str(e).replace("beam_width", "n", 1), 400, "n") from e
+            try:
+                out = await beam_search_async(self.engine, ids, params, f"{request_id}-{i}")
+            except Exception as e:
+                raise engine_error(e) from e
+            for j, seq in enumerate(out.sequences):
+                generated = seq.tokens[len(ids):]
+                num_gen += len(generated)
+                choices.append({"index": i * request.n + j,
+                                "text": (text if request.echo else "") + self.tokenizer.decode(
+                                    generated, skip_special_tokens=True),
+                                "logprobs": None, "finish_reason": seq.finish_reason,
+                                "stop_reason": None})
+        return {**self._head(request_id, self.created()), "choices": choices,
+                "usage": usage(sum(len(ids) for _, ids, _ in prompts), num_gen)}
 
     def _logprobs(self, request, prompt, o, prompt_lps, first: bool, offset: int):
         """Legacy logprobs of one (delta) output; with echo, the prompt's come first."""
