@@ -39,6 +39,7 @@ class EngineArgs:
     preemption_mode: str = "recompute"     # or "swap": preempted KV goes to host memory
     swap_space: float = 4.0                # GiB of host memory per engine for "swap"
     profile_dir: str | None = None         # where start_profile() writes jax.profiler traces
+    tensor_parallel_size: int = 1          # devices the weights, heads and KV cache are split over
 
     @classmethod
     def from_file(cls, path: str, **overrides) -> "EngineArgs":
@@ -89,7 +90,8 @@ class EngineArgs:
         )
         config = EngineConfig(model=self.model, dtype=dtype, cache=cache, scheduler=sched, seed=self.seed,
                               skip_warmup=self.skip_warmup, attention_backend=self.attention_backend,
-                              profile_dir=self.profile_dir)
+                              profile_dir=self.profile_dir,
+                              parallel=ParallelConfig(tensor_parallel_size=self.tensor_parallel_size))
         config.verify()
         return config
 
@@ -116,6 +118,11 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class ParallelConfig:
+    tensor_parallel_size: int = 1
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: str | None
     dtype: str
@@ -125,9 +132,13 @@ class EngineConfig:
     skip_warmup: bool = False
     attention_backend: str = "auto"
     profile_dir: str | None = None
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def verify(self) -> None:
         c, s = self.cache, self.scheduler
+        if self.parallel.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be at least 1, "
+                             f"got {self.parallel.tensor_parallel_size}.")
         if c.block_size not in (8, 16, 32, 64, 128, 256):
             raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128, 256; got {c.block_size}.")
         if not 0.0 < c.hbm_utilization <= 1.0:

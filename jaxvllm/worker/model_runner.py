@@ -16,6 +16,7 @@ import time
 import jax
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxvllm.config import EngineConfig
 from jaxvllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
@@ -31,7 +32,7 @@ _MIN_SUPPRESS_BUCKET = 8
 
 class ModelRunner:
     def __init__(self, config: EngineConfig, model: nnx.Module, kv_cache: jax.Array, attend,
-                 num_swap_blocks: int = 0):
+                 num_swap_blocks: int = 0, *, mesh: Mesh):
         self.config = config
         self.block_size = config.cache.block_size
         self.max_num_seqs = config.scheduler.max_num_seqs
@@ -52,7 +53,8 @@ class ModelRunner:
 
         def forward(params, kv_cache, input_ids, md, logits_indices):
             self.num_compilations += 1
-            hidden, kv_cache = nnx.merge(graphdef, params)(input_ids, kv_cache, md, attend)
+            with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # for the model's constraints
+                hidden, kv_cache = nnx.merge(graphdef, params)(input_ids, kv_cache, md, attend)
             return hidden[logits_indices], kv_cache
 
         def sample_fn(params, hidden, sampling_md, all_greedy):
@@ -61,7 +63,12 @@ class ModelRunner:
             logits = nnx.merge(graphdef, params).compute_logits(hidden[:num_rows])
             return sample(logits, sampling_md, all_greedy)
 
-        self._forward = jax.jit(forward, donate_argnums=(1,))
+        # Weights and cache keep their shardings; step inputs and hidden states are replicated.
+        params_sharding = jax.tree.map(lambda x: x.sharding, self.params)
+        rep = NamedSharding(mesh, P())
+        self._forward = jax.jit(forward, donate_argnums=(1,),
+                                in_shardings=(params_sharding, kv_cache.sharding, rep, rep, rep),
+                                out_shardings=(rep, kv_cache.sharding))
         self._sample = jax.jit(sample_fn, static_argnames=("all_greedy",))
 
     def _count_compilation(self) -> None:
