@@ -3,22 +3,18 @@ shard by shard), the KV cache sized from a memory budget, and the ModelRunner th
 steps."""
 from __future__ import annotations
 
-import dataclasses
-import functools
 import logging
 import math
 import os
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
 from jaxvllm.config import EngineConfig
 from jaxvllm.distributed.mesh import make_mesh
-from jaxvllm.distributed.partition import kv_cache_sharding, padded_heads, place
+from jaxvllm.distributed.partition import kv_cache_sharding
 from jaxvllm.layers.attention import get_attention
-from jaxvllm.models.loader import load_weights
-from jaxvllm.models.registry import get_model_class
+from jaxvllm.models.model_loader import get_model
 from jaxvllm.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -41,18 +37,8 @@ class Worker:
         self.mesh = make_mesh(tp)
         self.device = self.mesh.devices.flat[0]
         self.dtype = jnp.dtype(config.dtype)
-        model_cls, args_cls = get_model_class(hf_config)
-        args = args_cls.from_hf_config(hf_config)
-        num_heads, num_kv_heads = padded_heads(args.num_heads, args.num_kv_heads, tp)
-        if num_kv_heads != args.num_kv_heads:
-            logger.info("Attention heads padded from %d/%d to %d/%d (query/KV) for "
-                        "tensor_parallel_size=%d.", args.num_heads, args.num_kv_heads, num_heads,
-                        num_kv_heads, tp)
-        self.args = dataclasses.replace(args, num_heads=num_heads, num_kv_heads=num_kv_heads)
-        # Build the module abstractly, then fill in the checkpoint shard by shard: no random
-        # init, and no device ever holds a whole tensor that is meant to be split.
-        self.model = nnx.eval_shape(lambda: model_cls(self.args, dtype=self.dtype, rngs=nnx.Rngs(0)))
-        self.model.load_hf_weights(load_weights(model_path), functools.partial(place, self.mesh))
+        self.model = get_model(config, model_path, hf_config, self.mesh)
+        self.args = self.model.args
         self.attend = get_attention(config.attention_backend, self.device.platform, self.mesh)
 
     @property

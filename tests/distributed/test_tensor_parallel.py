@@ -54,9 +54,16 @@ def test_fit_spec_replicates_what_does_not_divide():
         make_mesh(len(jax.devices()) + 1)
 
 
-def test_tiny_model_tp2_tp4_match_tp1_and_are_sharded(tiny_model_dir):
-    prompts = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15], [40, 41]]
-    r = run_tp(str(tiny_model_dir), "1,2,4", prompts, 8)
+TINY_PROMPTS = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15], [40, 41]]
+
+
+@pytest.fixture(scope="module")
+def tiny_tp(tiny_model_dir) -> dict:
+    return run_tp(str(tiny_model_dir), "1,2,4", TINY_PROMPTS, 8)
+
+
+def test_tiny_model_tp2_tp4_match_tp1_and_are_sharded(tiny_tp):
+    r = tiny_tp
     assert r["2"]["tokens"] == r["1"]["tokens"]
     assert r["4"]["tokens"] == r["1"]["tokens"]
     # TP=4 pads the tiny model's 2 KV heads (4 query heads) to 4 (8): 16-wide heads.
@@ -88,3 +95,14 @@ def test_default_model_tp2_tp4_match_tp1():
     assert r["4"]["weights"]["layers.wq"]["shards"] == [[30, 576, 192]] * 4
     assert r["4"]["weights"]["layers.w_down"]["shards"] == [[30, 384, 576]] * 4
     assert r["4"]["weights"]["embed_tokens"]["shards"] == [[12288, 576]] * 4
+
+
+def test_orbax_checkpoint_restores_into_tp_shards(tiny_model_dir, tiny_tp, tmp_path):
+    """Converted on one device, restored at TP=2 and TP=4 (heads padded on device)."""
+    from jaxvllm.entrypoints.cli import main
+    assert main(["convert", str(tiny_model_dir), str(tmp_path / "ckpt")]) == 0
+    r = run_tp(str(tmp_path / "ckpt"), "2,4", TINY_PROMPTS, 8)
+    for tp in ("2", "4"):
+        assert r[tp]["tokens"] == tiny_tp["1"]["tokens"]
+        assert r[tp]["weights"] == tiny_tp[tp]["weights"]
+        assert r[tp]["kv_cache"] == tiny_tp[tp]["kv_cache"]
