@@ -40,6 +40,13 @@ class EngineArgs:
     swap_space: float = 4.0                # GiB of host memory per engine for "swap"
     profile_dir: str | None = None         # where start_profile() writes jax.profiler traces
     tensor_parallel_size: int = 1          # devices the weights, heads and KV cache are split over
+    # Multi-host (jax.distributed): hosts in the slice, this host's rank, the coordinator
+    # (host 0) address. nnodes=1 on one host; on a TPU VM slice master_addr may be left unset
+    # (jax finds the coordinator from the TPU metadata).
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None
+    master_port: int = 29501
 
     @classmethod
     def from_file(cls, path: str, **overrides) -> "EngineArgs":
@@ -91,7 +98,10 @@ class EngineArgs:
         config = EngineConfig(model=self.model, dtype=dtype, cache=cache, scheduler=sched, seed=self.seed,
                               skip_warmup=self.skip_warmup, attention_backend=self.attention_backend,
                               profile_dir=self.profile_dir,
-                              parallel=ParallelConfig(tensor_parallel_size=self.tensor_parallel_size))
+                              parallel=ParallelConfig(
+                                  tensor_parallel_size=self.tensor_parallel_size, nnodes=self.nnodes,
+                                  node_rank=self.node_rank, master_addr=self.master_addr,
+                                  master_port=self.master_port))
         config.verify()
         return config
 
@@ -120,6 +130,10 @@ class SchedulerConfig:
 @dataclass(frozen=True)
 class ParallelConfig:
     tensor_parallel_size: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None
+    master_port: int = 29501
 
 
 @dataclass(frozen=True)
@@ -136,9 +150,15 @@ class EngineConfig:
 
     def verify(self) -> None:
         c, s = self.cache, self.scheduler
-        if self.parallel.tensor_parallel_size < 1:
-            raise ValueError(f"tensor_parallel_size must be at least 1, "
-                             f"got {self.parallel.tensor_parallel_size}.")
+        p = self.parallel
+        if p.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be at least 1, got {p.tensor_parallel_size}.")
+        if p.nnodes < 1:
+            raise ValueError(f"nnodes must be at least 1, got {p.nnodes}.")
+        if not 0 <= p.node_rank < p.nnodes:
+            raise ValueError(f"node_rank must be in [0, nnodes={p.nnodes}), got {p.node_rank}.")
+        if not 0 < p.master_port < 65536:
+            raise ValueError(f"master_port must be in [1, 65535], got {p.master_port}.")
         if c.block_size not in (8, 16, 32, 64, 128, 256):
             raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128, 256; got {c.block_size}.")
         if not 0.0 < c.hbm_utilization <= 1.0:
