@@ -157,8 +157,11 @@ class EngineConfig:
             raise ValueError(f"nnodes must be at least 1, got {p.nnodes}.")
         if not 0 <= p.node_rank < p.nnodes:
             raise ValueError(f"node_rank must be in [0, nnodes={p.nnodes}), got {p.node_rank}.")
-        if not 0 < p.master_port < 65536:
-            raise ValueError(f"master_port must be in [1, 65535], got {p.master_port}.")
+        if not 0 < p.master_port < 65535:  # the next port carries the schedule broadcast
+            raise ValueError(f"master_port must be in [1, 65534], got {p.master_port}.")
+        if p.nnodes > 1 and self.scheduler.preemption_mode == "swap":
+            raise ValueError("preemption_mode='swap' is not supported with nnodes > 1 "
+                             "(the host swap pool would be split across hosts); use 'recompute'.")
         if c.block_size not in (8, 16, 32, 64, 128, 256):
             raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128, 256; got {c.block_size}.")
         if not 0.0 < c.hbm_utilization <= 1.0:
