@@ -22,10 +22,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
-def run_tp(model: str, tps: str, prompts: list[list[int]], max_tokens: int) -> dict:
+def run_tp(model: str, tps: str, prompts: list[list[int]], max_tokens: int, backend: str = "auto") -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
     proc = subprocess.run([sys.executable, os.path.join(HERE, "tp_check.py"), model, tps, json.dumps(prompts),
-                           str(max_tokens)], capture_output=True, text=True, env=env, timeout=900)
+                           str(max_tokens), backend], capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -95,6 +95,14 @@ def test_default_model_tp2_tp4_match_tp1():
     assert r["4"]["weights"]["layers.wq"]["shards"] == [[30, 576, 192]] * 4
     assert r["4"]["weights"]["layers.w_down"]["shards"] == [[30, 384, 576]] * 4
     assert r["4"]["weights"]["embed_tokens"]["shards"] == [[12288, 576]] * 4
+
+
+@pytest.mark.parametrize("backend", ["pallas-tpu", "pallas-gpu"])
+def test_pallas_kernels_run_per_shard(tiny_tp, tiny_model_dir, backend):
+    """The Mosaic TPU and Triton GPU kernels (interpret mode here) under shard_map at TP=4:
+    each device's kernel sees its own query heads and KV heads."""
+    r = run_tp(str(tiny_model_dir), "4", TINY_PROMPTS, 8, backend)
+    assert r["4"]["tokens"] == tiny_tp["1"]["tokens"]
 
 
 def test_orbax_checkpoint_restores_into_tp_shards(tiny_model_dir, tiny_tp, tmp_path):

@@ -1,8 +1,9 @@
 """Run in a subprocess by the tensor-parallel tests: 8 simulated CPU devices must be set
 before jax is imported, and the rest of the suite runs on one.
 
-python tp_check.py MODEL|default TP[,TP...] PROMPTS_JSON MAX_TOKENS -> JSON on the last stdout
-line: per TP, the greedy tokens and the per-device shard shapes of every weight and the KV cache.
+python tp_check.py MODEL|default TP[,TP...] PROMPTS_JSON MAX_TOKENS [ATTENTION_BACKEND] -> JSON on
+the last stdout line: per TP, the greedy tokens and the per-device shard shapes of every weight and
+the KV cache.
 """
 import json
 import os
@@ -21,7 +22,7 @@ def shard_shapes(array) -> list[list[int]]:
     return [list(s.data.shape) for s in sorted(array.addressable_shards, key=lambda s: s.device.id)]
 
 
-def main(model: str, tps: str, prompts: str, max_tokens: str) -> None:
+def main(model: str, tps: str, prompts: str, max_tokens: str, attention_backend: str = "auto") -> None:
     assert jax.device_count() == 8, jax.devices()
     prompts = json.loads(prompts)
     n = int(max_tokens)
@@ -30,7 +31,7 @@ def main(model: str, tps: str, prompts: str, max_tokens: str) -> None:
     for tp in map(int, tps.split(",")):
         llm = LLM(None if model == "default" else model, tensor_parallel_size=tp, skip_warmup=True,
                   max_num_seqs=8, max_num_batched_tokens=128, max_model_len=256,
-                  num_gpu_blocks_override=64)
+                  num_gpu_blocks_override=64, attention_backend=attention_backend)
         outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy, use_tqdm=False)
         core = llm.llm_engine.engine_core
         leaves = jax.tree_util.tree_flatten_with_path(core.model_runner.params)[0]
