@@ -47,6 +47,9 @@ class EngineArgs:
     node_rank: int = 0
     master_addr: str | None = None
     master_port: int = 29501
+    # "uni": this process drives all local devices; "mp": tensor_parallel_size worker
+    # processes, one device each (a crashing worker fails requests cleanly).
+    distributed_executor_backend: str = "uni"
 
     @classmethod
     def from_file(cls, path: str, **overrides) -> "EngineArgs":
@@ -101,7 +104,8 @@ class EngineArgs:
                               parallel=ParallelConfig(
                                   tensor_parallel_size=self.tensor_parallel_size, nnodes=self.nnodes,
                                   node_rank=self.node_rank, master_addr=self.master_addr,
-                                  master_port=self.master_port))
+                                  master_port=self.master_port,
+                                  distributed_executor_backend=self.distributed_executor_backend))
         config.verify()
         return config
 
@@ -134,6 +138,7 @@ class ParallelConfig:
     node_rank: int = 0
     master_addr: str | None = None
     master_port: int = 29501
+    distributed_executor_backend: str = "uni"
 
 
 @dataclass(frozen=True)
@@ -159,9 +164,15 @@ class EngineConfig:
             raise ValueError(f"node_rank must be in [0, nnodes={p.nnodes}), got {p.node_rank}.")
         if not 0 < p.master_port < 65535:  # the next port carries the schedule broadcast
             raise ValueError(f"master_port must be in [1, 65534], got {p.master_port}.")
-        if p.nnodes > 1 and self.scheduler.preemption_mode == "swap":
-            raise ValueError("preemption_mode='swap' is not supported with nnodes > 1 "
-                             "(the host swap pool would be split across hosts); use 'recompute'.")
+        if p.distributed_executor_backend not in ("uni", "mp"):
+            raise ValueError(f"distributed_executor_backend must be 'uni' or 'mp', "
+                             f"got {p.distributed_executor_backend!r}.")
+        if p.distributed_executor_backend == "mp" and p.nnodes > 1:
+            raise ValueError("distributed_executor_backend='mp' runs on one host; use nnodes=1.")
+        multiprocess = p.nnodes > 1 or p.distributed_executor_backend == "mp"
+        if multiprocess and self.scheduler.preemption_mode == "swap":
+            raise ValueError("preemption_mode='swap' is not supported with nnodes > 1 or the 'mp' "
+                             "executor (the swap pool lives in one process); use 'recompute'.")
         if c.block_size not in (8, 16, 32, 64, 128, 256):
             raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128, 256; got {c.block_size}.")
         if not 0.0 < c.hbm_utilization <= 1.0:

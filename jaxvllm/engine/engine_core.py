@@ -15,6 +15,7 @@ from jaxvllm.core.request import Request
 from jaxvllm.core.scheduler import Scheduler
 from jaxvllm.core.stats import SchedulerStats
 from jaxvllm.distributed.multihost import SchedulerOutputBroadcaster
+from jaxvllm.executor.multiproc import MultiprocExecutor
 from jaxvllm.engine.messages import EngineCoreOutput, EngineCoreRequest
 from jaxvllm.worker.worker import Worker
 
@@ -27,7 +28,11 @@ class EngineCore:
         if config.parallel.node_rank > 0:
             raise ValueError("The EngineCore runs on node_rank 0 only; other hosts run "
                              "jaxvllm.distributed.multihost.run_follower.")
-        self.worker = Worker(config, model_path, hf_config)
+        # The Worker in this process drives all local devices (JAX's way on one host); the
+        # "mp" executor puts it in worker processes behind collective_rpc, with the same methods.
+        self.worker = (MultiprocExecutor(config, model_path, hf_config)
+                       if config.parallel.distributed_executor_backend == "mp"
+                       else Worker(config, model_path, hf_config))
         num_blocks = self.worker.determine_num_blocks()
         bs, max_len = config.cache.block_size, config.scheduler.max_model_len
         if (num_blocks - 1) * bs < max_len:
@@ -93,6 +98,8 @@ class EngineCore:
                 return self.scheduler.update_from_output(scheduler_output, runner_output)
 
     def shutdown(self) -> None:
+        if isinstance(self.worker, MultiprocExecutor):
+            self.worker.shutdown()
         if self.broadcaster is not None:
             self.broadcaster.close()  # the followers' loops end
             self.broadcaster = None

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxvllm.config import EngineConfig
+from jaxvllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from jaxvllm.distributed.mesh import make_mesh
 from jaxvllm.distributed.partition import kv_cache_sharding
 from jaxvllm.layers.attention import get_attention
@@ -87,4 +88,12 @@ class Worker:
                              mesh=self.mesh)
         if not self.config.skip_warmup:
             runner.warmup()
+        self.model_runner = runner
         return runner
+
+    # ---- what an executor calls (in process, or by collective_rpc in a worker process) ----
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        return self.model_runner.execute_model(scheduler_output)
+
+    def get_num_compilations(self) -> int:
+        return self.model_runner.num_compilations
