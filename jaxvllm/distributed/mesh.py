@@ -9,7 +9,7 @@ Explicit, under which `with_sharding_constraint` refuses bare specs).
 from __future__ import annotations
 
 import jax
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, PartitionSpec as P
 
 MODEL_AXIS = "model"
 
@@ -23,10 +23,6 @@ def make_mesh(tensor_parallel_size: int, devices=None) -> Mesh:
                          f"({len(devices)}), got {tensor_parallel_size}.")
     return jax.make_mesh((tensor_parallel_size,), (MODEL_AXIS,), axis_types=(AxisType.Auto,),
                          devices=devices[:tensor_parallel_size])
-
-
-def replicated(mesh: Mesh) -> NamedSharding:
-    return NamedSharding(mesh, P())
 
 
 def constrain(x: jax.Array, *spec) -> jax.Array:

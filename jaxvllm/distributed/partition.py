@@ -76,14 +76,8 @@ def place(mesh: Mesh, name: str, value: np.ndarray) -> jax.Array:
     return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
 
 
-def param_shardings(state, mesh: Mesh):
-    """NamedShardings for an nnx param State (abstract or concrete), path by path."""
-    def one(path, leaf):
-        return param_sharding(_name(path), leaf.shape, mesh)
-    return jax.tree_util.tree_map_with_path(one, state)
-
-
-def _name(path) -> str:
+def param_name(path) -> str:
+    """'layers.wq' for a jax tree path into the model's params (State or pure dict)."""
     keys = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
     keys = [k for k in keys if k != "value"]  # nnx.Variable's own field
     return ".".join(keys)

@@ -12,7 +12,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jaxvllm.config import EngineConfig
-from jaxvllm.distributed.partition import _name, padded_heads, param_sharding, place
+from jaxvllm.distributed.partition import param_name, padded_heads, param_sharding, place
 from jaxvllm.models.loader import load_weights
 from jaxvllm.models.orbax_checkpoint import is_orbax_checkpoint, restore_params
 from jaxvllm.models.registry import get_model_class
@@ -48,7 +48,7 @@ def get_model(config: EngineConfig, model_path: str, hf_config, mesh: Mesh, *,
 def _restore(model: nnx.Module, stored: dict, path: str, mesh: Mesh, dtype) -> None:
     """Restore into the shardings of the stored (unpadded) shapes, then pad heads on device."""
     target = jax.tree_util.tree_map_with_path(
-        lambda p, x: jax.ShapeDtypeStruct(x.shape, dtype, sharding=param_sharding(_name(p), x.shape, mesh)),
+        lambda p, x: jax.ShapeDtypeStruct(x.shape, dtype, sharding=param_sharding(param_name(p), x.shape, mesh)),
         stored)
     restored = restore_params(path, target)
     state = nnx.state(model)
@@ -58,7 +58,7 @@ def _restore(model: nnx.Module, stored: dict, path: str, mesh: Mesh, dtype) -> N
         if x.shape == want.shape:
             return x
         pad = jax.jit(lambda x: jnp.pad(x, [(0, b - a) for a, b in zip(x.shape, want.shape)]),
-                      out_shardings=param_sharding(_name(p), want.shape, mesh))
+                      out_shardings=param_sharding(param_name(p), want.shape, mesh))
         return pad(x)
 
     nnx.replace_by_pure_dict(state, jax.tree_util.tree_map_with_path(fit, restored, wanted))

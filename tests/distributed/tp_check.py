@@ -15,7 +15,7 @@ os.environ.setdefault("JAXVLLM_XLA_CACHE", "")
 import jax  # noqa: E402
 
 from jaxvllm import LLM, SamplingParams  # noqa: E402
-from jaxvllm.distributed.partition import _name  # noqa: E402
+from jaxvllm.distributed.partition import param_name  # noqa: E402
 
 
 def shard_shapes(array) -> list[list[int]]:
@@ -37,7 +37,7 @@ def main(model: str, tps: str, prompts: str, max_tokens: str, attention_backend:
         leaves = jax.tree_util.tree_flatten_with_path(core.model_runner.params)[0]
         result[tp] = {
             "tokens": [o.outputs[0].token_ids for o in outputs],
-            "weights": {_name(path): {"shape": list(x.shape), "shards": shard_shapes(x)}
+            "weights": {param_name(path): {"shape": list(x.shape), "shards": shard_shapes(x)}
                         for path, x in leaves},
             "kv_cache": {"shape": list(core.model_runner.kv_cache.shape),
                          "shards": shard_shapes(core.model_runner.kv_cache)},
