@@ -77,6 +77,10 @@ def _serve(ns: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.node_rank > 0:  # multi-host: replay node_rank 0's schedule; no HTTP server here
+        from jaxvllm.distributed.multihost import run_follower
+        run_follower(args)
+        return 0
     asyncio.run(serve(args, host=ns.host, port=ns.port, api_key=ns.api_key,
                       served_model_name=ns.served_model_name,
                       max_request_bytes=ns.max_request_bytes, log_level=ns.uvicorn_log_level))
