@@ -39,6 +39,17 @@ class EngineArgs:
     preemption_mode: str = "recompute"     # or "swap": preempted KV goes to host memory
     swap_space: float = 4.0                # GiB of host memory per engine for "swap"
     profile_dir: str | None = None         # where start_profile() writes jax.profiler traces
+    tensor_parallel_size: int = 1          # devices the weights, heads and KV cache are split over
+    # Multi-host (jax.distributed): hosts in the slice, this host's rank, the coordinator
+    # (host 0) address. nnodes=1 on one host; on a TPU VM slice master_addr may be left unset
+    # (jax finds the coordinator from the TPU metadata).
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None
+    master_port: int = 29501
+    # "uni": this process drives all local devices; "mp": tensor_parallel_size worker
+    # processes, one device each (a crashing worker fails requests cleanly).
+    distributed_executor_backend: str = "uni"
 
     @classmethod
     def from_file(cls, path: str, **overrides) -> "EngineArgs":
@@ -89,7 +100,12 @@ class EngineArgs:
         )
         config = EngineConfig(model=self.model, dtype=dtype, cache=cache, scheduler=sched, seed=self.seed,
                               skip_warmup=self.skip_warmup, attention_backend=self.attention_backend,
-                              profile_dir=self.profile_dir)
+                              profile_dir=self.profile_dir,
+                              parallel=ParallelConfig(
+                                  tensor_parallel_size=self.tensor_parallel_size, nnodes=self.nnodes,
+                                  node_rank=self.node_rank, master_addr=self.master_addr,
+                                  master_port=self.master_port,
+                                  distributed_executor_backend=self.distributed_executor_backend))
         config.verify()
         return config
 
@@ -116,6 +132,16 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class ParallelConfig:
+    tensor_parallel_size: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None
+    master_port: int = 29501
+    distributed_executor_backend: str = "uni"
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: str | None
     dtype: str
@@ -125,9 +151,28 @@ class EngineConfig:
     skip_warmup: bool = False
     attention_backend: str = "auto"
     profile_dir: str | None = None
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def verify(self) -> None:
         c, s = self.cache, self.scheduler
+        p = self.parallel
+        if p.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be at least 1, got {p.tensor_parallel_size}.")
+        if p.nnodes < 1:
+            raise ValueError(f"nnodes must be at least 1, got {p.nnodes}.")
+        if not 0 <= p.node_rank < p.nnodes:
+            raise ValueError(f"node_rank must be in [0, nnodes={p.nnodes}), got {p.node_rank}.")
+        if not 0 < p.master_port < 65535:  # the next port carries the schedule broadcast
+            raise ValueError(f"master_port must be in [1, 65534], got {p.master_port}.")
+        if p.distributed_executor_backend not in ("uni", "mp"):
+            raise ValueError(f"distributed_executor_backend must be 'uni' or 'mp', "
+                             f"got {p.distributed_executor_backend!r}.")
+        if p.distributed_executor_backend == "mp" and p.nnodes > 1:
+            raise ValueError("distributed_executor_backend='mp' runs on one host; use nnodes=1.")
+        multiprocess = p.nnodes > 1 or p.distributed_executor_backend == "mp"
+        if multiprocess and self.scheduler.preemption_mode == "swap":
+            raise ValueError("preemption_mode='swap' is not supported with nnodes > 1 or the 'mp' "
+                             "executor (the swap pool lives in one process); use 'recompute'.")
         if c.block_size not in (8, 16, 32, 64, 128, 256):
             raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128, 256; got {c.block_size}.")
         if not 0.0 < c.hbm_utilization <= 1.0:

@@ -55,7 +55,7 @@ class InprocClient:
         return getattr(self.engine_core, method)(*args)
 
     def shutdown(self) -> None:
-        pass
+        self.engine_core.shutdown()
 
 
 class _EngineProcess:

@@ -115,6 +115,7 @@ class EngineCoreProc(EngineCore):
             sock.send(encode(item), copy=False)
 
     def shutdown(self) -> None:
+        super().shutdown()  # workers and multi-host followers get their clean stop
         self.output_queue.put(_SHUTDOWN)
         self.output_thread.join(timeout=5)
 
@@ -148,10 +149,12 @@ def run_engine_core(args_bytes: bytes, input_address: str, output_address: str,
         import jax
 
         from jaxvllm.config import EngineArgs
+        from jaxvllm.distributed.multihost import initialize_distributed
         from jaxvllm.models.loader import load_hf_config, resolve_model
         args = decode(EngineArgs, args_bytes)
         model_path = resolve_model(args.model)
         hf_config = load_hf_config(model_path)
+        initialize_distributed(args)  # multi-host: before the backend starts
         config = args.create_engine_config(hf_config, jax.default_backend())
         engine = EngineCoreProc(config, model_path, hf_config, input_address, output_address)
         ready_pipe.send_bytes(msgpack.packb({"status": "READY", "config": encode(config)}))

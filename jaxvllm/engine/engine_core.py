@@ -15,6 +15,8 @@ from jaxvllm.core.request import Request
 from jaxvllm.core.scheduler import Scheduler
 from jaxvllm.core.stats import SchedulerStats
 from jaxvllm.core.structured_output import StructuredOutputManager
+from jaxvllm.distributed.multihost import SchedulerOutputBroadcaster
+from jaxvllm.executor.multiproc import MultiprocExecutor
 from jaxvllm.engine.messages import EngineCoreOutput, EngineCoreRequest
 from jaxvllm.models.loader import load_tokenizer
 from jaxvllm.worker.worker import Worker
@@ -25,7 +27,14 @@ logger = logging.getLogger(__name__)
 class EngineCore:
     def __init__(self, config: EngineConfig, model_path: str, hf_config):
         self.config = config
-        self.worker = Worker(config, model_path, hf_config)
+        if config.parallel.node_rank > 0:
+            raise ValueError("The EngineCore runs on node_rank 0 only; other hosts run "
+                             "jaxvllm.distributed.multihost.run_follower.")
+        # The Worker in this process drives all local devices (JAX's way on one host); the
+        # "mp" executor puts it in worker processes behind collective_rpc, with the same methods.
+        self.worker = (MultiprocExecutor(config, model_path, hf_config)
+                       if config.parallel.distributed_executor_backend == "mp"
+                       else Worker(config, model_path, hf_config))
         num_blocks = self.worker.determine_num_blocks()
         bs, max_len = config.cache.block_size, config.scheduler.max_model_len
         if (num_blocks - 1) * bs < max_len:
@@ -37,6 +46,11 @@ class EngineCore:
         # Host slots for swap preemption, sized like the device blocks they hold.
         num_swap_blocks = (int(config.cache.swap_space * 2**30) // self.worker.block_bytes
                            if sched.preemption_mode == "swap" else 0)
+        # Multi-host: the other processes replay this one's schedule on the global mesh.
+        self.broadcaster = (SchedulerOutputBroadcaster(config.parallel)
+                            if config.parallel.nnodes > 1 else None)
+        if self.broadcaster is not None:
+            self.broadcaster.send_num_blocks(num_blocks)
         self.model_runner = self.worker.initialize_cache(num_blocks, num_swap_blocks)
         self.scheduler = Scheduler(
             max_num_seqs=sched.max_num_seqs, max_num_batched_tokens=sched.max_num_batched_tokens,
@@ -81,9 +95,18 @@ class EngineCore:
         with jax.profiler.StepTraceAnnotation("engine_step", step_num=self.step_num):
             with jax.profiler.TraceAnnotation("schedule"):
                 scheduler_output = self.scheduler.schedule()
+            if self.broadcaster is not None:
+                self.broadcaster.send(scheduler_output)
             runner_output = self.model_runner.execute_model(scheduler_output)
             with jax.profiler.TraceAnnotation("update_from_output"):
                 return self.scheduler.update_from_output(scheduler_output, runner_output)
+
+    def shutdown(self) -> None:
+        if isinstance(self.worker, MultiprocExecutor):
+            self.worker.shutdown()
+        if self.broadcaster is not None:
+            self.broadcaster.close()  # the followers' loops end
+            self.broadcaster = None
 
     # ---- profiling ----------------------------------------------------------------
     def start_profile(self, profile_dir: str | None = None) -> str:

@@ -12,6 +12,7 @@ import jax
 
 from jaxvllm.config import EngineArgs
 from jaxvllm.core.stats import SchedulerStats
+from jaxvllm.distributed.multihost import initialize_distributed
 from jaxvllm.engine.core_client import InprocClient, SyncMPClient
 from jaxvllm.engine.engine_core import EngineCore
 from jaxvllm.engine.output_processor import OutputProcessor
@@ -31,6 +32,7 @@ class LLMEngine:
             self.engine_core_client = SyncMPClient(args)
             config = self.engine_core_client.config
         else:
+            initialize_distributed(args)  # multi-host: before the backend starts
             config = args.create_engine_config(hf_config, jax.default_backend())
             self.engine_core_client = InprocClient(config, model_path, hf_config)
         self.config = config

@@ -1,5 +1,6 @@
 """`jaxvllm generate` and `jaxvllm chat`: offline generation from the command line;
-`jaxvllm serve`: the OpenAI-compatible HTTP server.
+`jaxvllm serve`: the OpenAI-compatible HTTP server; `jaxvllm convert`: a model to an Orbax
+checkpoint.
 
 Engine flags are spelled as vLLM spells them (--max-model-len, --max-num-seqs, ...);
 they are generated from EngineArgs so the two can never drift apart.
@@ -76,6 +77,10 @@ def _serve(ns: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.node_rank > 0:  # multi-host: replay node_rank 0's schedule; no HTTP server here
+        from jaxvllm.distributed.multihost import run_follower
+        run_follower(args)
+        return 0
     asyncio.run(serve(args, host=ns.host, port=ns.port, api_key=ns.api_key,
                       served_model_name=ns.served_model_name,
                       max_request_bytes=ns.max_request_bytes, log_level=ns.uvicorn_log_level))
@@ -95,11 +100,24 @@ def main(argv: list[str] | None = None) -> int:
         _add_engine_flags(p)
         _add_sampling_flags(p)
     _add_serve_parser(sub)
+    conv = sub.add_parser("convert", help="Save a model's weights as an Orbax checkpoint.")
+    conv.add_argument("model", help="A .gguf file or Hugging Face directory; 'default' for the default model.")
+    conv.add_argument("out", help="New directory: Orbax weights + config + tokenizer, a model path.")
+    conv.add_argument("--dtype", default="auto")
+    conv.add_argument("--tensor-parallel-size", type=int, default=1)
     ns = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("jaxvllm").setLevel(logging.INFO)
     if ns.command == "serve":
         return _serve(ns)
+    if ns.command == "convert":
+        from jaxvllm.entrypoints.convert import convert
+        try:
+            convert(None if ns.model == "default" else ns.model, ns.out, ns.dtype, ns.tensor_parallel_size)
+        except (ValueError, FileNotFoundError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        return 0
 
     from jaxvllm.entrypoints.llm import LLM  # after parsing: --help stays instant
     try:

@@ -15,7 +15,10 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 from flax import struct
+from jax.sharding import Mesh, PartitionSpec as P
 
+from jaxvllm.distributed.mesh import MODEL_AXIS
+from jaxvllm.distributed.partition import KV_CACHE_SPEC
 from pallas_kernels import ragged_paged_attention_gpu, ragged_paged_attention_tpu
 from pallas_kernels.reference import ragged_paged_attention
 
@@ -48,8 +51,15 @@ def resolve_backend(backend: str, platform: str) -> tuple[str, bool]:
     return kernel, kernel != native
 
 
-def get_attention(backend: str, platform: str) -> Callable:
-    """The attention call for the model, chosen once: `auto` picks per platform."""
+def get_attention(backend: str, platform: str, mesh: Mesh | None = None) -> Callable:
+    """The model's attention call, chosen once (`auto` picks per platform):
+    attend(q, k, v, kv_cache, layer, md, sm_scale, sliding_window) -> (out, kv_cache)
+    writes this step's K/V into their slots, then attends.
+
+    On a mesh of several devices it runs per shard (shard_map over the KV-head axis): each
+    device writes and reads only its own KV heads with its own query heads, the kernels see
+    ordinary unsharded arrays, and no collective is needed inside attention.
+    """
     kernel, interpret = resolve_backend(backend, platform)
     if kernel == "reference":
         impl = ragged_paged_attention
@@ -57,10 +67,23 @@ def get_attention(backend: str, platform: str) -> Callable:
         module = ragged_paged_attention_tpu if kernel == "tpu" else ragged_paged_attention_gpu
         impl = functools.partial(module.ragged_paged_attention, interpret=interpret)
 
-    def attend(q, kv_cache, layer, md: AttentionMetadata, sm_scale: float,
+    def local(q, k, v, kv_cache, layer, md: AttentionMetadata, sm_scale, sliding_window):
+        kv_cache = write_kv(kv_cache, layer, k, v, md.slot_mapping)
+        out = impl(q, kv_cache, layer, md.kv_lens, md.page_indices, md.cu_q_lens, md.num_seqs,
+                   sm_scale=sm_scale, sliding_window=sliding_window)
+        return out, kv_cache
+
+    if mesh is None or mesh.size == 1:
+        return local
+
+    heads = P(None, MODEL_AXIS, None)
+
+    def attend(q, k, v, kv_cache, layer, md: AttentionMetadata, sm_scale: float,
                sliding_window: int | None = None):
-        return impl(q, kv_cache, layer, md.kv_lens, md.page_indices, md.cu_q_lens, md.num_seqs,
-                    sm_scale=sm_scale, sliding_window=sliding_window)
+        f = jax.shard_map(functools.partial(local, sm_scale=sm_scale, sliding_window=sliding_window),
+                          mesh=mesh, in_specs=(heads, heads, heads, KV_CACHE_SPEC, P(), P()),
+                          out_specs=(heads, KV_CACHE_SPEC), check_vma=False)
+        return f(q, k, v, kv_cache, layer, md)
     return attend
 
 

@@ -13,7 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxvllm.layers.attention import AttentionMetadata, write_kv
+from jaxvllm.distributed.mesh import MODEL_AXIS as M, constrain
+from jaxvllm.layers.attention import AttentionMetadata
 from jaxvllm.layers.rotary import apply_rotary, compute_inv_freq
 
 
@@ -112,28 +113,31 @@ class LlamaForCausalLM(nnx.Module):
             q, k, v = x @ w["wq"], x @ w["wk"], x @ w["wv"]
             if a.attention_bias:
                 q, k, v = q + w["bq"], k + w["bk"], v + w["bv"]
-            q = apply_rotary(q.reshape(T, a.num_heads, a.head_dim), md.positions, inv_freq)
-            k = apply_rotary(k.reshape(T, a.num_kv_heads, a.head_dim), md.positions, inv_freq)
-            kv_cache = write_kv(kv_cache, i, k, v.reshape(T, a.num_kv_heads, a.head_dim),
-                                md.slot_mapping)
-            o = attend(q, kv_cache, i, md, scale, a.sliding_window)
-            h = h + o.reshape(T, -1) @ w["wo"]
+            # Heads stay on their tensor-parallel shard from projection to attention output.
+            q, k, v = (constrain(t.reshape(T, -1, a.head_dim), None, M, None) for t in (q, k, v))
+            q = apply_rotary(q, md.positions, inv_freq)
+            k = apply_rotary(k, md.positions, inv_freq)
+            o, kv_cache = attend(q, k, v, kv_cache, i, md, scale, a.sliding_window)
+            h = constrain(h + o.reshape(T, -1) @ w["wo"], None, None)  # all-reduced: replicated
             x = rms_norm(h, w["post_attn_norm"], a.rms_norm_eps)
-            h = h + (jax.nn.silu(x @ w["w_gate"]) * (x @ w["w_up"])) @ w["w_down"]
+            up = constrain(jax.nn.silu(x @ w["w_gate"]) * (x @ w["w_up"]), None, M)
+            h = constrain(h + up @ w["w_down"], None, None)
             return (h, kv_cache), None
 
-        h = self.embed_tokens.get_value()[input_ids]
+        h = constrain(self.embed_tokens.get_value()[input_ids], None, None)
         weights = {k: v.get_value() for k, v in self.layers.items()}
         (h, kv_cache), _ = jax.lax.scan(layer, (h, kv_cache),
                                         (weights, jnp.arange(a.num_layers, dtype=jnp.int32)))
         return rms_norm(h, self.norm.get_value(), a.rms_norm_eps), kv_cache
 
-    def load_hf_weights(self, weights: dict[str, np.ndarray]) -> None:
-        _load_hf_weights(self, weights)
+    def load_hf_weights(self, weights: dict[str, np.ndarray], place=None) -> None:
+        """place(name, host_array) -> jax.Array puts each weight on device (default: the
+        default device); the tensor-parallel worker passes one that places shard by shard."""
+        _load_hf_weights(self, weights, place or (lambda name, value: jnp.asarray(value)))
 
     def compute_logits(self, hidden: jax.Array) -> jax.Array:
         head = self.embed_tokens.get_value().T if self.lm_head is None else self.lm_head.get_value()
-        return (hidden @ head).astype(jnp.float32)
+        return constrain((hidden @ head).astype(jnp.float32), None, M)  # vocabulary parallel
 
 
 _HF_LAYER_NAMES = {
@@ -145,10 +149,15 @@ _HF_LAYER_NAMES = {
 }
 
 
-def _load_hf_weights(model: LlamaForCausalLM, weights: dict[str, np.ndarray]) -> None:
-    """Copy a Hugging Face state dict ([out, in] linear weights) into the stacked model."""
-    a, dtype = model.args, model.embed_tokens.get_value().dtype
-    stacked = {name: np.empty(shape, np.float32) for name, shape in _layer_shapes(a).items()}
+def _load_hf_weights(model: LlamaForCausalLM, weights: dict[str, np.ndarray], place) -> None:
+    """Copy a Hugging Face state dict ([out, in] linear weights) into the stacked model.
+
+    The model's head counts may be padded for tensor parallelism (distributed.partition.
+    padded_heads): checkpoint heads fill the leading slots of each head axis, zeros the rest.
+    """
+    a = model.args
+    dtype = model.embed_tokens.get_value().dtype
+    stacked = {name: np.zeros(shape, np.float32) for name, shape in _layer_shapes(a).items()}
     for hf_suffix, name in _HF_LAYER_NAMES.items():
         if name not in stacked:
             continue
@@ -156,11 +165,14 @@ def _load_hf_weights(model: LlamaForCausalLM, weights: dict[str, np.ndarray]) ->
             key = f"model.layers.{i}.{hf_suffix}"
             if key not in weights:
                 raise ValueError(f"Checkpoint is missing tensor {key!r}.")
-            w = weights[key]
-            stacked[name][i] = w.T if w.ndim == 2 else w
+            w = weights[key].T if weights[key].ndim == 2 else weights[key]
+            if any(n > m for n, m in zip(w.shape, stacked[name].shape[1:])):
+                raise ValueError(f"Tensor {key!r} of shape {weights[key].shape} does not fit the "
+                                 f"model config ({stacked[name].shape[1:]}, [in, out]).")
+            stacked[name][(i,) + tuple(slice(0, n) for n in w.shape)] = w
     for name, value in stacked.items():
-        model.layers[name].set_value(jnp.asarray(value, dtype))
-    model.embed_tokens.set_value(jnp.asarray(weights["model.embed_tokens.weight"], dtype))
-    model.norm.set_value(jnp.asarray(weights["model.norm.weight"], dtype))
+        model.layers[name].set_value(place(f"layers.{name}", value.astype(dtype)))
+    model.embed_tokens.set_value(place("embed_tokens", weights["model.embed_tokens.weight"].astype(dtype)))
+    model.norm.set_value(place("norm", weights["model.norm.weight"].astype(dtype)))
     if model.lm_head is not None:
-        model.lm_head.set_value(jnp.asarray(weights["lm_head.weight"].T, dtype))
+        model.lm_head.set_value(place("lm_head", weights["lm_head.weight"].T.astype(dtype)))

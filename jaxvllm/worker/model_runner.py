@@ -20,6 +20,7 @@ import time
 import jax
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxvllm.config import EngineConfig
 from jaxvllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
@@ -39,7 +40,7 @@ _MIN_SUPPRESS_BUCKET = 8
 
 class ModelRunner:
     def __init__(self, config: EngineConfig, model: nnx.Module, kv_cache: jax.Array, attend,
-                 num_swap_blocks: int = 0):
+                 num_swap_blocks: int = 0, *, mesh: Mesh):
         self.config = config
         self.block_size = config.cache.block_size
         self.max_num_seqs = config.scheduler.max_num_seqs
@@ -51,7 +52,9 @@ class ModelRunner:
         self.vocab_size = model.args.vocab_size
         self.kv_cache = kv_cache
         self.input_batch = InputBatch(self.max_num_seqs)
-        self.penalty_state = penalties.init_state(self.max_num_seqs, self.vocab_size)
+        # Replicated over the mesh, like the hidden states the sampler reads beside it.
+        self.penalty_state = jax.device_put(penalties.init_state(self.max_num_seqs, self.vocab_size),
+                                            NamedSharding(mesh, P()))
         # Incremented at trace time: one trace is one compilation.
         self.num_compilations = 0
         self.swapper = (KVSwapper(kv_cache, num_swap_blocks, self._count_compilation)
@@ -61,31 +64,40 @@ class ModelRunner:
 
         def forward(params, kv_cache, input_ids, md, logits_indices):
             self.num_compilations += 1
-            hidden, kv_cache = nnx.merge(graphdef, params)(input_ids, kv_cache, md, attend)
+            with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # for the model's constraints
+                hidden, kv_cache = nnx.merge(graphdef, params)(input_ids, kv_cache, md, attend)
             return hidden[logits_indices], hidden, kv_cache
 
         def sample_fn(params, hidden, sampling_md, all_greedy):
             self.num_compilations += 1
-            num_rows = sampling_md.temperature.shape[0]
-            logits = nnx.merge(graphdef, params).compute_logits(hidden[:num_rows])
-            return sample(logits, sampling_md, all_greedy)
+            with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+                num_rows = sampling_md.temperature.shape[0]
+                logits = nnx.merge(graphdef, params).compute_logits(hidden[:num_rows])
+                return sample(logits, sampling_md, all_greedy)
 
         def sample_extended_fn(params, hidden, sampling_md, penalty_state, penalty_md, all_greedy):
             self.num_compilations += 1
-            num_rows = sampling_md.temperature.shape[0]
-            logits = nnx.merge(graphdef, params).compute_logits(hidden[:num_rows])
-            return sample_extended(logits, sampling_md, penalty_state, penalty_md, all_greedy)
+            with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+                num_rows = sampling_md.temperature.shape[0]
+                logits = nnx.merge(graphdef, params).compute_logits(hidden[:num_rows])
+                return sample_extended(logits, sampling_md, penalty_state, penalty_md, all_greedy)
 
         def prompt_logprobs_fn(params, hidden, indices, targets):
             self.num_compilations += 1
-            logits = nnx.merge(graphdef, params).compute_logits(hidden[indices])
-            return compute_logprobs(logits, targets)
+            with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+                logits = nnx.merge(graphdef, params).compute_logits(hidden[indices])
+                return compute_logprobs(logits, targets)
 
         def set_row_fn(penalty_state, slot, counts, prompt_mask, bias):
             self.num_compilations += 1
             return penalties.set_row(penalty_state, slot, counts, prompt_mask, bias)
 
-        self._forward = jax.jit(forward, donate_argnums=(1,))
+        # Weights and cache keep their shardings; step inputs and hidden states are replicated.
+        params_sharding = jax.tree.map(lambda x: x.sharding, self.params)
+        rep = NamedSharding(mesh, P())
+        self._forward = jax.jit(forward, donate_argnums=(1,),
+                                in_shardings=(params_sharding, kv_cache.sharding, rep, rep, rep),
+                                out_shardings=(rep, rep, kv_cache.sharding))
         self._sample = jax.jit(sample_fn, static_argnames=("all_greedy",))
         self._sample_extended = jax.jit(sample_extended_fn, static_argnames=("all_greedy",),
                                         donate_argnums=(3,))

@@ -91,7 +91,7 @@ def compute_logprobs(raw: jax.Array, tokens: jax.Array):
     lse = jax.nn.logsumexp(raw, axis=-1)
     token_raw = jnp.take_along_axis(raw, jnp.minimum(tokens, raw.shape[-1] - 1)[:, None], axis=-1)
     rank = jnp.sum(raw >= token_raw, axis=-1)  # vLLM's rank: 1 for the most likely token
-    top_raw, top_ids = lax.optimization_barrier(lax.top_k(raw, min(MAX_LOGPROBS, raw.shape[-1])))
+    top_raw, top_ids = _top_k(raw, min(MAX_LOGPROBS, raw.shape[-1]))
     return token_raw[:, 0] - lse, rank.astype(jnp.int32), top_ids, top_raw - lse[:, None]
 
 
@@ -139,7 +139,7 @@ def _top_k_top_p_cutoff(x: jax.Array, k: jax.Array, p: jax.Array) -> jax.Array:
     that top_k lowers to; the barrier stops later slices of the result from merging into
     that pattern, which would turn it into a full float sort (~1 s).
     """
-    largest = lax.optimization_barrier(lax.top_k(x, min(_FAST_K, x.shape[-1]))[0])
+    largest = _top_k(x, min(_FAST_K, x.shape[-1]))[0]
     cutoff, found = _cutoff_from(x, largest, k, p)
     return lax.cond(jnp.all(found), lambda: cutoff,
                     lambda: _cutoff_from(x, _sort_descending(x), k, p)[0])
@@ -167,6 +167,17 @@ def _cutoff_from(x: jax.Array, desc: jax.Array, k: jax.Array,
     top_p_cut = jnp.where(p < 1.0, last_kept, -jnp.inf)
     found = (k <= n) & ((p >= 1.0) | (n_keep < n) | (n == vocab))
     return jnp.maximum(top_k_cut[:, 0], top_p_cut), found
+
+
+def _top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """lax.top_k behind an optimization barrier on one device (see _top_k_top_p_cutoff).
+    Under a multi-device mesh XLA's SPMD partitioner cannot handle the barrier (it
+    aborts), so there the plain top_k is used."""
+    result = lax.top_k(x, k)
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        result = lax.optimization_barrier(result)
+    return result
 
 
 def _sort_descending(x: jax.Array) -> jax.Array:

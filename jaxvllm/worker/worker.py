@@ -1,5 +1,6 @@
-"""Worker: owns the device side of one engine: the model's weights, the KV cache sized
-from a memory budget, and the ModelRunner that executes steps."""
+"""Worker: owns the device side of one engine: the device mesh, the model's weights (placed
+shard by shard), the KV cache sized from a memory budget, and the ModelRunner that executes
+steps."""
 from __future__ import annotations
 
 import logging
@@ -8,12 +9,13 @@ import os
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
 from jaxvllm.config import EngineConfig
+from jaxvllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from jaxvllm.distributed.mesh import make_mesh
+from jaxvllm.distributed.partition import kv_cache_sharding
 from jaxvllm.layers.attention import get_attention
-from jaxvllm.models.loader import load_weights
-from jaxvllm.models.registry import get_model_class
+from jaxvllm.models.model_loader import get_model
 from jaxvllm.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -32,14 +34,13 @@ class Worker:
     def __init__(self, config: EngineConfig, model_path: str, hf_config):
         self.config = config
         enable_compilation_cache()
-        self.device = jax.devices()[0]
+        tp = config.parallel.tensor_parallel_size
+        self.mesh = make_mesh(tp)
+        self.device = self.mesh.devices.flat[0]
         self.dtype = jnp.dtype(config.dtype)
-        model_cls, args_cls = get_model_class(hf_config)
-        self.args = args_cls.from_hf_config(hf_config)
-        # Build the module abstractly, then fill in the checkpoint: no random init.
-        self.model = nnx.eval_shape(lambda: model_cls(self.args, dtype=self.dtype, rngs=nnx.Rngs(0)))
-        self.model.load_hf_weights(load_weights(model_path))
-        self.attend = get_attention(config.attention_backend, self.device.platform)
+        self.model = get_model(config, model_path, hf_config, self.mesh)
+        self.args = self.model.args
+        self.attend = get_attention(config.attention_backend, self.device.platform, self.mesh)
 
     @property
     def kv_cache_shape_per_block(self) -> tuple[int, ...]:
@@ -64,7 +65,9 @@ class Worker:
             if "bytes_limit" not in stats:
                 raise ValueError(f"The {self.device.platform} backend does not report its memory; "
                                  "set kv_cache_memory_bytes or num_gpu_blocks_override.")
-            budget = int(stats["bytes_limit"] * c.hbm_utilization) - stats.get("bytes_in_use", 0)
+            # Every device of the mesh holds 1/size of each block (its KV heads).
+            budget = (int(stats["bytes_limit"] * c.hbm_utilization) - stats.get("bytes_in_use", 0)) \
+                * self.mesh.size
         num_blocks = budget // block_bytes
         if num_blocks < 2:
             raise ValueError(f"The KV cache budget ({budget} bytes) holds fewer than 2 blocks of "
@@ -73,13 +76,24 @@ class Worker:
 
     def initialize_cache(self, num_blocks: int, num_swap_blocks: int = 0) -> ModelRunner:
         a, bs = self.args, self.config.cache.block_size
-        kv_cache = jnp.zeros((a.num_layers, 2, num_blocks, bs, a.num_kv_heads, a.head_dim), self.dtype)
+        shape = (a.num_layers, 2, num_blocks, bs, a.num_kv_heads, a.head_dim)
+        # Created in place, each device allocating only its KV heads.
+        kv_cache = jax.jit(lambda: jnp.zeros(shape, self.dtype), out_shardings=kv_cache_sharding(self.mesh))()
         logger.info("KV cache: %d blocks of %d tokens (%.1f MiB).", num_blocks, bs,
                     kv_cache.nbytes / 2**20)
         if num_swap_blocks:
             logger.info("Swap space: %d host blocks (%.1f MiB).", num_swap_blocks,
                         num_swap_blocks * self.block_bytes / 2**20)
-        runner = ModelRunner(self.config, self.model, kv_cache, self.attend, num_swap_blocks)
+        runner = ModelRunner(self.config, self.model, kv_cache, self.attend, num_swap_blocks,
+                             mesh=self.mesh)
         if not self.config.skip_warmup:
             runner.warmup()
+        self.model_runner = runner
         return runner
+
+    # ---- what an executor calls (in process, or by collective_rpc in a worker process) ----
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        return self.model_runner.execute_model(scheduler_output)
+
+    def get_num_compilations(self) -> int:
+        return self.model_runner.num_compilations

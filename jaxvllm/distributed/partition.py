@@ -1,0 +1,83 @@
+"""Partition specs for the Llama-family weights and the paged KV cache, and placement of
+host weights straight into their shards.
+
+Megatron-style tensor parallelism over the mesh's "model" axis:
+- q/k/v projections and the MLP's gate/up are column parallel (output features split, so
+  each device owns whole attention heads and a slice of the intermediate features);
+- o_proj and down_proj are row parallel (input features split; XLA all-reduces their outputs);
+- the embedding and the LM head are vocabulary parallel;
+- the KV cache is split on its KV-head axis, so each device's attention reads only its heads.
+A dimension that does not divide by the mesh size is replicated instead of split (a vocabulary
+of 32001, say). Attention heads are padded instead (`padded_heads`), since attention needs a
+device's query heads and their KV heads side by side.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from jaxvllm.distributed.mesh import MODEL_AXIS as M
+
+# Layer weights carry a leading (stacked) layer axis; [in, out] layout.
+PARAM_SPECS: dict[str, tuple] = {
+    "embed_tokens": (M, None),
+    "lm_head": (None, M),
+    "norm": (None,),
+    "layers.input_norm": (None, None),
+    "layers.post_attn_norm": (None, None),
+    "layers.wq": (None, None, M), "layers.wk": (None, None, M), "layers.wv": (None, None, M),
+    "layers.bq": (None, M), "layers.bk": (None, M), "layers.bv": (None, M),
+    "layers.wo": (None, M, None),
+    "layers.w_gate": (None, None, M), "layers.w_up": (None, None, M),
+    "layers.w_down": (None, M, None),
+}
+# [layers, K/V, pages, page_size, kv_heads, head_dim]
+KV_CACHE_SPEC = P(None, None, None, None, M, None)
+
+
+def padded_heads(num_heads: int, num_kv_heads: int, tp: int) -> tuple[int, int]:
+    """(query heads, KV heads) after padding the KV heads to a multiple of `tp` with zero
+    heads, each bringing its group of zero query heads: query head j keeps attending KV head
+    j // group, so every device holds whole groups. Padded heads contribute exactly zero
+    (zero o_proj rows). The default model's 3 KV / 9 query heads become 4 / 12 at TP=2 or 4."""
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_attention_heads ({num_heads}) must be a multiple of "
+                         f"num_key_value_heads ({num_kv_heads}).")
+    if num_kv_heads % tp == 0:
+        return num_heads, num_kv_heads
+    kv = math.ceil(num_kv_heads / tp) * tp
+    return kv * (num_heads // num_kv_heads), kv
+
+
+def fit_spec(spec: tuple, shape: tuple[int, ...], mesh: Mesh) -> P:
+    """The spec, with any split dimension that does not divide by its mesh axis replicated."""
+    return P(*(None if axis is not None and dim % mesh.shape[axis] else axis
+               for axis, dim in zip(spec, shape)))
+
+
+def param_sharding(name: str, shape: tuple[int, ...], mesh: Mesh) -> NamedSharding:
+    if name not in PARAM_SPECS:
+        raise ValueError(f"No partition spec for weight {name!r}.")
+    return NamedSharding(mesh, fit_spec(PARAM_SPECS[name], shape, mesh))
+
+
+def kv_cache_sharding(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, KV_CACHE_SPEC)
+
+
+def place(mesh: Mesh, name: str, value: np.ndarray) -> jax.Array:
+    """A host array put onto the mesh shard by shard: each device receives only its slice
+    (and each process supplies only its own devices' slices), so no device ever holds a
+    whole tensor that is meant to be split."""
+    sharding = param_sharding(name, value.shape, mesh)
+    return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
+
+
+def param_name(path) -> str:
+    """'layers.wq' for a jax tree path into the model's params (State or pure dict)."""
+    keys = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+    keys = [k for k in keys if k != "value"]  # nnx.Variable's own field
+    return ".".join(keys)

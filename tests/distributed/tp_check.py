@@ -1,0 +1,55 @@
+"""Run in a subprocess by the tensor-parallel tests: 8 simulated CPU devices must be set
+before jax is imported, and the rest of the suite runs on one.
+
+python tp_check.py MODEL|default TP[,TP...] PROMPTS_JSON MAX_TOKENS [ATTENTION_BACKEND] -> JSON on
+the last stdout line: per TP, the greedy tokens and the per-device shard shapes of every weight and
+the KV cache.
+"""
+import json
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+os.environ.setdefault("JAXVLLM_XLA_CACHE", "")
+
+import jax  # noqa: E402
+
+from jaxvllm import LLM, SamplingParams  # noqa: E402
+from jaxvllm.distributed.partition import param_name  # noqa: E402
+
+
+def shard_shapes(array) -> list[list[int]]:
+    return [list(s.data.shape) for s in sorted(array.addressable_shards, key=lambda s: s.device.id)]
+
+
+def main(model: str, tps: str, prompts: str, max_tokens: str, attention_backend: str = "auto") -> None:
+    assert jax.device_count() == 8, jax.devices()
+    prompts = json.loads(prompts)
+    n = int(max_tokens)
+    greedy = SamplingParams(temperature=0, max_tokens=n, min_tokens=n)
+    result = {}
+    for tp in map(int, tps.split(",")):
+        llm = LLM(None if model == "default" else model, tensor_parallel_size=tp, skip_warmup=True,
+                  max_num_seqs=8, max_num_batched_tokens=128, max_model_len=256,
+                  num_gpu_blocks_override=64, attention_backend=attention_backend)
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy, use_tqdm=False)
+        # The extended sampler (penalties, logprobs) reads the replicated hidden states too.
+        extended = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(
+            temperature=0, max_tokens=n, min_tokens=n, repetition_penalty=1.3, logprobs=2),
+            use_tqdm=False)
+        core = llm.llm_engine.engine_core
+        leaves = jax.tree_util.tree_flatten_with_path(core.model_runner.params)[0]
+        result[tp] = {
+            "tokens": [o.outputs[0].token_ids for o in outputs],
+            "extended": [[o.outputs[0].token_ids, o.outputs[0].cumulative_logprob] for o in extended],
+            "weights": {param_name(path): {"shape": list(x.shape), "shards": shard_shapes(x)}
+                        for path, x in leaves},
+            "kv_cache": {"shape": list(core.model_runner.kv_cache.shape),
+                         "shards": shard_shapes(core.model_runner.kv_cache)},
+        }
+        del llm, core
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
