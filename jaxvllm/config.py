@@ -39,6 +39,7 @@ class EngineArgs:
     preemption_mode: str = "recompute"     # or "swap": preempted KV goes to host memory
     swap_space: float = 4.0                # GiB of host memory per engine for "swap"
     profile_dir: str | None = None         # where start_profile() writes jax.profiler traces
+    check_recompilation: bool = False      # raise if any program compiles after warm-up
     tensor_parallel_size: int = 1          # devices the weights, heads and KV cache are split over
     # Multi-host (jax.distributed): hosts in the slice, this host's rank, the coordinator
     # (host 0) address. nnodes=1 on one host; on a TPU VM slice master_addr may be left unset
@@ -101,6 +102,7 @@ class EngineArgs:
         config = EngineConfig(model=self.model, dtype=dtype, cache=cache, scheduler=sched, seed=self.seed,
                               skip_warmup=self.skip_warmup, attention_backend=self.attention_backend,
                               profile_dir=self.profile_dir,
+                              check_recompilation=self.check_recompilation,
                               parallel=ParallelConfig(
                                   tensor_parallel_size=self.tensor_parallel_size, nnodes=self.nnodes,
                                   node_rank=self.node_rank, master_addr=self.master_addr,
@@ -151,11 +153,14 @@ class EngineConfig:
     skip_warmup: bool = False
     attention_backend: str = "auto"
     profile_dir: str | None = None
+    check_recompilation: bool = False
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def verify(self) -> None:
         c, s = self.cache, self.scheduler
         p = self.parallel
+        if self.check_recompilation and self.skip_warmup:
+            raise ValueError("check_recompilation needs the warm-up; do not combine it with skip_warmup.")
         if p.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be at least 1, got {p.tensor_parallel_size}.")
         if p.nnodes < 1:

@@ -133,12 +133,18 @@ def test_logprobs_and_json_output(llm, prompts, hf_model):
     print(f"default model: greedy-token logprobs vs transformers, max abs error {worst:.2e}")
     assert worst < 1e-4
     schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
-                                               "population": {"type": "integer"}},
+                                               "population": {"type": "integer", "minimum": 0,
+                                                              "maximum": 10**9}},
               "required": ["city", "population"], "additionalProperties": False,
               "x-guidance": {"whitespace_flexible": False}}
-    out = llm.generate(prompts[5], SamplingParams(temperature=0, max_tokens=40,
-                                                  structured_outputs=StructuredOutputsParams(json=schema)),
-                       use_tqdm=False)[0].outputs[0]
-    value = json.loads(out.text)
-    assert set(value) == {"city", "population"} and isinstance(value["population"], int)
+    # 20 seeded samples at temperature 1.0: every one parses and fits the schema.
+    outs = llm.generate([prompts[5]] * 20, [SamplingParams(
+        temperature=1.0, seed=seed, max_tokens=96, structured_outputs=StructuredOutputsParams(json=schema))
+        for seed in range(20)], use_tqdm=False)
+    for out in outs:
+        assert out.outputs[0].finish_reason == "stop", out.outputs[0].text
+        value = json.loads(out.outputs[0].text)
+        assert set(value) == {"city", "population"} and isinstance(value["population"], int)
+        assert isinstance(value["city"], str) and len(value["city"]) <= 20
+    print(f"default model: {len(outs)} of 20 seeded JSON-schema samples at temperature 1.0 valid")
     assert _pool_is_full(llm)

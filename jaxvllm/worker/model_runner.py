@@ -57,6 +57,7 @@ class ModelRunner:
                                             NamedSharding(mesh, P()))
         # Incremented at trace time: one trace is one compilation.
         self.num_compilations = 0
+        self.num_warmup_compilations = 0
         self.swapper = (KVSwapper(kv_cache, num_swap_blocks, self._count_compilation)
                         if num_swap_blocks else None)
 
@@ -157,6 +158,10 @@ class ModelRunner:
                     prompt_logprobs[state.req_id], state.prompt_logprobs = state.prompt_logprobs, None
             else:
                 sampled_token_ids.append([])
+        if self.config.check_recompilation and self.num_compilations > self.num_warmup_compilations:
+            raise RuntimeError(
+                f"check_recompilation: {self.num_compilations - self.num_warmup_compilations} "
+                f"program(s) compiled after warm-up (a shape outside the warmed buckets).")
         return ModelRunnerOutput(req_ids, sampled_token_ids, logprobs, prompt_logprobs)
 
     def _write_row(self, state) -> None:
@@ -272,6 +277,7 @@ class ModelRunner:
         if self.swapper is not None:
             self.kv_cache = self.swapper.warmup(self.kv_cache)
         jax.block_until_ready(self.kv_cache)
+        self.num_warmup_compilations = self.num_compilations
         logger.info("Warm-up compiled %d programs in %.1f s (token buckets %s, request buckets %s).",
                     self.num_compilations, time.perf_counter() - start, self.token_buckets,
                     self.request_buckets)
