@@ -22,8 +22,9 @@ import zmq
 
 from jaxvllm.config import EngineConfig
 from jaxvllm.engine.engine_core import EngineCore
-from jaxvllm.engine.messages import (EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType,
-                                     UtilityOutput, UtilityRequest)
+from jaxvllm.engine.messages import (EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest,
+                                     EngineCoreRequestType, FinishReason, UtilityOutput,
+                                     UtilityRequest)
 from jaxvllm.engine.serial_utils import decode, encode
 
 logger = logging.getLogger(__name__)
@@ -76,8 +77,11 @@ class EngineCoreProc(EngineCore):
             request = decode(EngineCoreRequest, payload)
             try:
                 self.add_request(request)
-            except ValueError as e:  # e.g. a duplicate id: fail this request only
+            except ValueError as e:  # e.g. a duplicate id: fail this request only, visibly
                 logger.warning("Rejected request %s: %s", request.request_id, e)
+                self.output_queue.put(EngineCoreOutputs(
+                    outputs=[EngineCoreOutput(request.request_id, [], FinishReason.ABORT)],
+                    timestamp=time.monotonic()))
         elif kind == EngineCoreRequestType.ABORT:
             self.abort_requests(msgpack.unpackb(payload))
         elif kind == EngineCoreRequestType.UTILITY:

@@ -123,3 +123,21 @@ def test_async_engine_death_fails_requests_fast(async_engine):
         with pytest.raises(EngineDeadError):
             await _collect(async_engine, PROMPTS[0], SamplingParams(max_tokens=2), "after")
     asyncio.run(main())
+
+
+def test_engine_rejection_is_reported_not_dropped(async_engine):
+    """A request the core refuses (here a duplicate id sent around the front end's own
+    check) comes back finished with ABORT instead of leaving its caller waiting."""
+    async def main():
+        request, _ = async_engine.processor.process_inputs(
+            "dup", PROMPTS[0], SamplingParams(max_tokens=50, ignore_eos=True))
+        client = async_engine.engine_core
+        await client.add_request_async(request)
+        await client.add_request_async(request)
+        rejected = []
+        while not rejected:  # the first copy's tokens may come before the rejection
+            outputs = await asyncio.wait_for(client.get_output_async(), 30)
+            rejected = [o for o in outputs.outputs if o.finish_reason == FinishReason.ABORT]
+        assert [o.request_id for o in rejected] == ["dup"] and rejected[0].new_token_ids == []
+        await client.abort_requests_async(["dup"])
+    asyncio.run(main())
