@@ -90,6 +90,7 @@ class _EngineProcess:
 
     def _monitor(self) -> None:
         wait([self.proc.sentinel])
+        self.proc.join(5)  # the sentinel closes before the exit code can be read
         if not self.stopping.is_set():
             logger.error("The engine core process died (exit code %s).", self.proc.exitcode)
             self.on_death()

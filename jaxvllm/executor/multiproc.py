@@ -51,6 +51,7 @@ class MultiprocExecutor:
         self.on_failure = on_failure
         self.shutdown_grace_s = shutdown_grace_s
         self.failure: str | None = None
+        self._dead: multiprocessing.Process | None = None  # the first worker seen dead
         self._closing = False
         self.kv_cache = None  # lives in the workers
 
@@ -96,7 +97,7 @@ class MultiprocExecutor:
     # ---- RPC ------------------------------------------------------------------------
     def collective_rpc(self, method: str, args: tuple = ()) -> list:
         """Run `method(*args)` on every worker; their results in rank order. Raises
-        WorkerDiedError as soon as (within 0.1 s of when) the monitor sees a worker die."""
+        WorkerDiedError within 0.1 s of a worker's death."""
         self._check_alive()
         self.rpc.send_multipart([method.encode(), encode(list(args))])
         results = []
@@ -106,7 +107,9 @@ class MultiprocExecutor:
             ok, payload = sock.recv_multipart()
             if ok != b"1":
                 # A peer's death fails the others' collectives too: name the cause if it is that.
-                time.sleep(0.5)
+                deadline = time.monotonic() + 2.0
+                while self._dead is None and time.monotonic() < deadline:
+                    time.sleep(0.05)
                 self._fail(self._death_message() or f"Worker {rank} failed in {method}: {payload.decode()}")
                 self._check_alive()
             kind = METHODS[method][1]
@@ -114,6 +117,13 @@ class MultiprocExecutor:
         return results
 
     def _check_alive(self) -> None:
+        # The monitor thread normally notices a death first; asking the processes directly
+        # too means no waiting call depends on that thread alone.
+        if self.failure is None and not self._closing:
+            dead = self._dead or next((p for p in self.procs if p.exitcode is not None), None)
+            if dead is not None:
+                self._dead = dead
+                self._fail(self._death_message())
         if self.failure is not None:
             raise WorkerDiedError(self.failure)
 
@@ -126,17 +136,20 @@ class MultiprocExecutor:
 
     def _monitor(self) -> None:
         sentinels = {p.sentinel: p for p in self.procs}
-        multiprocessing.connection.wait(list(sentinels))
+        dead = sentinels[multiprocessing.connection.wait(list(sentinels))[0]]
+        # The sentinel closes before the process is reapable: wait for the exit code, so
+        # the failure always names the dead worker.
+        dead.join()
+        self._dead = dead
         if not self._closing:
             self._fail(self._death_message())
 
     def _death_message(self) -> str | None:
-        for p in self.procs:
-            if not p.is_alive():
-                p.join(1.0)  # reap it, for its exit code
-                return (f"Worker process {p.name} (pid {p.pid}) died with exit code {p.exitcode}; "
-                        f"the engine cannot continue.")
-        return None
+        p = self._dead
+        if p is None:
+            return None
+        return (f"Worker process {p.name} (pid {p.pid}) died with exit code {p.exitcode}; "
+                f"the engine cannot continue.")
 
     def _wait_for_subscribers(self) -> None:
         for _ in range(self.world_size):
