@@ -79,7 +79,7 @@ def naive(q, cache, layer, kv_lens, page_indices, cu_q_lens, num_seqs, *, sm_sca
 def check(args, tol=1e-5, **kw):
     kw.setdefault("sm_scale", args[0].shape[-1] ** -0.5)
     got = np.asarray(ragged_paged_attention(*args, **kw), np.float64)
-    opts = {k: w for k, w in kw.items() if k != "pages_per_chunk"}
+    opts = {k: w for k, w in kw.items() if k not in ("pages_per_chunk", "token_block", "query_block")}
     want = naive(*args, **opts)
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
@@ -106,6 +106,15 @@ MIXED = [(1, 9), (5, 12), (7, 7), (1, 16), (4, 17), (8, 8), (3, 20)]
 def test_matches_naive(seqs, nq, nkv, hd, ppc):
     check(build(np.random.default_rng(len(seqs) * nq + hd), seqs, nq=nq, nkv=nkv, hd=hd),
           pages_per_chunk=ppc)
+
+
+@pytest.mark.parametrize("seqs", [MIXED, PREFILL + [(1, 20), (13, 21)]], ids=["mixed", "prefill"])
+def test_small_tiles(seqs):
+    # Query blocks of 3 rows straddle sequences and the end of the token axis; token blocks
+    # of 2 mix decode tokens with prefill tokens and padding.
+    args = build(np.random.default_rng(11), seqs, nq=4, nkv=2, hd=64)
+    check(args, pages_per_chunk=2, query_block=3, token_block=2)
+    check(args, sliding_window=6, pages_per_chunk=1, query_block=5, token_block=3)
 
 
 @pytest.mark.parametrize("window,cap", [(5, None), (None, 2.0), (3, 5.0), (12, None)])
@@ -150,7 +159,7 @@ def test_random_batches(seqs, seed):
     # Fixed shapes (one compile): 4 seq slots, 6 pages/seq, 32 tokens.
     args = build(np.random.default_rng(seed), seqs, nq=6, nkv=2, hd=64, pad_seqs=4 - len(seqs),
                  num_tokens=32, pages_per_seq=6, num_pages=1 + 4 * 6 + 2)
-    check(args, pages_per_chunk=2)
+    check(args, pages_per_chunk=2, query_block=5)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
