@@ -96,7 +96,8 @@ def ragged_paged_attention(
         alpha = jnp.exp(m - m_new)
         return m_new, l * alpha + p.sum(axis=-1), acc * alpha[..., None] + p @ v
 
-    # Part 1: the step's own tokens, read back from their slots.
+    # Part 1: the step's own tokens, read back from their slots (row ids fit int32 for
+    # caches of under 2**31 token slots).
     slot = page_indices[seq, q_pos // page_size] * page_size + q_pos % page_size
     slot_rows = kv_cache.reshape(-1, num_kv_heads * head_dim)
     k_new, v_new = (slot_rows.at[(layer * 2 + which) * num_pages * page_size + slot]
@@ -111,8 +112,8 @@ def ragged_paged_attention(
     carry = (m, p.sum(axis=-1), p @ v_new.transpose(1, 0, 2))
 
     # Part 2: sequences with several query tokens and cached context, a block of queries by
-    # a chunk of pages at a time.
-    # Only those sequences are visited (a loop trip costs microseconds even when empty).
+    # a chunk of pages at a time. Only those sequences are visited: a loop trip costs
+    # microseconds even when it does nothing, per sequence and layer.
     seq_ids = jnp.arange(q_lens.shape[0], dtype=jnp.int32)
     needs_part2 = (seq_ids < num_seqs[0]) & (q_lens > 1) & (kv_lens > q_lens)
     part2_seqs = jnp.argsort(~needs_part2, stable=True).astype(jnp.int32)
