@@ -20,7 +20,6 @@ import threading
 import uuid
 import weakref
 from concurrent.futures import Future
-from multiprocessing.connection import wait
 
 import msgpack
 import zmq
@@ -33,6 +32,7 @@ from jaxvllm.engine.exceptions import EngineDeadError
 from jaxvllm.engine.messages import (EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType,
                                      UtilityRequest)
 from jaxvllm.engine.serial_utils import decode, encode
+from jaxvllm.process_utils import has_exited, stop_processes, wait_for_exit
 
 logger = logging.getLogger(__name__)
 _SEND_TIMEOUT_MS = 5000
@@ -78,19 +78,18 @@ class _EngineProcess:
         self.proc.start()
         self._writer.close()
         while not self._reader.poll(0.5):
-            if not self.proc.is_alive():
+            if has_exited(self.proc):
                 raise RuntimeError(f"The engine core process exited with code {self.proc.exitcode} "
                                    "during start-up; see its log above.")
         msg = msgpack.unpackb(self._reader.recv_bytes())
         if msg["status"] != "READY":
-            self.proc.join(10)
+            wait_for_exit(self.proc, 10)
             raise RuntimeError(f"The engine core failed to start: {msg.get('error')}")
         self.config = decode(EngineConfig, msg["config"])
         threading.Thread(target=self._monitor, daemon=True, name="EngineCoreMonitor").start()
 
     def _monitor(self) -> None:
-        wait([self.proc.sentinel])
-        self.proc.join(5)  # the sentinel closes before the exit code can be read
+        wait_for_exit(self.proc)
         if not self.stopping.is_set():
             logger.error("The engine core process died (exit code %s).", self.proc.exitcode)
             self.on_death()
@@ -101,12 +100,7 @@ class _EngineProcess:
 
 def _terminate(proc, stopping: threading.Event) -> None:
     stopping.set()
-    if proc.is_alive():
-        proc.terminate()
-        proc.join(5)
-    if proc.is_alive():
-        proc.kill()
-        proc.join(5)
+    stop_processes([proc])
 
 
 class _MPClientBase:

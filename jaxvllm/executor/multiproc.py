@@ -30,6 +30,7 @@ import zmq
 from jaxvllm.config import EngineConfig
 from jaxvllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from jaxvllm.engine.serial_utils import decode, encode
+from jaxvllm.process_utils import has_exited, stop_processes, wait_for_exit
 
 logger = logging.getLogger(__name__)
 # The Worker methods served, with the types their arguments and results are decoded into.
@@ -74,7 +75,7 @@ class MultiprocExecutor:
                       for rank in range(self.world_size)]
         for p in self.procs:
             p.start()
-        self._finalizer = weakref.finalize(self, _terminate, self.procs, shutdown_grace_s)
+        self._finalizer = weakref.finalize(self, stop_processes, self.procs, shutdown_grace_s, 1.0)
         threading.Thread(target=self._monitor, daemon=True, name="WorkerMonitor").start()
         self._wait_for_subscribers()
 
@@ -120,7 +121,7 @@ class MultiprocExecutor:
         # The monitor thread normally notices a death first; asking the processes directly
         # too means no waiting call depends on that thread alone.
         if self.failure is None and not self._closing:
-            dead = self._dead or next((p for p in self.procs if p.exitcode is not None), None)
+            dead = self._dead or next((p for p in self.procs if has_exited(p)), None)
             if dead is not None:
                 self._dead = dead
                 self._fail(self._death_message())
@@ -137,9 +138,7 @@ class MultiprocExecutor:
     def _monitor(self) -> None:
         sentinels = {p.sentinel: p for p in self.procs}
         dead = sentinels[multiprocessing.connection.wait(list(sentinels))[0]]
-        # The sentinel closes before the process is reapable: wait for the exit code, so
-        # the failure always names the dead worker.
-        dead.join()
+        wait_for_exit(dead)  # so that the failure names the dead worker and its exit code
         self._dead = dead
         if not self._closing:
             self._fail(self._death_message())
@@ -180,19 +179,6 @@ class socket_free_port:
 
     def __exit__(self, *exc) -> None:
         self.sock.close()
-
-
-def _terminate(procs, grace_s: float) -> None:
-    """Ask nicely (the workers exit when their parent's sockets close), then SIGTERM, then SIGKILL."""
-    deadline = time.monotonic() + grace_s
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-    for signal_fn, wait_s in ((lambda p: p.terminate(), 1.0), (lambda p: p.kill(), 1.0)):
-        alive = [p for p in procs if p.is_alive()]
-        for p in alive:
-            signal_fn(p)
-        for p in alive:
-            p.join(wait_s)
 
 
 def _worker_main(config_bytes: bytes, model_path: str, rank: int, world_size: int, coordinator: str,
