@@ -23,6 +23,7 @@ from safetensors import safe_open
 from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
 from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
 
+from jaxvllm.models.gguf_cache import cached_hf_dir, write_cache
 from jaxvllm.models.orbax_checkpoint import is_orbax_checkpoint
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
@@ -86,8 +87,8 @@ def resolve_model(model: str | None) -> str:
 
 def load_hf_config(model: str) -> transformers.PretrainedConfig:
     """The Hugging Face config of a resolved model (see `resolve_model`)."""
-    if not _is_gguf(model):
-        return transformers.AutoConfig.from_pretrained(model)
+    if not _is_gguf(source := _source(model)):
+        return transformers.AutoConfig.from_pretrained(source)
     reader = _gguf_reader(model)
     _check_arch(model, reader)
     # What transformers' (torch-importing) GGUF config loader does for these architectures.
@@ -105,8 +106,10 @@ def load_hf_config(model: str) -> transformers.PretrainedConfig:
 
 def load_tokenizer(model: str) -> transformers.PreTrainedTokenizerBase:
     """The tokenizer of a resolved model, chat template included; torch-free for GGUF too."""
-    if not _is_gguf(model):
-        return transformers.AutoTokenizer.from_pretrained(model)
+    if not _is_gguf(source := _source(model)):
+        tokenizer = transformers.AutoTokenizer.from_pretrained(source)
+        tokenizer.name_or_path = model
+        return tokenizer
     reader = _gguf_reader(model)
     # Mirrors transformers' `get_gguf_tokenizer`, whose file reader imports torch.
     meta = {key: field.contents() for key, field in reader.fields.items() if key.startswith("tokenizer.")}
@@ -128,8 +131,8 @@ def load_weights(model: str) -> dict[str, np.ndarray]:
 
     A GGUF without `output.weight` has tied embeddings, and gets no `lm_head.weight` here either.
     """
-    if not _is_gguf(model):
-        return _load_safetensors(model)
+    if not _is_gguf(source := _source(model)):
+        return _load_safetensors(source)
     reader = _gguf_reader(model)
     arch = _check_arch(model, reader)
     heads = {
@@ -149,6 +152,8 @@ def load_weights(model: str) -> dict[str, np.ndarray]:
             w = _unpermute(w, heads[part])
         name = f"{base}.{kind}" if layer is None else f"model.layers.{layer}.{base}.{kind}"
         weights[name] = w
+    if "tokenizer.ggml.model" in reader.fields:  # a whole model, not a bare tensor file: cache it
+        write_cache(model, load_hf_config(model), load_tokenizer(model), weights)
     return weights
 
 
@@ -177,6 +182,11 @@ def _load_safetensors(model: str) -> dict[str, np.ndarray]:
 
 def _is_hf_dir(path: str) -> bool:
     return os.path.isfile(os.path.join(path, "config.json")) and bool(glob.glob(os.path.join(path, "*.safetensors")))
+
+
+def _source(model: str) -> str:
+    """Where to read a resolved model from: for a GGUF, its cached converted copy if there is one."""
+    return (cached_hf_dir(model) or model) if _is_gguf(model) else model
 
 
 def _is_gguf(model: str) -> bool:

