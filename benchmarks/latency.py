@@ -1,12 +1,13 @@
 """Latency of the offline engine: time to first token (TTFT) and time per output token
-(TPOT) at fixed batch sizes, and start-up to first token with a cold and a warm XLA cache.
+(TPOT) at fixed batch sizes, and start-up to first token with cold and warm caches.
 
 A batch is submitted at once and stepped to completion; each request's TTFT is from
 submission to its first token, its TPOT the mean gap between its later tokens. Every
 iteration draws fresh prompts (and the prefix cache is reset) so no prefill is skipped.
 Start-up runs this script again as a fresh process (`--startup-child`) that builds `LLM`
-and generates one token, first with JAXVLLM_XLA_CACHE pointing to a new empty directory
-(cold: every bucket compiles) and then with the same directory (warm: programs load).
+and generates one token, first with JAXVLLM_XLA_CACHE and JAXVLLM_MODEL_CACHE pointing to
+new empty directories (cold: every bucket compiles, a GGUF is parsed and dequantized) and
+then with the same directories (warm: programs and the converted model load).
 
     python benchmarks/latency.py                                  # default model, batch 1 and 8
     python benchmarks/latency.py --batch-sizes 1 4 16 --input-len 256 --output-len 32 --json r.json
@@ -39,8 +40,8 @@ class BatchLatency:
 
 @dataclass
 class Startup:
-    cold_s: float       # process start to first token, empty XLA cache
-    warm_s: float       # the same with the cache the cold run filled
+    cold_s: float       # process start to first token, empty XLA and model caches
+    warm_s: float       # the same with the caches the cold run filled
     speedup: float      # cold_s / warm_s
     cold_child: dict    # the child's own breakdown (LLM construction, generate, compilations)
     warm_child: dict
@@ -173,7 +174,8 @@ def run_startup_child(args, cache_dir: str) -> tuple[float, dict]:
         if getattr(args, flag) is not None:
             cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     cmd += ["--batch-sizes", *map(str, args.batch_sizes)]
-    env = dict(os.environ, JAXVLLM_XLA_CACHE=cache_dir)
+    env = dict(os.environ, JAXVLLM_XLA_CACHE=os.path.join(cache_dir, "xla"),
+               JAXVLLM_MODEL_CACHE=os.path.join(cache_dir, "models"))
     started = time.time()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -183,9 +185,9 @@ def run_startup_child(args, cache_dir: str) -> tuple[float, dict]:
 
 
 def measure_startup(args, cache_dir: str | None = None) -> Startup:
-    """cache_dir: an empty directory to use as the XLA cache (default: a temporary one)."""
+    """cache_dir: an empty directory to hold the XLA and model caches (default: a temporary one)."""
     if cache_dir is None:
-        with tempfile.TemporaryDirectory(prefix="jaxvllm-xla-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="jaxvllm-startup-") as tmp:
             return measure_startup(args, tmp)
     if any(Path(cache_dir).iterdir()):
         raise ValueError(f"cache_dir {cache_dir} must be empty for a cold start.")
@@ -204,8 +206,8 @@ def print_table(args, latencies: list[BatchLatency], startup: Startup | None) ->
                   f"{r.output_tok_s:>9.1f}")
     if startup:
         print("\nStart-up to first token (fresh process)")
-        for name, secs, child in (("cold (empty XLA cache)", startup.cold_s, startup.cold_child),
-                                  ("warm (same cache)", startup.warm_s, startup.warm_child)):
+        for name, secs, child in (("cold (empty caches)", startup.cold_s, startup.cold_child),
+                                  ("warm (same caches)", startup.warm_s, startup.warm_child)):
             print(f"  {name:<24} {secs:7.2f} s  (LLM() {child['llm_init_s']:.2f} s, "
                   f"imports {child['import_s']:.2f} s)")
         print(f"  warm restart is {startup.speedup:.2f}x faster than cold start (goal: >= 5x)")

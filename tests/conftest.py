@@ -73,3 +73,12 @@ def tiny_model_dir(tmp_path_factory):
     write_tiny_llama(path)
     load_tokenizer(default_model_path()).save_pretrained(path)
     return path
+
+
+@pytest.fixture
+def fresh_executables(tmp_path, monkeypatch):
+    """An empty directory for the step programs warm-up saves, so that a test counting
+    compilations does not load programs an earlier test saved for the same shapes."""
+    path = tmp_path / "executables"
+    monkeypatch.setattr("jaxvllm.worker.model_runner.executables_dir", lambda: str(path))
+    return path

@@ -27,6 +27,7 @@ from jaxvllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from jaxvllm.layers.attention import AttentionMetadata
 from jaxvllm.sampling_params import SamplingParams
 from jaxvllm.worker import penalties
+from jaxvllm.worker.compiled_programs import CompiledProgram, executables_dir, fingerprint
 from jaxvllm.worker.input_batch import InputBatch
 from jaxvllm.worker.kv_swap import KVSwapper
 from jaxvllm.worker.logprobs import accumulate_prompt_logprobs, prompt_positions, sampled_logprobs
@@ -64,46 +65,48 @@ class ModelRunner:
         graphdef, self.params = nnx.split(model)
 
         def forward(params, kv_cache, input_ids, md, logits_indices):
-            self.num_compilations += 1
             with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # for the model's constraints
                 hidden, kv_cache = nnx.merge(graphdef, params)(input_ids, kv_cache, md, attend)
             return hidden[logits_indices], hidden, kv_cache
 
         def sample_fn(params, hidden, sampling_md, all_greedy):
-            self.num_compilations += 1
             with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
                 num_rows = sampling_md.temperature.shape[0]
                 logits = nnx.merge(graphdef, params).compute_logits(hidden[:num_rows])
                 return sample(logits, sampling_md, all_greedy)
 
         def sample_extended_fn(params, hidden, sampling_md, penalty_state, penalty_md, all_greedy):
-            self.num_compilations += 1
             with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
                 num_rows = sampling_md.temperature.shape[0]
                 logits = nnx.merge(graphdef, params).compute_logits(hidden[:num_rows])
                 return sample_extended(logits, sampling_md, penalty_state, penalty_md, all_greedy)
 
         def prompt_logprobs_fn(params, hidden, indices, targets):
-            self.num_compilations += 1
             with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
                 logits = nnx.merge(graphdef, params).compute_logits(hidden[indices])
                 return compute_logprobs(logits, targets)
 
-        def set_row_fn(penalty_state, slot, counts, prompt_mask, bias):
-            self.num_compilations += 1
-            return penalties.set_row(penalty_state, slot, counts, prompt_mask, bias)
-
         # Weights and cache keep their shardings; step inputs and hidden states are replicated.
         params_sharding = jax.tree.map(lambda x: x.sharding, self.params)
-        rep = NamedSharding(mesh, P())
-        self._forward = jax.jit(forward, donate_argnums=(1,),
+        self._replicated = rep = NamedSharding(mesh, P())
+        key = fingerprint(config, model.args, mesh.devices.shape)
+        directory = executables_dir() if jax.process_count() == 1 else None
+
+        def program(name, fn, **jit_kwargs) -> CompiledProgram:
+            def traced(*args, **kwargs):
+                self.num_compilations += 1  # runs at trace time: one trace is one compilation
+                return fn(*args, **kwargs)
+            return CompiledProgram(name, fn, jax.jit(traced, **jit_kwargs), key, directory,
+                                   list(mesh.devices.flat))
+
+        self._forward = program("forward", forward, donate_argnums=(1,),
                                 in_shardings=(params_sharding, kv_cache.sharding, rep, rep, rep),
                                 out_shardings=(rep, rep, kv_cache.sharding))
-        self._sample = jax.jit(sample_fn, static_argnames=("all_greedy",))
-        self._sample_extended = jax.jit(sample_extended_fn, static_argnames=("all_greedy",),
-                                        donate_argnums=(3,))
-        self._set_row = jax.jit(set_row_fn, donate_argnums=(0,))
-        self._prompt_logprobs = jax.jit(prompt_logprobs_fn)
+        self._sample = program("sample", sample_fn, static_argnames=("all_greedy",))
+        self._sample_extended = program("sample_extended", sample_extended_fn,
+                                        static_argnames=("all_greedy",), donate_argnums=(3,))
+        self._set_row = program("set_row", penalties.set_row, donate_argnums=(0,))
+        self._prompt_logprobs = program("prompt_logprobs", prompt_logprobs_fn)
 
     def _count_compilation(self) -> None:
         self.num_compilations += 1
@@ -248,9 +251,10 @@ class ModelRunner:
 
     # ---- compile discipline -------------------------------------------------------
     def warmup(self) -> None:
-        """Compile every token bucket and every request bucket (greedy and sampling, plain
-        and extended) and the row writer now, with all-padding inputs, so that serving
-        never waits on the compiler."""
+        """Have a program for every token bucket and every request bucket (greedy and
+        sampling, plain and extended) and the row writer before serving, so that serving
+        never waits on the compiler. Ahead of time: nothing runs and nothing large is
+        allocated (hidden states are ShapeDtypeStructs); saved programs load from disk."""
         start = time.perf_counter()
         S = self.max_num_seqs
         hidden = None
@@ -259,9 +263,11 @@ class ModelRunner:
                 positions=np.zeros(T, np.int32), slot_mapping=np.arange(T, dtype=np.int32) % self.block_size,
                 kv_lens=np.zeros(S, np.int32), page_indices=np.zeros((S, self.max_pages_per_seq), np.int32),
                 cu_q_lens=np.zeros(S + 1, np.int32), num_seqs=np.zeros(1, np.int32))
-            hidden, all_hidden, self.kv_cache = self._forward(
-                self.params, self.kv_cache, np.zeros(T, np.int32), md, np.zeros(S, np.int32))
-            self._prompt_logprobs(self.params, all_hidden, np.zeros(T, np.int32), np.zeros(T, np.int32))
+            forward = self._forward.warm(self.params, self.kv_cache, np.zeros(T, np.int32), md,
+                                         np.zeros(S, np.int32))
+            hidden, all_hidden, _ = (jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=self._replicated)
+                                     for o in forward.out_info)
+            self._prompt_logprobs.warm(self.params, all_hidden, np.zeros(T, np.int32), np.zeros(T, np.int32))
         for R in self.request_buckets:
             md = SamplingMetadata(
                 temperature=np.ones(R, np.float32), top_k=np.zeros(R, np.int32), top_p=np.ones(R, np.float32),
@@ -269,16 +275,17 @@ class ModelRunner:
                 suppress_token_ids=np.full((R, _MIN_SUPPRESS_BUCKET), self.vocab_size, np.int32))
             penalty_md = self._penalty_metadata([], [], R)
             for all_greedy in (True, False):
-                self._sample(self.params, hidden, md, all_greedy=all_greedy)
-                _, _, self.penalty_state = self._sample_extended(
-                    self.params, hidden, md, self.penalty_state, penalty_md, all_greedy=all_greedy)
-        self.penalty_state = self._set_row(self.penalty_state, np.int32(0), *penalties.build_row(
+                self._sample.warm(self.params, hidden, md, all_greedy=all_greedy)
+                self._sample_extended.warm(self.params, hidden, md, self.penalty_state, penalty_md,
+                                           all_greedy=all_greedy)
+        self._set_row.warm(self.penalty_state, np.int32(0), *penalties.build_row(
             SamplingParams(), [0], [], self.vocab_size))
         if self.swapper is not None:
             self.kv_cache = self.swapper.warmup(self.kv_cache)
         jax.block_until_ready(self.kv_cache)
         self.num_warmup_compilations = self.num_compilations
-        logger.info("Warm-up compiled %d programs in %.1f s (token buckets %s, request buckets %s).",
-                    self.num_compilations, time.perf_counter() - start, self.token_buckets,
-                    self.request_buckets)
-
+        loaded = sum(p.num_loaded for p in (self._forward, self._prompt_logprobs, self._sample,
+                                            self._sample_extended, self._set_row))
+        logger.info("Warm-up: %d programs compiled and %d loaded from disk in %.1f s (token buckets %s, "
+                    "request buckets %s).", self.num_compilations, loaded, time.perf_counter() - start,
+                    self.token_buckets, self.request_buckets)

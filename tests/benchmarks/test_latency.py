@@ -1,5 +1,5 @@
 """Plumbing of benchmarks/latency.py on a tiny random model: the batch latency figures and
-the cold/warm start-up children (fresh processes sharing one XLA cache directory)."""
+the cold/warm start-up children (fresh processes sharing one cache directory)."""
 from __future__ import annotations
 
 import json
@@ -29,14 +29,15 @@ def test_batch_latency_figures(tiny_model_dir, tmp_path):
 
 def test_cold_and_warm_startup_children(tiny_model_dir, tmp_path):
     args = latency.parse_args(["--model", str(tiny_model_dir), *SMALL, "--batch-sizes", "1"])
-    cache = tmp_path / "xla"
+    cache = tmp_path / "caches"
     cache.mkdir()
     startup = latency.measure_startup(args, str(cache))
-    assert any(cache.iterdir()), "the cold child wrote no compiled programs to JAXVLLM_XLA_CACHE"
+    assert any((cache / "xla").iterdir()), "the cold child wrote no compiled programs to JAXVLLM_XLA_CACHE"
     assert startup.cold_s > 0 and startup.warm_s > 0
     assert startup.speedup == startup.cold_s / startup.warm_s
-    # Both children warmed up the same buckets; the warm one loaded them from the cache.
-    assert startup.cold_child["num_compilations"] == startup.warm_child["num_compilations"] > 0
+    # The cold child compiled every bucket; the warm one loaded them all from disk.
+    assert startup.cold_child["num_compilations"] > 0 == startup.warm_child["num_compilations"]
+    assert any((cache / "xla" / "executables").iterdir())
     assert startup.cold_child["llm_init_s"] < startup.cold_s
 
 

@@ -1,0 +1,138 @@
+"""Step programs compiled ahead of time, and kept on disk so that a restart neither traces nor
+lowers them.
+
+Warm-up compiles every bucket with `jit(...).lower(...).compile()` against the live weights
+and KV cache and `jax.ShapeDtypeStruct`s for the rest, so it allocates nothing and runs
+nothing. JAX's persistent compilation cache (JAXVLLM_XLA_CACHE) then saves the XLA compile,
+but not the Python tracing and MLIR lowering that come before its lookup: ~10 s for the
+default model's programs on 2 CPU cores. So each program is also saved as a serialized
+executable (`jax.experimental.serialize_executable`) in `executables/` under the XLA cache,
+named by a hash of everything that shapes it: jax, the devices, jaxvllm's source, the engine
+and model configs, and the program's argument shapes, dtypes and shardings. Loading runs
+what is on disk, as the XLA cache does: keep that directory private, like the XLA cache.
+
+A call whose shapes were warmed runs the ahead-of-time program; any other falls back to the
+jitted function, which traces and compiles it as usual.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import logging
+import os
+from pathlib import Path
+
+import jax
+import msgpack
+from jax.experimental.serialize_executable import deserialize_and_load, serialize
+
+logger = logging.getLogger(__name__)
+_PACKAGE_DIR = Path(__file__).resolve().parents[1]
+
+
+@functools.cache
+def _source_hash() -> str:
+    digest = hashlib.sha256()
+    for path in sorted(_PACKAGE_DIR.rglob("*.py")):
+        digest.update(str(path.relative_to(_PACKAGE_DIR)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def fingerprint(*parts: object) -> str:
+    """What every saved program depends on besides its own arguments; `parts` adds the
+    caller's configuration (reprs must be deterministic)."""
+    devices = jax.devices()
+    env = [jax.__version__, importlib.metadata.version("jaxlib"),
+           devices[0].platform, devices[0].client.platform_version, devices[0].device_kind,
+           len(devices), jax.process_count(), os.environ.get("XLA_FLAGS", ""),
+           jax.config.jax_enable_x64, jax.config.jax_default_matmul_precision, _source_hash()]
+    return hashlib.sha256(repr(env + list(parts)).encode()).hexdigest()
+
+
+def executables_dir() -> str | None:
+    """Where programs are saved: beside the XLA cache, and off when it is off."""
+    xla_dir = jax.config.jax_compilation_cache_dir
+    return os.path.join(xla_dir, "executables") if xla_dir else None
+
+
+def _signature(args: tuple, static: dict) -> tuple:
+    """What selects a program at call time: argument shapes and dtypes, and static values."""
+    return (tuple((tuple(x.shape), str(x.dtype)) for x in jax.tree.leaves(args)),
+            tuple(sorted(static.items())))
+
+
+class CompiledProgram:
+    """One jitted step function and its ahead-of-time programs, by argument signature."""
+
+    def __init__(self, name: str, fn, jitted, fingerprint: str, directory: str | None, devices):
+        self.name, self.fn, self.jitted = name, fn, jitted
+        self.fingerprint, self.directory, self.devices = fingerprint, directory, devices
+        self.programs: dict[tuple, jax.stages.Compiled] = {}
+        self._out_tree = None
+        self.num_compiled = self.num_loaded = 0
+
+    def __call__(self, *args, **static):
+        program = self.programs.get(_signature(args, static))
+        return program(*args) if program is not None else self.jitted(*args, **static)
+
+    def warm(self, *args, **static) -> jax.stages.Compiled:
+        """Have the program for these arguments (arrays or ShapeDtypeStructs) ready, loading
+        it from disk if saved, else compiling (and saving) it now."""
+        signature = _signature(args, static)
+        if signature in self.programs:
+            return self.programs[signature]
+        path = self._path(args, static)
+        program = self._load(path, args, static) if path and os.path.exists(path) else None
+        if program is None:
+            program = self.jitted.lower(*args, **static).compile()
+            self.num_compiled += 1
+            if path:
+                self._save(path, program)
+        else:
+            self.num_loaded += 1
+        self.programs[signature] = program
+        return program
+
+    def _path(self, args, static) -> str | None:
+        if self.directory is None:
+            return None
+        leaves = [(tuple(x.shape), str(x.dtype), str(getattr(x, "sharding", None)))
+                  for x in jax.tree.leaves(args)]
+        key = hashlib.sha256(repr((self.fingerprint, self.name, leaves, sorted(static.items())))
+                             .encode()).hexdigest()[:32]
+        return os.path.join(self.directory, f"{self.name}-{key}.bin")
+
+    def _save(self, path: str, program: jax.stages.Compiled) -> None:
+        try:
+            payload, _, out_tree = serialize(program)
+            try:  # builtin containers only; others are recovered by tracing once (_load)
+                tree = out_tree.serialize_using_proto()
+            except ValueError:
+                tree = None
+            os.makedirs(self.directory, exist_ok=True)
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "wb") as f:
+                f.write(msgpack.packb({"executable": payload, "out_tree": tree}))
+            os.replace(tmp, path)  # readers never see half a file
+        except (OSError, ValueError) as e:  # saving is an optimisation: the program still runs
+            logger.warning("Could not save the %s program: %s", self.name, e)
+
+    def _load(self, path: str, args, static) -> jax.stages.Compiled | None:
+        try:
+            with open(path, "rb") as f:
+                entry = msgpack.unpackb(f.read())
+            out_tree = (jax.tree_util.PyTreeDef.deserialize_using_proto(
+                jax.tree_util.default_registry, entry["out_tree"]) if entry["out_tree"] else
+                self._traced_out_tree(args, static))
+            return deserialize_and_load(entry["executable"], jax.tree.structure((args, {})),
+                                        out_tree, execution_devices=self.devices)
+        except Exception as e:  # a stale or damaged entry is recompiled, never fatal
+            logger.warning("Recompiling the %s program: its saved copy did not load (%r).", self.name, e)
+            return None
+
+    def _traced_out_tree(self, args, static):
+        # The output structure is the same for every bucket: trace the plain function once.
+        if self._out_tree is None:
+            self._out_tree = jax.tree.structure(jax.eval_shape(functools.partial(self.fn, **static), *args))
+        return self._out_tree
