@@ -13,9 +13,13 @@ what is on disk, as the XLA cache does: keep that directory private, like the XL
 
 A call whose shapes were warmed runs the ahead-of-time program; any other falls back to the
 jitted function, which traces and compiles it as usual.
+
+Programs that will be saved are compiled with JAX's persistent cache off: on CPU an executable
+loaded from that cache serializes into a copy that fails to run ("Function ... not found").
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.metadata
@@ -25,6 +29,7 @@ from pathlib import Path
 
 import jax
 import msgpack
+from jax.experimental.compilation_cache import compilation_cache
 from jax.experimental.serialize_executable import deserialize_and_load, serialize
 
 logger = logging.getLogger(__name__)
@@ -56,30 +61,49 @@ def executables_dir() -> str | None:
     return os.path.join(xla_dir, "executables") if xla_dir else None
 
 
-def _signature(args: tuple, static: dict) -> tuple:
-    """What selects a program at call time: argument shapes and dtypes, and static values."""
-    return (tuple((tuple(x.shape), str(x.dtype)) for x in jax.tree.leaves(args)),
-            tuple(sorted(static.items())))
+@contextlib.contextmanager
+def persistent_cache_off(off: bool = True):
+    """JAX's persistent compilation cache off within the block (if `off`); see the module doc."""
+    if not off or not jax.config.jax_enable_compilation_cache:
+        yield
+        return
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()  # it remembers whether it is in use
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", True)
+        compilation_cache.reset_cache()
+
+
+def _signature(args: tuple, static: dict, fixed: tuple[int, ...]) -> tuple:
+    """What selects a program at call time: the shapes and dtypes of the arguments that vary
+    (flattening the weights on every call would cost more than the lookup saves), and
+    static values."""
+    varying = [a for i, a in enumerate(args) if i not in fixed]
+    return (tuple((x.shape, x.dtype) for x in jax.tree.leaves(varying)), tuple(sorted(static.items())))
 
 
 class CompiledProgram:
-    """One jitted step function and its ahead-of-time programs, by argument signature."""
+    """One jitted step function and its ahead-of-time programs, by argument signature.
+    `fixed_argnums`: arguments whose shapes never change (weights, caches)."""
 
-    def __init__(self, name: str, fn, jitted, fingerprint: str, directory: str | None, devices):
-        self.name, self.fn, self.jitted = name, fn, jitted
+    def __init__(self, name: str, fn, jitted, fingerprint: str, directory: str | None, devices,
+                 fixed_argnums: tuple[int, ...] = ()):
+        self.name, self.fn, self.jitted, self.fixed = name, fn, jitted, fixed_argnums
         self.fingerprint, self.directory, self.devices = fingerprint, directory, devices
         self.programs: dict[tuple, jax.stages.Compiled] = {}
         self._out_tree = None
         self.num_compiled = self.num_loaded = 0
 
     def __call__(self, *args, **static):
-        program = self.programs.get(_signature(args, static))
+        program = self.programs.get(_signature(args, static, self.fixed))
         return program(*args) if program is not None else self.jitted(*args, **static)
 
     def warm(self, *args, **static) -> jax.stages.Compiled:
         """Have the program for these arguments (arrays or ShapeDtypeStructs) ready, loading
         it from disk if saved, else compiling (and saving) it now."""
-        signature = _signature(args, static)
+        signature = _signature(args, static, self.fixed)
         if signature in self.programs:
             return self.programs[signature]
         path = self._path(args, static)

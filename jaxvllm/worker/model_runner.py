@@ -27,7 +27,8 @@ from jaxvllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from jaxvllm.layers.attention import AttentionMetadata
 from jaxvllm.sampling_params import SamplingParams
 from jaxvllm.worker import penalties
-from jaxvllm.worker.compiled_programs import CompiledProgram, executables_dir, fingerprint
+from jaxvllm.worker.compiled_programs import (CompiledProgram, executables_dir, fingerprint,
+                                              persistent_cache_off)
 from jaxvllm.worker.input_batch import InputBatch
 from jaxvllm.worker.kv_swap import KVSwapper
 from jaxvllm.worker.logprobs import accumulate_prompt_logprobs, prompt_positions, sampled_logprobs
@@ -90,23 +91,24 @@ class ModelRunner:
         params_sharding = jax.tree.map(lambda x: x.sharding, self.params)
         self._replicated = rep = NamedSharding(mesh, P())
         key = fingerprint(config, model.args, mesh.devices.shape)
-        directory = executables_dir() if jax.process_count() == 1 else None
+        self._executables_dir = directory = executables_dir() if jax.process_count() == 1 else None
 
-        def program(name, fn, **jit_kwargs) -> CompiledProgram:
+        def program(name, fn, fixed_argnums, **jit_kwargs) -> CompiledProgram:
             def traced(*args, **kwargs):
                 self.num_compilations += 1  # runs at trace time: one trace is one compilation
                 return fn(*args, **kwargs)
             return CompiledProgram(name, fn, jax.jit(traced, **jit_kwargs), key, directory,
-                                   list(mesh.devices.flat))
+                                   list(mesh.devices.flat), fixed_argnums)
 
-        self._forward = program("forward", forward, donate_argnums=(1,),
+        # fixed_argnums: the weights, the KV cache and the penalty rows never change shape.
+        self._forward = program("forward", forward, (0, 1), donate_argnums=(1,),
                                 in_shardings=(params_sharding, kv_cache.sharding, rep, rep, rep),
                                 out_shardings=(rep, rep, kv_cache.sharding))
-        self._sample = program("sample", sample_fn, static_argnames=("all_greedy",))
-        self._sample_extended = program("sample_extended", sample_extended_fn,
+        self._sample = program("sample", sample_fn, (0,), static_argnames=("all_greedy",))
+        self._sample_extended = program("sample_extended", sample_extended_fn, (0, 3),
                                         static_argnames=("all_greedy",), donate_argnums=(3,))
-        self._set_row = program("set_row", penalties.set_row, donate_argnums=(0,))
-        self._prompt_logprobs = program("prompt_logprobs", prompt_logprobs_fn)
+        self._set_row = program("set_row", penalties.set_row, (0,), donate_argnums=(0,))
+        self._prompt_logprobs = program("prompt_logprobs", prompt_logprobs_fn, (0,))
 
     def _count_compilation(self) -> None:
         self.num_compilations += 1
@@ -256,6 +258,19 @@ class ModelRunner:
         never waits on the compiler. Ahead of time: nothing runs and nothing large is
         allocated (hidden states are ShapeDtypeStructs); saved programs load from disk."""
         start = time.perf_counter()
+        with persistent_cache_off(self._executables_dir is not None):
+            self._warm_programs()
+        if self.swapper is not None:
+            self.kv_cache = self.swapper.warmup(self.kv_cache)
+        jax.block_until_ready(self.kv_cache)
+        self.num_warmup_compilations = self.num_compilations
+        loaded = sum(p.num_loaded for p in (self._forward, self._prompt_logprobs, self._sample,
+                                            self._sample_extended, self._set_row))
+        logger.info("Warm-up: %d programs compiled and %d loaded from disk in %.1f s (token buckets %s, "
+                    "request buckets %s).", self.num_compilations, loaded, time.perf_counter() - start,
+                    self.token_buckets, self.request_buckets)
+
+    def _warm_programs(self) -> None:
         S = self.max_num_seqs
         hidden = None
         for T in self.token_buckets:
@@ -280,12 +295,3 @@ class ModelRunner:
                                            all_greedy=all_greedy)
         self._set_row.warm(self.penalty_state, np.int32(0), *penalties.build_row(
             SamplingParams(), [0], [], self.vocab_size))
-        if self.swapper is not None:
-            self.kv_cache = self.swapper.warmup(self.kv_cache)
-        jax.block_until_ready(self.kv_cache)
-        self.num_warmup_compilations = self.num_compilations
-        loaded = sum(p.num_loaded for p in (self._forward, self._prompt_logprobs, self._sample,
-                                            self._sample_extended, self._set_row))
-        logger.info("Warm-up: %d programs compiled and %d loaded from disk in %.1f s (token buckets %s, "
-                    "request buckets %s).", self.num_compilations, loaded, time.perf_counter() - start,
-                    self.token_buckets, self.request_buckets)

@@ -48,3 +48,35 @@ def test_a_damaged_saved_program_is_recompiled(tiny_model_dir, fresh_executables
         (compiled, loaded), _, again = _generate(tiny_model_dir)
     assert (compiled, loaded) == (expected, 0) and again == outputs
     assert "its saved copy did not load" in caplog.text
+
+
+_CHILD = """
+import json, sys
+import jax
+jax.config.update("jax_compilation_cache_dir", sys.argv[1])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+from jaxvllm import LLM, SamplingParams
+llm = LLM(sys.argv[2], skip_warmup=sys.argv[3] == "skip", max_num_seqs=2, max_num_batched_tokens=16,
+          max_model_len=64, num_gpu_blocks_override=16)
+out = llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(temperature=0, max_tokens=4, min_tokens=4),
+                   use_tqdm=False)
+print(json.dumps(out[0].outputs[0].token_ids))
+"""
+
+
+def test_programs_already_in_the_xla_cache_are_saved_in_a_loadable_form(tiny_model_dir, tmp_path):
+    """On CPU an executable that JAX's persistent cache loaded serializes into a copy that
+    fails to run; warm-up therefore compiles the programs it saves afresh. Three processes:
+    the first fills the XLA cache (no warm-up), the second warms up (and saves), the third
+    loads and runs what the second saved."""
+    import json
+    import subprocess
+    import sys
+
+    runs = [subprocess.run([sys.executable, "-c", _CHILD, str(tmp_path / "xla"), str(tiny_model_dir), mode],
+                           capture_output=True, text=True, timeout=600) for mode in ("skip", "warm", "warm")]
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-3000:]
+    assert len({run.stdout.strip().splitlines()[-1] for run in runs}) == 1
+    assert len(json.loads(runs[0].stdout.strip().splitlines()[-1])) == 4
+    assert any((tmp_path / "xla" / "executables").iterdir())
