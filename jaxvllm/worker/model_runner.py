@@ -33,11 +33,10 @@ from jaxvllm.worker.input_batch import InputBatch
 from jaxvllm.worker.kv_swap import KVSwapper
 from jaxvllm.worker.logprobs import accumulate_prompt_logprobs, prompt_positions, sampled_logprobs
 from jaxvllm.worker.model_runner_utils import make_buckets, pick_bucket
-from jaxvllm.worker.penalties import PenaltyMetadata
 from jaxvllm.worker.sampler import SamplingMetadata, compute_logprobs, sample, sample_extended
+from jaxvllm.worker.sampling_inputs import MIN_SUPPRESS_BUCKET, penalty_metadata, sampling_metadata
 
 logger = logging.getLogger(__name__)
-_MIN_SUPPRESS_BUCKET = 8
 
 
 class ModelRunner:
@@ -138,13 +137,14 @@ class ModelRunner:
                         self._prompt_logprobs(self.params, all_hidden, indices, targets)))
         with jax.profiler.TraceAnnotation("prepare_inputs"):
             R = pick_bucket(self.request_buckets, len(states))
-            sampling_md, all_greedy = self._prepare_sampling(states, R)
+            sampling_md, all_greedy = sampling_metadata(states, R, self.vocab_size)
         # Rows whose token is kept: the others are prefill chunks short of the prompt's end.
         commits = [s.num_computed_tokens + n >= len(s.token_ids) for s, n in zip(states, counts)]
         logprobs = None
         with jax.profiler.TraceAnnotation("sampling"):
             if any(s.extended for s in states):
-                penalty_md = self._penalty_metadata(states, commits, R, out.grammar_bitmask)
+                penalty_md = penalty_metadata(states, commits, R, self.max_num_seqs, self.vocab_size,
+                                              out.grammar_bitmask)
                 sampled, lp, self.penalty_state = self._sample_extended(
                     self.params, hidden, sampling_md, self.penalty_state, penalty_md, all_greedy=all_greedy)
                 sampled, lp = jax.device_get((sampled, lp))
@@ -176,27 +176,6 @@ class ModelRunner:
         self.penalty_state = self._set_row(self.penalty_state, np.int32(state.slot), counts,
                                            prompt_mask, bias)
 
-    def _penalty_metadata(self, states, commits, R: int, grammar_bitmask=None) -> PenaltyMetadata:
-        slot = np.zeros(R, np.int32)
-        commit_slot = np.full(R, self.max_num_seqs, np.int32)
-        has_row = np.zeros(R, bool)
-        presence = np.zeros(R, np.float32)
-        frequency = np.zeros(R, np.float32)
-        repetition = np.ones(R, np.float32)
-        token_bitmask = np.full((R, -(-self.vocab_size // 32)), -1, np.int32)  # all allowed
-        for i, (s, commit) in enumerate(zip(states, commits)):
-            if grammar_bitmask and s.req_id in grammar_bitmask:
-                token_bitmask[i] = grammar_bitmask[s.req_id]
-            if s.has_row:
-                p = s.sampling_params
-                slot[i], has_row[i] = s.slot, True
-                commit_slot[i] = s.slot if commit else self.max_num_seqs
-                presence[i], frequency[i] = p.presence_penalty, p.frequency_penalty
-                repetition[i] = p.repetition_penalty
-        return PenaltyMetadata(slot=slot, commit_slot=commit_slot, has_row=has_row,
-                               presence=presence, frequency=frequency, repetition=repetition,
-                               token_bitmask=token_bitmask)
-
     def _prepare_inputs(self, states, counts):
         num_tokens = sum(counts)
         T = pick_bucket(self.token_buckets, num_tokens)
@@ -227,29 +206,6 @@ class ModelRunner:
                                page_indices=page_indices, cu_q_lens=cu_q_lens,
                                num_seqs=np.array([len(states)], np.int32))
         return input_ids, md, logits_indices
-
-    def _prepare_sampling(self, states, R: int) -> tuple[SamplingMetadata, bool]:
-        temperature = np.zeros(R, np.float32)
-        top_k = np.zeros(R, np.int32)
-        top_p = np.ones(R, np.float32)
-        min_p = np.zeros(R, np.float32)
-        seed = np.zeros((R, 2), np.uint32)
-        step = np.zeros(R, np.int32)
-        suppress = [s.ids_to_suppress() for s in states]
-        K = _MIN_SUPPRESS_BUCKET  # powers of two, so any number of stop ids compiles few shapes
-        while K < max(map(len, suppress)):
-            K *= 2
-        suppress_ids = np.full((R, K), self.vocab_size, np.int32)
-        for i, s in enumerate(states):
-            p = s.sampling_params
-            temperature[i] = 0.0 if p.sampling_type_greedy else p.temperature
-            top_k[i], top_p[i], min_p[i] = p.top_k, p.top_p, p.min_p
-            seed[i] = (s.sampling_seed >> 32, s.sampling_seed & 0xFFFFFFFF)
-            step[i] = s.num_output_tokens
-            suppress_ids[i, :len(suppress[i])] = suppress[i]
-        md = SamplingMetadata(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                              seed=seed, step=step, suppress_token_ids=suppress_ids)
-        return md, bool(np.all(temperature == 0.0))
 
     # ---- compile discipline -------------------------------------------------------
     def warmup(self) -> None:
@@ -287,8 +243,8 @@ class ModelRunner:
             md = SamplingMetadata(
                 temperature=np.ones(R, np.float32), top_k=np.zeros(R, np.int32), top_p=np.ones(R, np.float32),
                 min_p=np.zeros(R, np.float32), seed=np.zeros((R, 2), np.uint32), step=np.zeros(R, np.int32),
-                suppress_token_ids=np.full((R, _MIN_SUPPRESS_BUCKET), self.vocab_size, np.int32))
-            penalty_md = self._penalty_metadata([], [], R)
+                suppress_token_ids=np.full((R, MIN_SUPPRESS_BUCKET), self.vocab_size, np.int32))
+            penalty_md = penalty_metadata([], [], R, self.max_num_seqs, self.vocab_size)
             for all_greedy in (True, False):
                 self._sample.warm(self.params, hidden, md, all_greedy=all_greedy)
                 self._sample_extended.warm(self.params, hidden, md, self.penalty_state, penalty_md,
