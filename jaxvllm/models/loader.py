@@ -20,8 +20,6 @@ import gguf
 import numpy as np
 import transformers
 from safetensors import safe_open
-from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
-from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
 
 from jaxvllm.models.gguf_cache import cached_hf_dir, write_cache
 from jaxvllm.models.orbax_checkpoint import is_orbax_checkpoint
@@ -89,6 +87,8 @@ def load_hf_config(model: str) -> transformers.PretrainedConfig:
     """The Hugging Face config of a resolved model (see `resolve_model`)."""
     if not _is_gguf(source := _source(model)):
         return transformers.AutoConfig.from_pretrained(source)
+    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING  # only here: imports take 0.3 s
+
     reader = _gguf_reader(model)
     _check_arch(model, reader)
     # What transformers' (torch-importing) GGUF config loader does for these architectures.
@@ -110,6 +110,8 @@ def load_tokenizer(model: str) -> transformers.PreTrainedTokenizerBase:
         tokenizer = transformers.AutoTokenizer.from_pretrained(source)
         tokenizer.name_or_path = model
         return tokenizer
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
+
     reader = _gguf_reader(model)
     # Mirrors transformers' `get_gguf_tokenizer`, whose file reader imports torch.
     meta = {key: field.contents() for key, field in reader.fields.items() if key.startswith("tokenizer.")}
