@@ -33,6 +33,8 @@ from jax.experimental.compilation_cache import compilation_cache
 from jax.experimental.serialize_executable import deserialize_and_load, serialize
 
 logger = logging.getLogger(__name__)
+# The folder is bounded: past this, the programs least recently saved or loaded are removed.
+MAX_SAVED_BYTES = 2 << 30
 _PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
 
@@ -74,6 +76,23 @@ def persistent_cache_off(off: bool = True):
     finally:
         jax.config.update("jax_enable_compilation_cache", True)
         compilation_cache.reset_cache()
+
+
+def prune(directory: str, max_bytes: int) -> None:
+    """Remove the least recently used programs until the folder holds at most `max_bytes`."""
+    entries = []
+    for entry in os.scandir(directory):
+        with contextlib.suppress(OSError):  # another process may be pruning too
+            if entry.name.endswith(".bin"):
+                stat = entry.stat()
+                entries.append((stat.st_mtime, stat.st_size, entry.path))
+    total = sum(size for _, size, _ in entries)
+    for _, size, path in sorted(entries):
+        if total <= max_bytes:
+            break
+        with contextlib.suppress(OSError):
+            os.remove(path)
+        total -= size
 
 
 def _signature(args: tuple, static: dict, fixed: tuple[int, ...]) -> tuple:
@@ -139,6 +158,7 @@ class CompiledProgram:
             with open(tmp, "wb") as f:
                 f.write(msgpack.packb({"executable": payload, "out_tree": tree}))
             os.replace(tmp, path)  # readers never see half a file
+            prune(self.directory, MAX_SAVED_BYTES)
         except (OSError, ValueError) as e:  # saving is an optimisation: the program still runs
             logger.warning("Could not save the %s program: %s", self.name, e)
 
@@ -146,6 +166,7 @@ class CompiledProgram:
         try:
             with open(path, "rb") as f:
                 entry = msgpack.unpackb(f.read())
+            os.utime(path)  # recently used: kept when the folder is pruned
             out_tree = (jax.tree_util.PyTreeDef.deserialize_using_proto(
                 jax.tree_util.default_registry, entry["out_tree"]) if entry["out_tree"] else
                 self._traced_out_tree(args, static))

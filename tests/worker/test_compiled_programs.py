@@ -80,3 +80,19 @@ def test_programs_already_in_the_xla_cache_are_saved_in_a_loadable_form(tiny_mod
     assert len({run.stdout.strip().splitlines()[-1] for run in runs}) == 1
     assert len(json.loads(runs[0].stdout.strip().splitlines()[-1])) == 4
     assert any((tmp_path / "xla" / "executables").iterdir())
+
+
+def test_prune_removes_least_recently_used_programs_first(tmp_path):
+    import os
+
+    from jaxvllm.worker.compiled_programs import prune
+
+    for age, name in enumerate(["newest", "middle", "oldest"]):
+        path = tmp_path / f"{name}.bin"
+        path.write_bytes(b"x" * 100)
+        os.utime(path, (1_000_000 - age * 10, 1_000_000 - age * 10))
+    (tmp_path / "other.txt").write_bytes(b"y" * 1000)  # not a program: never touched
+    prune(str(tmp_path), 250)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["middle.bin", "newest.bin", "other.txt"]
+    prune(str(tmp_path), 100)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["newest.bin", "other.txt"]
