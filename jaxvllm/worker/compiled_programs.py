@@ -23,6 +23,7 @@ import contextlib
 import functools
 import hashlib
 import importlib.metadata
+import importlib.util
 import logging
 import os
 from pathlib import Path
@@ -35,14 +36,16 @@ from jax.experimental.serialize_executable import deserialize_and_load, serializ
 logger = logging.getLogger(__name__)
 # The folder is bounded: past this, the programs least recently saved or loaded are removed.
 MAX_SAVED_BYTES = 2 << 30
-_PACKAGE_DIR = Path(__file__).resolve().parents[1]
+_TRACED_PACKAGES = ("jaxvllm", "pallas_kernels")  # whose code ends up in the programs
 
 
 @functools.cache
 def _source_hash() -> str:
     digest = hashlib.sha256()
-    for path in sorted(_PACKAGE_DIR.rglob("*.py")):
-        digest.update(str(path.relative_to(_PACKAGE_DIR)).encode() + b"\0" + path.read_bytes())
+    for package in _TRACED_PACKAGES:
+        root = Path(importlib.util.find_spec(package).origin).parent
+        for path in sorted(root.rglob("*.py")):
+            digest.update(f"{package}/{path.relative_to(root)}".encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
 
