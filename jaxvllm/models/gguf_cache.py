@@ -40,8 +40,9 @@ def cached_hf_dir(gguf_path: str) -> str | None:
     return entry if entry is not None and os.path.isdir(entry) else None
 
 
-def write_cache(gguf_path: str, config, tokenizer, weights: dict[str, np.ndarray]) -> None:
+def write_cache(gguf_path: str, weights: dict[str, np.ndarray], load_config, load_tokenizer) -> None:
     """Write the converted copy, unless caching is off, one exists, or it would be too large.
+    The config and tokenizer are loaded (by the callables given) only to be written.
 
     Written into a temporary directory and renamed into place, so a reader never sees half an
     entry and concurrent writers (several worker processes) leave exactly one. A failure (full
@@ -59,8 +60,8 @@ def write_cache(gguf_path: str, config, tokenizer, weights: dict[str, np.ndarray
     try:
         os.makedirs(os.path.dirname(entry), exist_ok=True)
         tmp = tempfile.mkdtemp(dir=os.path.dirname(entry), prefix=".partial-")
-        config.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        load_config().save_pretrained(tmp)
+        load_tokenizer().save_pretrained(tmp)
         save_file(weights, os.path.join(tmp, "model.safetensors"))
         os.rename(tmp, entry)  # fails if another process got there first: theirs is as good
         tmp = None

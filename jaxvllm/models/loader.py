@@ -155,7 +155,7 @@ def load_weights(model: str) -> dict[str, np.ndarray]:
         name = f"{base}.{kind}" if layer is None else f"model.layers.{layer}.{base}.{kind}"
         weights[name] = w
     if "tokenizer.ggml.model" in reader.fields:  # a whole model, not a bare tensor file: cache it
-        write_cache(model, load_hf_config(model), load_tokenizer(model), weights)
+        write_cache(model, weights, lambda: load_hf_config(model), lambda: load_tokenizer(model))
     return weights
 
 

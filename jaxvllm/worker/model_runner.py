@@ -33,8 +33,8 @@ from jaxvllm.worker.input_batch import InputBatch
 from jaxvllm.worker.kv_swap import KVSwapper
 from jaxvllm.worker.logprobs import accumulate_prompt_logprobs, prompt_positions, sampled_logprobs
 from jaxvllm.worker.model_runner_utils import make_buckets, pick_bucket
-from jaxvllm.worker.sampler import SamplingMetadata, compute_logprobs, sample, sample_extended
-from jaxvllm.worker.sampling_inputs import MIN_SUPPRESS_BUCKET, penalty_metadata, sampling_metadata
+from jaxvllm.worker.sampler import compute_logprobs, sample, sample_extended
+from jaxvllm.worker.sampling_inputs import penalty_metadata, sampling_metadata
 
 logger = logging.getLogger(__name__)
 
@@ -240,10 +240,7 @@ class ModelRunner:
                                      for o in forward.out_info)
             self._prompt_logprobs.warm(self.params, all_hidden, np.zeros(T, np.int32), np.zeros(T, np.int32))
         for R in self.request_buckets:
-            md = SamplingMetadata(
-                temperature=np.ones(R, np.float32), top_k=np.zeros(R, np.int32), top_p=np.ones(R, np.float32),
-                min_p=np.zeros(R, np.float32), seed=np.zeros((R, 2), np.uint32), step=np.zeros(R, np.int32),
-                suppress_token_ids=np.full((R, MIN_SUPPRESS_BUCKET), self.vocab_size, np.int32))
+            md, _ = sampling_metadata([], R, self.vocab_size)
             penalty_md = penalty_metadata([], [], R, self.max_num_seqs, self.vocab_size)
             for all_greedy in (True, False):
                 self._sample.warm(self.params, hidden, md, all_greedy=all_greedy)

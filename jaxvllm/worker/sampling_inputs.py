@@ -11,7 +11,8 @@ MIN_SUPPRESS_BUCKET = 8  # token ids suppressed per row: powers of two from here
 
 
 def sampling_metadata(states, R: int, vocab_size: int) -> tuple[SamplingMetadata, bool]:
-    """The sampler's per-row inputs for R (bucketed) rows, and whether every row is greedy."""
+    """The sampler's per-row inputs for R (bucketed) rows, and whether every row is greedy.
+    Rows past `states` are padding (greedy, nothing suppressed)."""
     temperature = np.zeros(R, np.float32)
     top_k = np.zeros(R, np.int32)
     top_p = np.ones(R, np.float32)
@@ -20,7 +21,7 @@ def sampling_metadata(states, R: int, vocab_size: int) -> tuple[SamplingMetadata
     step = np.zeros(R, np.int32)
     suppress = [s.ids_to_suppress() for s in states]
     K = MIN_SUPPRESS_BUCKET  # powers of two, so any number of stop ids compiles few shapes
-    while K < max(map(len, suppress)):
+    while K < max(map(len, suppress), default=0):
         K *= 2
     suppress_ids = np.full((R, K), vocab_size, np.int32)
     for i, s in enumerate(states):
