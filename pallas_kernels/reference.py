@@ -8,14 +8,19 @@ cu_q_lens[num_seqs] are padding and produce zeros.
 
 Attention is computed in parts merged by their softmax statistics (an online softmax),
 shaped for XLA on CPU, which runs large matmuls well and small batched ones, gathers of
-many small slices and transposes inside a dot badly:
-1. the step's own tokens attend to each other with one dense, masked [tokens x tokens]
-   matmul per KV head (all of a fresh prefill's work);
+many small slices and transposes inside a dot badly, and whose copies run at memory speed,
+so that a gathered page costs about what reading it twice does:
+1. the step's own tokens attend to each other, a block of queries by a block of keys, and
+   only over the key blocks from the first token of the query block's first sequence up to
+   its last row (a fresh prefill's work; several short prompts in one step skip each
+   other's blocks, one long prompt skips the blocks above the causal diagonal);
 2. a sequence with several query tokens (a prefill chunk after cached context) attends to
    its cached context a block of queries by a chunk of pages at a time, so each page is
    read once per query block, not once per token;
 3. a sequence with one query token (decode) attends to its cached context in blocks of
-   tokens, a chunk of pages at a time.
+   tokens taken longest context first, a short chunk of pages at a time: a block's tokens
+   share one trip count, few pages past a token's end are gathered, and each chunk's
+   gathered pages are small enough to stay in the core's cache while they are used.
 All trip counts are dynamic, so padding and absent work cost nothing. Pages are gathered
 as whole rows of the cache viewed as [layers * 2 * pages, page_size * kv_heads * head_dim],
 the one gather XLA on CPU runs at memory speed, and never as a copy of the layer's slice.
@@ -31,7 +36,8 @@ _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 
 @functools.partial(jax.jit, static_argnames=("sm_scale", "sliding_window", "soft_cap",
-                                             "pages_per_chunk", "token_block", "query_block"))
+                                             "pages_per_chunk", "decode_pages_per_chunk",
+                                             "token_block", "query_block"))
 def ragged_paged_attention(
     q: jax.Array,             # [num_tokens, num_q_heads, head_dim]
     kv_cache: jax.Array,      # [num_layers, 2 (K, V), num_pages, page_size, num_kv_heads, head_dim]
@@ -45,6 +51,7 @@ def ragged_paged_attention(
     sliding_window: int | None = None,
     soft_cap: float | None = None,
     pages_per_chunk: int = 8,
+    decode_pages_per_chunk: int = 2,
     token_block: int = 16,
     query_block: int = 128,
 ) -> jax.Array:
@@ -97,19 +104,45 @@ def ragged_paged_attention(
         return m_new, l * alpha + p.sum(axis=-1), acc * alpha[..., None] + p @ v
 
     # Part 1: the step's own tokens, read back from their slots (row ids fit int32 for
-    # caches of under 2**31 token slots).
+    # caches of under 2**31 token slots). Carries start at the mask value, not -inf, so that
+    # rows no part visits (padding) merge without NaNs.
     slot = page_indices[seq, q_pos // page_size] * page_size + q_pos % page_size
     slot_rows = kv_cache.reshape(-1, num_kv_heads * head_dim)
-    k_new, v_new = (slot_rows.at[(layer * 2 + which) * num_pages * page_size + slot]
-                    .get(mode="promise_in_bounds").reshape(num_tokens, num_kv_heads, head_dim)
-                    .astype(jnp.float32) for which in (0, 1))
-    mask = (valid[:, None] & valid[None, :] & (seq[:, None] == seq[None, :])
-            & (q_pos[None, :] <= q_pos[:, None]) & in_window(q_pos[None, :], q_pos[:, None]))
-    mask = jnp.pad(jnp.repeat(mask, group, axis=0), ((0, pad), (0, 0)))[None]
-    s = mask_scores(qg @ k_new.transpose(1, 2, 0), mask)
-    m = s.max(axis=-1)
-    p = jnp.where(mask, jnp.exp(s - m[..., None]), 0.0)
-    carry = (m, p.sum(axis=-1), p @ v_new.transpose(1, 0, 2))
+    k_new, v_new = (jnp.pad(slot_rows.at[(layer * 2 + which) * num_pages * page_size + slot]
+                            .get(mode="promise_in_bounds").reshape(num_tokens, num_kv_heads, head_dim)
+                            .astype(jnp.float32), ((0, qb_rows), (0, 0), (0, 0))) for which in (0, 1))
+    k_new, v_new = k_new.transpose(1, 2, 0), v_new.transpose(1, 0, 2)  # [h, d, tokens], [h, tokens, d]
+    seq_p = jnp.pad(jnp.where(valid, seq, -1), (0, qb_rows), constant_values=-1)  # padding matches no row
+    pos_p = jnp.pad(q_pos, (0, qb_rows))
+    seq_start = cu_q_lens[seq]
+    num_valid = cu_q_lens[num_seqs[0]]
+    carry = (jnp.full((num_kv_heads, num_tokens * group + pad), _MASK_VALUE, jnp.float32),
+             jnp.zeros((num_kv_heads, num_tokens * group + pad), jnp.float32),
+             jnp.zeros((num_kv_heads, num_tokens * group + pad, head_dim), jnp.float32))
+
+    def own_block(b, carry):
+        r0 = b * qb_rows
+        rows = r0 + jnp.arange(qb_rows, dtype=jnp.int32)
+        row_seq = jax.lax.dynamic_slice_in_dim(seq_p, r0, qb_rows)
+        row_pos = jax.lax.dynamic_slice_in_dim(pos_p, r0, qb_rows)
+        qb = jax.lax.dynamic_slice_in_dim(qg, r0 * group, qb_rows * group, axis=1)
+
+        def key_block(c, part):
+            k0 = c * qb_rows
+            key_seq = jax.lax.dynamic_slice_in_dim(seq_p, k0, qb_rows)
+            key_pos = jax.lax.dynamic_slice_in_dim(pos_p, k0, qb_rows)
+            mask = ((row_seq[:, None] == key_seq[None, :]) & (rows < num_valid)[:, None]
+                    & (key_pos[None, :] <= row_pos[:, None]) & in_window(key_pos[None, :], row_pos[:, None]))
+            mask = jnp.repeat(mask, group, axis=0)[None]
+            k = jax.lax.dynamic_slice_in_dim(k_new, k0, qb_rows, axis=2)
+            return online_softmax(part, qb @ k, mask, jax.lax.dynamic_slice_in_dim(v_new, k0, qb_rows, axis=1))
+
+        part = tuple(jax.lax.dynamic_slice_in_dim(x, r0 * group, qb_rows * group, axis=1) for x in carry)
+        last = jnp.minimum(r0 + qb_rows, num_valid)
+        part = jax.lax.fori_loop(seq_start[r0] // qb_rows, (last + qb_rows - 1) // qb_rows, key_block, part)
+        return tuple(jax.lax.dynamic_update_slice_in_dim(x, y, r0 * group, axis=1) for x, y in zip(carry, part))
+
+    carry = jax.lax.fori_loop(0, (num_valid + qb_rows - 1) // qb_rows, own_block, carry)
 
     # Part 2: sequences with several query tokens and cached context, a block of queries by
     # a chunk of pages at a time. Only those sequences are visited: a loop trip costs
@@ -147,36 +180,46 @@ def ragged_paged_attention(
 
     carry = jax.lax.fori_loop(0, needs_part2.sum(), prefill_seq, carry)
 
-    # Part 3: decode tokens (one query token in their sequence), a block of tokens by a
-    # chunk of pages at a time; blocks without such tokens cost nothing.
-    decode_cached = jnp.pad(jnp.where(q_lens[seq] == 1, cached_len, 0), (0, block))
-    seq_pages = jnp.pad(page_indices[seq], ((0, block), (0, 0)))
-    q_pos = jnp.pad(q_pos, (0, block))
+    # Part 3: decode tokens (one query token in their sequence) against their cached
+    # context, longest context first, a block of tokens by a chunk of pages at a time. Their
+    # statistics are merged into the carry once, at the end.
+    dchunk = decode_pages_per_chunk * page_size
+    is_decode = valid & (q_lens[seq] == 1) & (cached_len > 0)
+    decode_cached = jnp.where(is_decode, cached_len, 0)
+    order = jnp.argsort(-decode_cached, stable=True).astype(jnp.int32)
+    sorted_cached = jnp.pad(decode_cached[order], (0, block))
+    order = jnp.pad(order, (0, block))  # blocks past the end read token 0 and are masked
+    q_tok = qg[:, :num_tokens * group].reshape(num_kv_heads, num_tokens, group, head_dim).swapaxes(0, 1)
 
-    def decode_chunk(b, c, part):  # part: per token, [block, kv_heads, group(, head_dim)]
-        pages = jax.lax.dynamic_slice_in_dim(seq_pages, b * block, block)
-        pages = jax.lax.dynamic_slice_in_dim(pages, c * pages_per_chunk, pages_per_chunk, axis=1)
-        kv_pos = c * chunk + jnp.arange(chunk, dtype=jnp.int32)
-        cached = jax.lax.dynamic_slice_in_dim(decode_cached, b * block, block)
-        pos = jax.lax.dynamic_slice_in_dim(q_pos, b * block, block)
-        mask = (kv_pos[None, :] < cached[:, None]) & in_window(kv_pos[None, :], pos[:, None])
-        qb = jax.lax.dynamic_slice_in_dim(qg, b * block * group, block * group, axis=1)
-        qb = qb.reshape(num_kv_heads, block, group, head_dim).swapaxes(0, 1)
+    def decode_chunk(tokens, cached, qb, c, part):  # part: [block, kv_heads, group(, head_dim)]
+        pages = jax.lax.dynamic_slice_in_dim(page_indices[seq[tokens]], c * decode_pages_per_chunk,
+                                             decode_pages_per_chunk, axis=1)
+        kv_pos = c * dchunk + jnp.arange(dchunk, dtype=jnp.int32)
+        mask = (kv_pos[None, :] < cached[:, None]) & in_window(kv_pos[None, :], q_pos[tokens][:, None])
         k = gather(pages, 0).transpose(0, 2, 3, 1)  # [block, kv_heads, head_dim, chunk]
         v = gather(pages, 1).transpose(0, 2, 1, 3)  # [block, kv_heads, chunk, head_dim]
         return online_softmax(part, qb @ k, mask[:, None, None, :], v)
 
-    def token_block_step(b, carry):
-        part = tuple(jax.lax.dynamic_slice_in_dim(x, b * block * group, block * group, axis=1)
-                     .reshape((num_kv_heads, block, group) + x.shape[2:]).swapaxes(0, 1) for x in carry)
-        num_chunks = (jax.lax.dynamic_slice_in_dim(decode_cached, b * block, block).max() + chunk - 1) // chunk
-        part = jax.lax.fori_loop(0, num_chunks, functools.partial(decode_chunk, b), part)
-        return tuple(jax.lax.dynamic_update_slice_in_dim(
-            x, y.swapaxes(0, 1).reshape((num_kv_heads, -1) + x.shape[2:]), b * block * group, axis=1)
-            for x, y in zip(carry, part))
+    def token_block_step(b, dec):
+        tokens = jax.lax.dynamic_slice_in_dim(order, b * block, block)
+        cached = jax.lax.dynamic_slice_in_dim(sorted_cached, b * block, block)
+        part = tuple(jnp.full((block, num_kv_heads, group) + x.shape[3:], v, jnp.float32)
+                     for x, v in zip(dec, (_MASK_VALUE, 0.0, 0.0)))
+        step = functools.partial(decode_chunk, tokens, cached, q_tok[tokens])
+        part = jax.lax.fori_loop(0, (cached[0] + dchunk - 1) // dchunk, step, part)
+        return tuple(jax.lax.dynamic_update_slice_in_dim(x, y, b * block, axis=0) for x, y in zip(dec, part))
 
-    num_token_blocks = (cu_q_lens[num_seqs[0]] + block - 1) // block
-    _, l, acc = jax.lax.fori_loop(0, num_token_blocks, token_block_step, carry)
-    l, acc = l[:, :num_tokens * group], acc[:, :num_tokens * group]
+    dec = tuple(jnp.full((num_tokens + block, num_kv_heads, group) + shape, v, jnp.float32)
+                for shape, v in (((), _MASK_VALUE), ((), 0.0), ((head_dim,), 0.0)))
+    dec = jax.lax.fori_loop(0, (is_decode.sum() + block - 1) // block, token_block_step, dec)
+
+    # Merge, back in token order and in rows (KV head, token * group + q head in group).
+    inverse = jnp.zeros(num_tokens, jnp.int32).at[order[:num_tokens]].set(jnp.arange(num_tokens, dtype=jnp.int32))
+    dm, dl, dacc = (x[inverse].swapaxes(0, 1).reshape((num_kv_heads, num_tokens * group) + x.shape[3:])
+                    for x in dec)
+    m, l, acc = (x[:, :num_tokens * group] for x in carry)
+    m_new = jnp.maximum(m, dm)
+    a, da = jnp.exp(m - m_new), jnp.exp(dm - m_new)
+    l, acc = l * a + dl * da, acc * a[..., None] + dacc * da[..., None]
     out = (acc / jnp.where(l == 0.0, 1.0, l)[..., None]).reshape(num_kv_heads, num_tokens, group, head_dim)
     return out.swapaxes(0, 1).reshape(num_tokens, num_q_heads, head_dim).astype(q.dtype)

@@ -79,7 +79,8 @@ def naive(q, cache, layer, kv_lens, page_indices, cu_q_lens, num_seqs, *, sm_sca
 def check(args, tol=1e-5, **kw):
     kw.setdefault("sm_scale", args[0].shape[-1] ** -0.5)
     got = np.asarray(ragged_paged_attention(*args, **kw), np.float64)
-    opts = {k: w for k, w in kw.items() if k not in ("pages_per_chunk", "token_block", "query_block")}
+    opts = {k: w for k, w in kw.items() if k not in ("pages_per_chunk", "decode_pages_per_chunk", "token_block",
+                                                      "query_block")}
     want = naive(*args, **opts)
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
@@ -87,7 +88,7 @@ def check(args, tol=1e-5, **kw):
     assert not got[end:].any(), "padding tokens must produce zeros"
 
 
-# ps=4, pages_per_chunk=2 -> 8-token chunks: lengths 4/8/16 end on a page (and chunk)
+# ps=4, (decode_)pages_per_chunk=2 -> 8-token chunks: lengths 4/8/16 end on a page (and chunk)
 # boundary, 5/9/17 are one past, 17 spans three chunks.
 DECODE = [(1, 1), (1, 4), (1, 5), (1, 8), (1, 9), (1, 17)]
 PREFILL = [(3, 3), (8, 8), (9, 9), (16, 16), (17, 17)]
@@ -105,7 +106,7 @@ MIXED = [(1, 9), (5, 12), (7, 7), (1, 16), (4, 17), (8, 8), (3, 20)]
         "mixed-r4-d64", "mixed-r3-d128"])
 def test_matches_naive(seqs, nq, nkv, hd, ppc):
     check(build(np.random.default_rng(len(seqs) * nq + hd), seqs, nq=nq, nkv=nkv, hd=hd),
-          pages_per_chunk=ppc)
+          pages_per_chunk=ppc, decode_pages_per_chunk=ppc)
 
 
 @pytest.mark.parametrize("seqs", [MIXED, PREFILL + [(1, 20), (13, 21)]], ids=["mixed", "prefill"])
@@ -114,7 +115,8 @@ def test_small_tiles(seqs):
     # of 2 mix decode tokens with prefill tokens and padding.
     args = build(np.random.default_rng(11), seqs, nq=4, nkv=2, hd=64)
     check(args, pages_per_chunk=2, query_block=3, token_block=2)
-    check(args, sliding_window=6, pages_per_chunk=1, query_block=5, token_block=3)
+    check(args, sliding_window=6, pages_per_chunk=1, decode_pages_per_chunk=1, query_block=5,
+          token_block=3)
 
 
 @pytest.mark.parametrize("window,cap", [(5, None), (None, 2.0), (3, 5.0), (12, None)])
