@@ -14,6 +14,7 @@ device's query heads and their KV heads side by side.
 from __future__ import annotations
 
 import math
+import re
 
 import jax
 import numpy as np
@@ -21,18 +22,18 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxvllm.distributed.mesh import MODEL_AXIS as M
 
-# Layer weights carry a leading (stacked) layer axis; [in, out] layout.
+# [in, out] layout; "layers.wq" stands for every layer's "layers.<i>.wq".
 PARAM_SPECS: dict[str, tuple] = {
     "embed_tokens": (M, None),
     "lm_head": (None, M),
     "norm": (None,),
-    "layers.input_norm": (None, None),
-    "layers.post_attn_norm": (None, None),
-    "layers.wq": (None, None, M), "layers.wk": (None, None, M), "layers.wv": (None, None, M),
-    "layers.bq": (None, M), "layers.bk": (None, M), "layers.bv": (None, M),
-    "layers.wo": (None, M, None),
-    "layers.w_gate": (None, None, M), "layers.w_up": (None, None, M),
-    "layers.w_down": (None, M, None),
+    "layers.input_norm": (None,),
+    "layers.post_attn_norm": (None,),
+    "layers.wq": (None, M), "layers.wk": (None, M), "layers.wv": (None, M),
+    "layers.bq": (M,), "layers.bk": (M,), "layers.bv": (M,),
+    "layers.wo": (M, None),
+    "layers.w_gate": (None, M), "layers.w_up": (None, M),
+    "layers.w_down": (M, None),
 }
 # [layers, K/V, pages, page_size, kv_heads, head_dim]
 KV_CACHE_SPEC = P(None, None, None, None, M, None)
@@ -59,9 +60,10 @@ def fit_spec(spec: tuple, shape: tuple[int, ...], mesh: Mesh) -> P:
 
 
 def param_sharding(name: str, shape: tuple[int, ...], mesh: Mesh) -> NamedSharding:
-    if name not in PARAM_SPECS:
+    key = re.sub(r"^layers\.\d+\.", "layers.", name)
+    if key not in PARAM_SPECS:
         raise ValueError(f"No partition spec for weight {name!r}.")
-    return NamedSharding(mesh, fit_spec(PARAM_SPECS[name], shape, mesh))
+    return NamedSharding(mesh, fit_spec(PARAM_SPECS[key], shape, mesh))
 
 
 def kv_cache_sharding(mesh: Mesh) -> NamedSharding:
@@ -77,7 +79,7 @@ def place(mesh: Mesh, name: str, value: np.ndarray) -> jax.Array:
 
 
 def param_name(path) -> str:
-    """'layers.wq' for a jax tree path into the model's params (State or pure dict)."""
+    """'layers.0.wq' for a jax tree path into the model's params (State or pure dict)."""
     keys = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
     keys = [k for k in keys if k != "value"]  # nnx.Variable's own field
     return ".".join(keys)

@@ -1,5 +1,6 @@
 """`jaxvllm convert MODEL OUT`: load a model the way the engine does (dequantized, cast,
-stacked) and save it as an Orbax checkpoint directory that `LLM(OUT)` loads directly."""
+one array per layer and weight) and save it as an Orbax checkpoint directory that
+`LLM(OUT)` loads directly."""
 from __future__ import annotations
 
 import logging

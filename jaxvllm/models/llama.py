@@ -1,12 +1,17 @@
 """Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2-style QKV bias) in Flax NNX.
 
-The decoder layers' weights are stacked on a leading layer axis and run with
-`lax.scan`, so the whole model compiles as one layer (seconds, not tens of seconds).
-The paged KV cache is carried through the scan and updated in place.
+Each decoder layer keeps its own weight arrays. The forward pass is one loop over layers
+whose body picks the layer's projections with `lax.switch`: the attention (the costly
+part to compile) is compiled once, and every matmul reads its weights where they lie.
+(Stacked weights under `lax.scan` compile as fast, but XLA on CPU then copies each layer's
+weights out of the stack on every step, about a third of a decode step's matmul time; a
+Python loop over layers compiles the attention once per layer, minutes for 30 layers.)
+The paged KV cache is carried through the loop and updated in place.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -68,7 +73,7 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
 
 
 def _layer_shapes(a: LlamaArgs) -> dict[str, tuple[int, ...]]:
-    """Stacked per-layer weights, [in, out] so that activations multiply from the left."""
+    """One decoder layer's weights, [in, out] so that activations multiply from the left."""
     q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
     shapes = {
         "input_norm": (a.hidden_size,), "post_attn_norm": (a.hidden_size,),
@@ -79,7 +84,7 @@ def _layer_shapes(a: LlamaArgs) -> dict[str, tuple[int, ...]]:
     }
     if a.attention_bias:
         shapes.update(bq=(q,), bk=(kv,), bv=(kv,))
-    return {name: (a.num_layers,) + s for name, s in shapes.items()}
+    return shapes
 
 
 class LlamaForCausalLM(nnx.Module):
@@ -87,11 +92,11 @@ class LlamaForCausalLM(nnx.Module):
         self.args = args
         init = nnx.initializers.normal(0.02)
         self.embed_tokens = nnx.Param(init(rngs.params(), (args.vocab_size, args.hidden_size), dtype))
-        self.layers = nnx.Dict({
+        self.layers = nnx.List([nnx.Dict({
             name: nnx.Param(jnp.ones(shape, dtype) if name.endswith("norm") else
                             jnp.zeros(shape, dtype) if name.startswith("b") else
                             init(rngs.params(), shape, dtype))
-            for name, shape in _layer_shapes(args).items()})
+            for name, shape in _layer_shapes(args).items()}) for _ in range(args.num_layers)])
         self.norm = nnx.Param(jnp.ones((args.hidden_size,), dtype))
         self.lm_head = None if args.tie_word_embeddings else nnx.Param(
             init(rngs.params(), (args.hidden_size, args.vocab_size), dtype))
@@ -106,28 +111,33 @@ class LlamaForCausalLM(nnx.Module):
         inv_freq = jnp.asarray(compute_inv_freq(a.head_dim, a.rope_theta, dict(a.rope_scaling or ())))
         scale = a.head_dim ** -0.5
 
-        def layer(carry, xs):
-            h, kv_cache = carry
-            w, i = xs
+        def project_qkv(w, h):
             x = rms_norm(h, w["input_norm"], a.rms_norm_eps)
             q, k, v = x @ w["wq"], x @ w["wk"], x @ w["wv"]
             if a.attention_bias:
                 q, k, v = q + w["bq"], k + w["bk"], v + w["bv"]
             # Heads stay on their tensor-parallel shard from projection to attention output.
             q, k, v = (constrain(t.reshape(T, -1, a.head_dim), None, M, None) for t in (q, k, v))
-            q = apply_rotary(q, md.positions, inv_freq)
-            k = apply_rotary(k, md.positions, inv_freq)
-            o, kv_cache = attend(q, k, v, kv_cache, i, md, scale, a.sliding_window)
+            return apply_rotary(q, md.positions, inv_freq), apply_rotary(k, md.positions, inv_freq), v
+
+        def output_and_mlp(w, h, o):
             h = constrain(h + o.reshape(T, -1) @ w["wo"], None, None)  # all-reduced: replicated
             x = rms_norm(h, w["post_attn_norm"], a.rms_norm_eps)
             up = constrain(jax.nn.silu(x @ w["w_gate"]) * (x @ w["w_up"]), None, M)
-            h = constrain(h + up @ w["w_down"], None, None)
-            return (h, kv_cache), None
+            return constrain(h + up @ w["w_down"], None, None)
+
+        weights = [{k: v.get_value() for k, v in layer.items()} for layer in self.layers]
+        qkv = [functools.partial(project_qkv, w) for w in weights]
+        mlp = [functools.partial(output_and_mlp, w) for w in weights]
+
+        def layer(i, carry):
+            h, kv_cache = carry
+            q, k, v = jax.lax.switch(i, qkv, h)
+            o, kv_cache = attend(q, k, v, kv_cache, i, md, scale, a.sliding_window)
+            return jax.lax.switch(i, mlp, h, o), kv_cache
 
         h = constrain(self.embed_tokens.get_value()[input_ids], None, None)
-        weights = {k: v.get_value() for k, v in self.layers.items()}
-        (h, kv_cache), _ = jax.lax.scan(layer, (h, kv_cache),
-                                        (weights, jnp.arange(a.num_layers, dtype=jnp.int32)))
+        h, kv_cache = jax.lax.fori_loop(0, a.num_layers, layer, (h, kv_cache))
         return rms_norm(h, self.norm.get_value(), a.rms_norm_eps), kv_cache
 
     def load_hf_weights(self, weights: dict[str, np.ndarray], place=None) -> None:
@@ -150,28 +160,28 @@ _HF_LAYER_NAMES = {
 
 
 def _load_hf_weights(model: LlamaForCausalLM, weights: dict[str, np.ndarray], place) -> None:
-    """Copy a Hugging Face state dict ([out, in] linear weights) into the stacked model.
+    """Copy a Hugging Face state dict ([out, in] linear weights) into the model.
 
     The model's head counts may be padded for tensor parallelism (distributed.partition.
     padded_heads): checkpoint heads fill the leading slots of each head axis, zeros the rest.
     """
     a = model.args
     dtype = model.embed_tokens.get_value().dtype
-    stacked = {name: np.zeros(shape, np.float32) for name, shape in _layer_shapes(a).items()}
-    for hf_suffix, name in _HF_LAYER_NAMES.items():
-        if name not in stacked:
-            continue
-        for i in range(a.num_layers):
+    shapes = _layer_shapes(a)
+    for i in range(a.num_layers):
+        for hf_suffix, name in _HF_LAYER_NAMES.items():
+            if name not in shapes:
+                continue
             key = f"model.layers.{i}.{hf_suffix}"
             if key not in weights:
                 raise ValueError(f"Checkpoint is missing tensor {key!r}.")
             w = weights[key].T if weights[key].ndim == 2 else weights[key]
-            if any(n > m for n, m in zip(w.shape, stacked[name].shape[1:])):
+            if any(n > m for n, m in zip(w.shape, shapes[name])):
                 raise ValueError(f"Tensor {key!r} of shape {weights[key].shape} does not fit the "
-                                 f"model config ({stacked[name].shape[1:]}, [in, out]).")
-            stacked[name][(i,) + tuple(slice(0, n) for n in w.shape)] = w
-    for name, value in stacked.items():
-        model.layers[name].set_value(place(f"layers.{name}", value.astype(dtype)))
+                                 f"model config ({shapes[name]}, [in, out]).")
+            value = np.zeros(shapes[name], dtype)
+            value[tuple(slice(0, n) for n in w.shape)] = w
+            model.layers[i][name].set_value(place(f"layers.{i}.{name}", value))
     model.embed_tokens.set_value(place("embed_tokens", weights["model.embed_tokens.weight"].astype(dtype)))
     model.norm.set_value(place("norm", weights["model.norm.weight"].astype(dtype)))
     if model.lm_head is not None:

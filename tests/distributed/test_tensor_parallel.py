@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -32,7 +33,7 @@ def run_tp(model: str, tps: str, prompts: list[list[int]], max_tokens: int, back
 
 def expected_shards(name: str, shape: list[int], tp: int) -> list[int]:
     """The per-device shape the spec table promises: split dims divided by TP."""
-    spec = PARAM_SPECS[name]
+    spec = PARAM_SPECS[re.sub(r"^layers\.\d+\.", "layers.", name)]
     return [n // tp if axis is not None and n % tp == 0 else n for axis, n in zip(spec, shape)]
 
 
@@ -71,8 +72,8 @@ def test_tiny_model_tp2_tp4_match_tp1_and_are_sharded(tiny_tp):
             assert tokens == ref_tokens and abs(cum - ref_cum) < 1e-4
     # TP=4 pads the tiny model's 2 KV heads (4 query heads) to 4 (8): 16-wide heads.
     w4 = r["4"]["weights"]
-    assert w4["layers.wq"] == {"shape": [2, 64, 128], "shards": [[2, 64, 32]] * 4}
-    assert w4["layers.wo"] == {"shape": [2, 128, 64], "shards": [[2, 32, 64]] * 4}
+    assert w4["layers.1.wq"] == {"shape": [64, 128], "shards": [[64, 32]] * 4}
+    assert w4["layers.1.wo"] == {"shape": [128, 64], "shards": [[32, 64]] * 4}
     assert w4["embed_tokens"] == {"shape": [256, 64], "shards": [[64, 64]] * 4}
     assert r["4"]["kv_cache"]["shards"] == [[2, 2, 64, 16, 1, 16]] * 4
     assert r["2"]["kv_cache"]["shards"] == [[2, 2, 64, 16, 1, 16]] * 2
@@ -95,8 +96,8 @@ def test_default_model_tp2_tp4_match_tp1():
     assert r["1"]["kv_cache"]["shards"] == [[30, 2, 64, 16, 3, 64]]
     assert r["2"]["kv_cache"]["shards"] == [[30, 2, 64, 16, 2, 64]] * 2
     assert r["4"]["kv_cache"]["shards"] == [[30, 2, 64, 16, 1, 64]] * 4
-    assert r["4"]["weights"]["layers.wq"]["shards"] == [[30, 576, 192]] * 4
-    assert r["4"]["weights"]["layers.w_down"]["shards"] == [[30, 384, 576]] * 4
+    assert r["4"]["weights"]["layers.29.wq"]["shards"] == [[576, 192]] * 4
+    assert r["4"]["weights"]["layers.29.w_down"]["shards"] == [[384, 576]] * 4
     assert r["4"]["weights"]["embed_tokens"]["shards"] == [[12288, 576]] * 4
 
 

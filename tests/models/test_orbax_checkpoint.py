@@ -2,12 +2,16 @@
 weights, the same greedy tokens, the same tokenizer."""
 from __future__ import annotations
 
+import json
+import shutil
+
 import numpy as np
 import pytest
 from flax import nnx
 
 from jaxvllm import LLM, SamplingParams
 from jaxvllm.entrypoints.cli import main
+from jaxvllm.models.orbax_checkpoint import MARKER
 
 ENGINE = dict(skip_warmup=True, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=128,
               num_gpu_blocks_override=32)
@@ -43,3 +47,16 @@ def test_orbax_round_trip_is_bit_identical(tiny_model_dir, orbax_dir):
 def test_convert_refuses_a_non_empty_output_directory(tiny_model_dir, orbax_dir, capsys):
     assert main(["convert", str(tiny_model_dir), str(orbax_dir)]) == 2
     assert "exists and is not empty" in capsys.readouterr().err
+
+
+def test_checkpoint_of_another_layout_is_refused_by_name(tiny_model_dir, orbax_dir, tmp_path):
+    # A checkpoint from before per-layer weights (no params_layout: stacked) must not load
+    # into a mismatched tree; it names the fix.
+    old = tmp_path / "old"
+    shutil.copytree(orbax_dir, old)
+    marker = old / MARKER
+    meta = json.loads(marker.read_text())
+    del meta["params_layout"]
+    marker.write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="'stacked' layout.*jaxvllm convert"):
+        LLM(str(old), **ENGINE)
