@@ -19,6 +19,7 @@ loaded from that cache serializes into a copy that fails to run ("Function ... n
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import functools
 import hashlib
@@ -122,15 +123,15 @@ class CompiledProgram:
         program = self.programs.get(_signature(args, static, self.fixed))
         return program(*args) if program is not None else self.jitted(*args, **static)
 
-    def warm(self, *args, **static) -> jax.stages.Compiled:
+    def warm(self, *args, _loaded: jax.stages.Compiled | None = None, **static) -> jax.stages.Compiled:
         """Have the program for these arguments (arrays or ShapeDtypeStructs) ready, loading
         it from disk if saved, else compiling (and saving) it now."""
         signature = _signature(args, static, self.fixed)
         if signature in self.programs:
             return self.programs[signature]
-        path = self._path(args, static)
-        program = self._load(path, args, static) if path and os.path.exists(path) else None
+        program = _loaded or self.load_saved(*args, **static)
         if program is None:
+            path = self._path(args, static)
             program = self.jitted.lower(*args, **static).compile()
             self.num_compiled += 1
             if path:
@@ -139,6 +140,11 @@ class CompiledProgram:
             self.num_loaded += 1
         self.programs[signature] = program
         return program
+
+    def load_saved(self, *args, **static) -> jax.stages.Compiled | None:
+        """The saved program for these arguments, or None; safe to call from several threads."""
+        path = self._path(args, static)
+        return self._load(path, args, static) if path and os.path.exists(path) else None
 
     def _path(self, args, static) -> str | None:
         if self.directory is None:
@@ -184,3 +190,13 @@ class CompiledProgram:
         if self._out_tree is None:
             self._out_tree = jax.tree.structure(jax.eval_shape(functools.partial(self.fn, **static), *args))
         return self._out_tree
+
+
+def warm_all(jobs: list[tuple[CompiledProgram, tuple, dict]], threads: int = 4) -> None:
+    """Warm many (program, args, static) at once: saved programs are read and deserialized
+    in parallel (XLA releases the GIL while it loads, and a warm restart is mostly this),
+    then whatever was not saved compiles, one program at a time."""
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        loaded = list(pool.map(lambda job: job[0].load_saved(*job[1], **job[2]), jobs))
+    for (program, args, static), compiled in zip(jobs, loaded):
+        program.warm(*args, _loaded=compiled, **static)

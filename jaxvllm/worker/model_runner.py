@@ -28,7 +28,7 @@ from jaxvllm.layers.attention import AttentionMetadata
 from jaxvllm.sampling_params import SamplingParams
 from jaxvllm.worker import penalties
 from jaxvllm.worker.compiled_programs import (CompiledProgram, executables_dir, fingerprint,
-                                              persistent_cache_off)
+                                              persistent_cache_off, warm_all)
 from jaxvllm.worker.input_batch import InputBatch
 from jaxvllm.worker.kv_swap import KVSwapper
 from jaxvllm.worker.logprobs import accumulate_prompt_logprobs, prompt_positions, sampled_logprobs
@@ -51,6 +51,8 @@ class ModelRunner:
                                           sched.max_num_batched_tokens)
         self.request_buckets = make_buckets(1, self.max_num_seqs)
         self.vocab_size = model.args.vocab_size
+        self.hidden_size = model.args.hidden_size
+        self.hidden_dtype = model.embed_tokens.get_value().dtype
         self.kv_cache = kv_cache
         self.input_batch = InputBatch(self.max_num_seqs)
         # Replicated over the mesh, like the hidden states the sampler reads beside it.
@@ -227,24 +229,26 @@ class ModelRunner:
                     self.token_buckets, self.request_buckets)
 
     def _warm_programs(self) -> None:
-        S = self.max_num_seqs
-        hidden = None
+        S, rep = self.max_num_seqs, self._replicated
+        # The forward's outputs (final hidden states of the sampled rows and of all tokens).
+        hidden = jax.ShapeDtypeStruct((S, self.hidden_size), self.hidden_dtype, sharding=rep)
+        jobs = []
         for T in self.token_buckets:
             md = AttentionMetadata(
                 positions=np.zeros(T, np.int32), slot_mapping=np.arange(T, dtype=np.int32) % self.block_size,
                 kv_lens=np.zeros(S, np.int32), page_indices=np.zeros((S, self.max_pages_per_seq), np.int32),
                 cu_q_lens=np.zeros(S + 1, np.int32), num_seqs=np.zeros(1, np.int32))
-            forward = self._forward.warm(self.params, self.kv_cache, np.zeros(T, np.int32), md,
-                                         np.zeros(S, np.int32))
-            hidden, all_hidden, _ = (jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=self._replicated)
-                                     for o in forward.out_info)
-            self._prompt_logprobs.warm(self.params, all_hidden, np.zeros(T, np.int32), np.zeros(T, np.int32))
+            all_hidden = jax.ShapeDtypeStruct((T, self.hidden_size), self.hidden_dtype, sharding=rep)
+            jobs += [(self._forward, (self.params, self.kv_cache, np.zeros(T, np.int32), md, np.zeros(S, np.int32)), {}),
+                     (self._prompt_logprobs, (self.params, all_hidden, np.zeros(T, np.int32),
+                                              np.zeros(T, np.int32)), {})]
         for R in self.request_buckets:
             md, _ = sampling_metadata([], R, self.vocab_size)
             penalty_md = penalty_metadata([], [], R, self.max_num_seqs, self.vocab_size)
             for all_greedy in (True, False):
-                self._sample.warm(self.params, hidden, md, all_greedy=all_greedy)
-                self._sample_extended.warm(self.params, hidden, md, self.penalty_state, penalty_md,
-                                           all_greedy=all_greedy)
-        self._set_row.warm(self.penalty_state, np.int32(0), *penalties.build_row(
-            SamplingParams(), [0], [], self.vocab_size))
+                jobs += [(self._sample, (self.params, hidden, md), {"all_greedy": all_greedy}),
+                         (self._sample_extended, (self.params, hidden, md, self.penalty_state, penalty_md),
+                          {"all_greedy": all_greedy})]
+        jobs.append((self._set_row, (self.penalty_state, np.int32(0)) + penalties.build_row(
+            SamplingParams(), [0], [], self.vocab_size), {}))
+        warm_all(jobs)
