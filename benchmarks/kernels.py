@@ -44,6 +44,12 @@ CASES = [
     ("mixed", [(1, 2048)] * 32 + [(512, 1024)], 16),
     ("mixed", [(1, 4096)] * 128 + [(256, 256)] * 2, 32),
 ]
+# Block sizes `--sweep` tries on the decode cases, per kernel.
+SWEEP = {
+    "gpu": [dict(block_q=bq, pages_per_block=ppb, num_stages=st, num_splits=sp) for bq in (4, 16)
+            for ppb in (4, 8) for st in (3, 4) for sp in (1, 2, 4)],
+    "tpu": [dict(block_q=bq, pages_per_block=ppb) for bq in (8, 16, 32) for ppb in (4, 8, 16)],
+}
 SMOKE = [("decode", [(1, 40)] * 4, 16), ("prefill", [(24, 24)], 16), ("mixed", [(1, 33)] * 3 + [(9, 20)], 16)]
 
 
@@ -151,9 +157,7 @@ def main(argv=None):
 
     sweep = []
     if (a.sweep or a.sweep_only) and not a.smoke:
-        opts = ([dict(block_q=bq, pages_per_block=ppb, num_stages=st, num_splits=sp) for bq in (4, 16)
-                 for ppb in (4, 8) for st in (3, 4) for sp in (1, 2, 4)] if name == "gpu" else
-                [dict(block_q=bq, pages_per_block=ppb) for bq in (8, 16, 32) for ppb in (4, 8, 16)])
+        opts = SWEEP[name]
         for seqs in ([(1, 2048)] * 64, [(1, 2048)] * 256):
             args = make_case(rng, seqs, 16, dtype)
             nbytes, _ = case_cost(seqs, dtype)

@@ -24,8 +24,10 @@ from jax.export import DisabledSafetyCheck
 from jax.sharding import AbstractDevice, AbstractMesh
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "layers"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from test_reference_attention import DECODE, MIXED, PREFILL, build  # noqa: E402
 
+from benchmarks import kernels as bench  # noqa: E402
 from jaxvllm.distributed.mesh import MODEL_AXIS  # noqa: E402
 from jaxvllm.layers.attention import AttentionMetadata, get_attention  # noqa: E402
 from jaxvllm.models.llama import LlamaArgs, LlamaForCausalLM  # noqa: E402
@@ -79,6 +81,30 @@ def test_tpu_kernel_lowers_for_each_generation(kind):
     text = lower(functools.partial(tpu.ragged_paged_attention, sm_scale=0.125), "tpu", *args,
                  tpu_kind=kind)
     assert "@tpu_custom_call" in text
+
+
+def bench_case(seqs, page_size):
+    """Shapes of a benchmarks/kernels.py case (Llama-3-8B-like heads, bfloat16), unallocated."""
+    return jax.eval_shape(lambda: bench.make_case(np.random.default_rng(0), seqs, page_size, jnp.bfloat16))
+
+
+@platforms
+@pytest.mark.parametrize("case", range(len(bench.CASES)), ids=[
+    f"{kind}-{len(seqs)}x{seqs[-1][1]}-ps{ps}" for kind, seqs, ps in bench.CASES])
+def test_benchmark_cases_lower(platform, case):
+    """Every shape scripts/device_check.sh times, at the default block sizes."""
+    _, seqs, page_size = bench.CASES[case]
+    fn = functools.partial(MODULES[platform].ragged_paged_attention, sm_scale=bench.HD ** -0.5)
+    assert f"@{TARGETS[platform]}" in lower(fn, platform, *bench_case(seqs, page_size))
+
+
+@pytest.mark.parametrize("kernel,platform", [("gpu", "cuda"), ("tpu", "tpu")])
+def test_benchmark_sweep_options_lower(kernel, platform):
+    """Every block-size option `benchmarks/kernels.py --sweep` tries on a device."""
+    args = bench_case([(1, 2048)] * 64, 16)
+    for options in bench.SWEEP[kernel]:
+        fn = functools.partial(MODULES[platform].ragged_paged_attention, sm_scale=bench.HD ** -0.5, **options)
+        assert f"@{TARGETS[platform]}" in lower(fn, platform, *args), options
 
 
 @platforms
