@@ -25,7 +25,8 @@ from jax.sharding import AbstractDevice, AbstractMesh
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "layers"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from test_reference_attention import DECODE, MIXED, PREFILL, build  # noqa: E402
+from test_ragged_paged_attention_kernels import native_cases, native_dtypes  # noqa: E402
+from test_reference_attention import MIXED, build  # noqa: E402
 
 from benchmarks import kernels as bench  # noqa: E402
 from jaxvllm.distributed.mesh import MODEL_AXIS  # noqa: E402
@@ -56,17 +57,9 @@ def lower(fn, platform: str, *args, tpu_kind: str = "TPU v5 lite") -> str:
 platforms = pytest.mark.parametrize("platform", ["tpu", "cuda"])
 
 
-# The cases test_native_kernel runs on a device, at the kernels' default block sizes.
 @platforms
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
-@pytest.mark.parametrize("seqs,nq,nkv,hd,ps,window,cap", [
-    (DECODE, 8, 8, 64, 16, None, None),
-    (DECODE + [(1, 300)], 32, 8, 128, 16, None, None),
-    (PREFILL + [(100, 100)], 12, 4, 128, 32, None, None),
-    (MIXED + [(40, 200)], 24, 8, 128, 16, 50, None),
-    (MIXED, 8, 2, 64, 64, None, 30.0),
-], ids=["decode-r1-d64", "decode-r4-d128", "prefill-r3-d128-ps32", "mixed-r3-d128-window",
-        "mixed-r4-d64-ps64-cap"])
+@native_dtypes
+@native_cases
 def test_kernel_lowers(platform, seqs, nq, nkv, hd, ps, window, cap, dtype):
     args = build(np.random.default_rng(0), seqs, nq=nq, nkv=nkv, hd=hd, ps=ps, dtype=dtype)
     fn = functools.partial(MODULES[platform].ragged_paged_attention, sm_scale=hd ** -0.5,

@@ -156,9 +156,10 @@ def test_tpu_strict_interpreter(dtype, nq, nkv, window, cap, tol):
 NATIVE = {"tpu": tpu, "gpu": gpu, "cuda": gpu, "rocm": gpu}.get(jax.devices()[0].platform)
 
 
-@pytest.mark.skipif(NATIVE is None, reason="compiles the kernel for a TPU or GPU; none here")
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
-@pytest.mark.parametrize("seqs,nq,nkv,hd,ps,window,cap", [
+# The cases compiled for a device, at the kernels' default block sizes (test_native_lowering.py
+# lowers the same ones for TPU and CUDA on any machine).
+native_dtypes = pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+native_cases = pytest.mark.parametrize("seqs,nq,nkv,hd,ps,window,cap", [
     (DECODE, 8, 8, 64, 16, None, None),
     (DECODE + [(1, 300)], 32, 8, 128, 16, None, None),
     (PREFILL + [(100, 100)], 12, 4, 128, 32, None, None),
@@ -166,6 +167,11 @@ NATIVE = {"tpu": tpu, "gpu": gpu, "cuda": gpu, "rocm": gpu}.get(jax.devices()[0]
     (MIXED, 8, 2, 64, 64, None, 30.0),
 ], ids=["decode-r1-d64", "decode-r4-d128", "prefill-r3-d128-ps32", "mixed-r3-d128-window",
         "mixed-r4-d64-ps64-cap"])
+
+
+@pytest.mark.skipif(NATIVE is None, reason="compiles the kernel for a TPU or GPU; none here")
+@native_dtypes
+@native_cases
 def test_native_kernel(seqs, nq, nkv, hd, ps, window, cap, dtype):
     """The platform's kernel compiled for real (device_check.sh runs these on the device)."""
     args = build(np.random.default_rng(nq + hd + ps), seqs, nq=nq, nkv=nkv, hd=hd, ps=ps, dtype=dtype)
