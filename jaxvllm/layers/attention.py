@@ -1,8 +1,10 @@
 """Paged attention for the model: write this step's K/V into the cache, then attend.
 
-The backend is chosen once here. `reference` (pure XLA, pallas_kernels/reference.py)
-serves CPU and tests; `pallas` runs the platform's kernel (Mosaic on TPU, Triton on GPU).
-`auto` picks `pallas` on TPU and GPU and `reference` elsewhere; `pallas` forced on a CPU
+The backend is chosen once here. `reference` (pure XLA, pallas_kernels/reference.py) is
+the ground truth and runs anywhere; `native` is the C++ CPU kernel (jaxvllm/native), which
+reads pages where they lie instead of gathering copies; `pallas` runs the platform's kernel
+(Mosaic on TPU, Triton on GPU). `auto` picks `pallas` on TPU and GPU, and on a CPU `native`
+where it builds, else `reference`; `pallas` forced on a CPU
 runs the TPU kernel in interpret mode (slow: for tests), and `pallas-tpu` / `pallas-gpu`
 name a kernel explicitly (interpret mode off its platform), so either can be checked
 end to end on a CPU.
@@ -19,6 +21,8 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 from jaxvllm.distributed.mesh import MODEL_AXIS
 from jaxvllm.distributed.partition import KV_CACHE_SPEC
+from jaxvllm.native import build as native_build
+from jaxvllm.native.ragged_paged_attention import ragged_paged_attention as native_attention
 from pallas_kernels import ragged_paged_attention_gpu, ragged_paged_attention_tpu
 from pallas_kernels.reference import ragged_paged_attention
 
@@ -34,17 +38,24 @@ class AttentionMetadata:
     num_seqs: jax.Array       # i32[1]
 
 
-BACKENDS = ("reference", "pallas", "pallas-tpu", "pallas-gpu")
+BACKENDS = ("reference", "native", "pallas", "pallas-tpu", "pallas-gpu")
 _GPU_PLATFORMS = ("gpu", "cuda", "rocm")
 
 
 def resolve_backend(backend: str, platform: str) -> tuple[str, bool]:
-    """(kernel, interpret): kernel is `reference`, `tpu` or `gpu`."""
+    """(kernel, interpret): kernel is `reference`, `native`, `tpu` or `gpu`."""
     if backend not in ("auto",) + BACKENDS:
         raise ValueError(f"attention_backend must be one of {('auto',) + BACKENDS}, got {backend!r}.")
     native = "tpu" if platform == "tpu" else "gpu" if platform in _GPU_PLATFORMS else None
-    if backend == "auto":
-        backend = "pallas" if native else "reference"
+    if backend == "auto" and native:
+        backend = "pallas"
+    elif backend == "auto":
+        backend = "native" if platform == "cpu" and native_build.available() else "reference"
+    if backend == "native":
+        if platform != "cpu":
+            raise ValueError(f"attention_backend='native' runs on the CPU only, not on {platform!r}.")
+        native_build.load()  # a machine that cannot build it says why, here
+        return "native", False
     if backend == "reference":
         return "reference", False
     kernel = backend.removeprefix("pallas-") if backend != "pallas" else native or "tpu"
@@ -63,6 +74,8 @@ def get_attention(backend: str, platform: str, mesh: Mesh | None = None) -> Call
     kernel, interpret = resolve_backend(backend, platform)
     if kernel == "reference":
         impl = ragged_paged_attention
+    elif kernel == "native":
+        impl = native_attention
     else:
         module = ragged_paged_attention_tpu if kernel == "tpu" else ragged_paged_attention_gpu
         impl = functools.partial(module.ragged_paged_attention, interpret=interpret)

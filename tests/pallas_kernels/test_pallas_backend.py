@@ -1,4 +1,4 @@
-"""The Pallas kernels as the model's attention backend: backend selection per platform, and
+"""The Pallas and native kernels as the model's attention backend: backend selection per platform, and
 greedy tokens of the tiny Llama through LLM with the kernels (interpret mode on CPU) equal
 to the reference backend's, over prefill, chunked prefill and mixed decode steps."""
 from __future__ import annotations
@@ -8,10 +8,13 @@ import pytest
 
 from jaxvllm import LLM, SamplingParams
 from jaxvllm.layers.attention import resolve_backend
+from jaxvllm.native import build as native_build
+
+CPU_AUTO = "native" if native_build.available() else "reference"
 
 
 @pytest.mark.parametrize("backend,platform,want", [
-    ("auto", "cpu", ("reference", False)),
+    ("auto", "cpu", (CPU_AUTO, False)),
     ("auto", "tpu", ("tpu", False)),
     ("auto", "gpu", ("gpu", False)),
     ("auto", "cuda", ("gpu", False)),
@@ -20,6 +23,7 @@ from jaxvllm.layers.attention import resolve_backend
     ("pallas-gpu", "cpu", ("gpu", True)),
     ("pallas-tpu", "tpu", ("tpu", False)),
     ("reference", "tpu", ("reference", False)),
+    ("reference", "cpu", ("reference", False)),
 ])
 def test_backend_selection(backend, platform, want):
     assert resolve_backend(backend, platform) == want
@@ -28,6 +32,11 @@ def test_backend_selection(backend, platform, want):
 def test_unknown_backend_rejected():
     with pytest.raises(ValueError, match="attention_backend"):
         resolve_backend("flash", "cpu")
+
+
+def test_native_backend_is_cpu_only():
+    with pytest.raises(ValueError, match="CPU only"):
+        resolve_backend("native", "tpu")
 
 
 PROMPTS = [[int(t) for t in np.random.default_rng(i).integers(3, 256, n)] for i, n in enumerate([5, 21, 1])]
@@ -45,6 +54,7 @@ def reference_tokens(tiny_model_dir):
     return greedy(tiny_model_dir, "reference")
 
 
-@pytest.mark.parametrize("backend", ["pallas-tpu", "pallas-gpu"])
+@pytest.mark.parametrize("backend", ["pallas-tpu", "pallas-gpu", pytest.param("native", marks=pytest.mark.skipif(
+    not native_build.available(), reason="no C++ compiler"))])
 def test_greedy_matches_reference_backend(tiny_model_dir, reference_tokens, backend):
     assert greedy(tiny_model_dir, backend) == reference_tokens

@@ -1,0 +1,92 @@
+"""Compile the native CPU kernels once per machine and register them with XLA.
+
+The library is built with the system C++ compiler ($CXX, else c++) against the XLA FFI
+headers that ship with jaxlib, for this CPU (-march=native), and cached under
+$JAXVLLM_NATIVE_CACHE (default ~/.cache/jaxvllm/native) by a hash of everything that
+shapes it: source, flags, compiler, jaxlib and the CPU's feature flags. A machine without a
+compiler gets a NativeBuildError, and `auto` falls back to the XLA reference.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import jax
+import jaxlib
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("ragged_paged_attention.cc")
+# FFI target name -> the handler symbol the library exports for it.
+TARGETS = {"jaxvllm_ragged_paged_attention": "JaxvllmRaggedPagedAttention"}
+FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fopenmp-simd")
+
+
+class NativeBuildError(RuntimeError):
+    """The native kernels could not be built or loaded on this machine."""
+
+
+def _cpu_features() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        return ""
+
+
+def _compile(cxx: str, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    os.close(fd)
+    cmd = [cxx, *FLAGS, "-I", jax.ffi.include_dir(), str(SOURCE), "-o", tmp]
+    try:
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise NativeBuildError(f"{' '.join(cmd)} failed:\n{result.stderr[-4000:]}")
+        os.replace(tmp, out)  # atomic: concurrent builders each publish a complete library
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def library_path() -> Path:
+    """The library for this machine, compiled first if it is not cached yet."""
+    cxx = os.environ.get("CXX", "c++")
+    try:
+        version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise NativeBuildError(f"no working C++ compiler ({cxx}): {e}") from e
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), *FLAGS, version, jaxlib.__version__,
+                                    _cpu_features()]).encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("JAXVLLM_NATIVE_CACHE", Path.home() / ".cache" / "jaxvllm" / "native"))
+    path = cache / f"{SOURCE.stem}-{key}.so"
+    if not path.exists():
+        logger.info("Building native CPU kernels: %s", path)
+        _compile(cxx, path)
+    return path
+
+
+@functools.cache
+def load() -> ctypes.CDLL:
+    """Load the library and register its FFI targets for the CPU platform, once a process."""
+    lib = ctypes.CDLL(str(library_path()))
+    for target, symbol in TARGETS.items():
+        jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
+    return lib
+
+
+@functools.cache
+def available() -> bool:
+    """Whether the native kernels can run here; the reason they cannot is logged once."""
+    try:
+        load()
+        return True
+    except NativeBuildError as e:
+        logger.warning("Native CPU kernels unavailable, using the XLA reference: %s", e)
+        return False

@@ -1,0 +1,29 @@
+"""Ragged paged attention on the CPU through the native kernel (ragged_paged_attention.cc).
+
+Same arguments and result as pallas_kernels/reference.py. The kernel reads float32 caches;
+any other dtype goes to the reference.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxvllm.native import build
+from pallas_kernels import reference
+
+
+def ragged_paged_attention(q, kv_cache, layer, kv_lens, page_indices, cu_q_lens, num_seqs, *,
+                           sm_scale: float, sliding_window: int | None = None,
+                           soft_cap: float | None = None) -> jax.Array:
+    if kv_cache.dtype != jnp.float32:
+        return reference.ragged_paged_attention(q, kv_cache, layer, kv_lens, page_indices, cu_q_lens,
+                                                num_seqs, sm_scale=sm_scale, sliding_window=sliding_window,
+                                                soft_cap=soft_cap)
+    build.load()
+    call = jax.ffi.ffi_call("jaxvllm_ragged_paged_attention", jax.ShapeDtypeStruct(q.shape, jnp.float32))
+    i32 = lambda x: jnp.asarray(x, jnp.int32)
+    out = call(q.astype(jnp.float32), kv_cache, i32(layer).reshape(()), i32(kv_lens), i32(page_indices),
+               i32(cu_q_lens), i32(num_seqs), sm_scale=np.float32(sm_scale),
+               sliding_window=np.int64(sliding_window or 0), soft_cap=np.float32(soft_cap or 0.0))
+    return out.astype(q.dtype)

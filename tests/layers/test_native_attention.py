@@ -1,0 +1,125 @@
+"""The native CPU kernel (jaxvllm/native) against the naive numpy reference of
+test_reference_attention.py, on the same poisoned caches (any read outside a sequence's own
+first kv_len rows would show), plus its build, its fallbacks and its errors."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_reference_attention import DECODE, MIXED, PREFILL, batches, build, naive  # noqa: E402
+
+from jaxvllm.native import build as native_build  # noqa: E402
+from jaxvllm.native.ragged_paged_attention import ragged_paged_attention  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not native_build.available(), reason="no C++ compiler: the kernel cannot build")
+
+# Longer than the kernel's 32-token query blocks: blocks split a prompt, and later blocks
+# start past the first pages.
+LONG = [(70, 70), (1, 33), (40, 75), (33, 33)]
+
+
+def check(args, tol=1e-5, **kw):
+    kw.setdefault("sm_scale", args[0].shape[-1] ** -0.5)
+    got = np.asarray(ragged_paged_attention(*args, **kw), np.float64)
+    assert got.shape == args[0].shape
+    np.testing.assert_allclose(got, naive(*args, **kw), rtol=tol, atol=tol)
+    end = int(args[5][int(args[6][0])])
+    assert not got[end:].any(), "padding tokens must produce zeros"
+
+
+@pytest.mark.parametrize("seqs,nq,nkv,hd,ps", [
+    (DECODE, 4, 4, 64, 4),
+    (DECODE, 9, 3, 128, 4),
+    (PREFILL, 6, 2, 128, 4),
+    (PREFILL, 4, 1, 64, 4),
+    (MIXED, 8, 2, 64, 4),
+    (MIXED, 3, 1, 128, 4),
+    (MIXED, 6, 2, 32, 4),
+    (LONG, 9, 3, 64, 16),
+    (LONG, 4, 1, 128, 8),
+], ids=["decode-r1-d64", "decode-r3-d128", "prefill-r3-d128", "prefill-r4-d64", "mixed-r4-d64",
+        "mixed-r3-d128", "mixed-r3-d32", "long-r3-d64-ps16", "long-r4-d128-ps8"])
+def test_matches_naive(seqs, nq, nkv, hd, ps):
+    check(build(np.random.default_rng(len(seqs) * nq + hd), seqs, nq=nq, nkv=nkv, hd=hd, ps=ps))
+
+
+@pytest.mark.parametrize("window,cap", [(5, None), (None, 2.0), (3, 5.0), (40, None)])
+@pytest.mark.parametrize("seqs", [MIXED, LONG], ids=["mixed", "long"])
+def test_sliding_window_and_soft_cap(seqs, window, cap):
+    args = build(np.random.default_rng(7), seqs, nq=4, nkv=2, hd=64, ps=8)
+    args = (args[0] * 3,) + args[1:]  # larger scores so the cap bites
+    check(args, sliding_window=window, soft_cap=cap)
+
+
+@settings(max_examples=12, derandomize=True, deadline=None)
+@given(seqs=batches(max_kv=80, num_tokens=96))
+def test_random_batches(seqs):
+    args = build(np.random.default_rng(len(seqs)), seqs, nq=6, nkv=2, hd=64, pad_seqs=4 - len(seqs),
+                 num_tokens=96, pages_per_seq=21, num_pages=1 + 4 * 21 + 2)
+    check(args)
+
+
+def test_all_padding_step_gives_zeros():
+    rng = np.random.default_rng(0)
+    args = build(rng, [], nq=4, nkv=2, hd=64, pad_seqs=3, pad_tokens=5, pages_per_seq=3, num_pages=4)
+    args = args[:3] + (np.zeros(3, np.int32), np.zeros((3, 3), np.int32), np.zeros(4, np.int32)) + args[6:]
+    out = np.asarray(ragged_paged_attention(*args, sm_scale=0.125))
+    assert out.shape == (5, 4, 64) and not out.any()
+
+
+def test_inside_jit_loop_with_carried_cache():
+    # As the model calls it: under jit, in a fori_loop over layers, the cache carried along.
+    args = build(np.random.default_rng(5), MIXED, nq=8, nkv=2, hd=64)
+    q, cache, _, *meta = args
+
+    @jax.jit
+    def run(q, cache):
+        def body(layer, carry):
+            acc, cache = carry
+            return acc + ragged_paged_attention(q, cache, layer, *meta, sm_scale=0.125), cache
+        return jax.lax.fori_loop(0, 2, body, (jnp.zeros_like(q), cache))[0]
+
+    want = sum(naive(q, cache, layer, *meta, sm_scale=0.125) for layer in (0, 1))
+    np.testing.assert_allclose(np.asarray(run(q, cache)), want, rtol=1e-5, atol=1e-5)
+
+
+def test_bfloat16_cache_goes_to_the_reference():
+    args = build(np.random.default_rng(3), MIXED, nq=8, nkv=2, hd=128, dtype=jnp.bfloat16)
+    assert ragged_paged_attention(*args, sm_scale=128 ** -0.5).dtype == jnp.bfloat16
+    check(args, tol=2e-2)
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("kv_lens", 1000, "cu_q_lens/kv_lens out of range"),
+    ("page_indices", 10_000, "page index out of range"),
+    ("num_seqs", 99, "num_seqs exceeds max_num_seqs"),
+])
+def test_bad_metadata_is_an_error_not_a_stray_read(field, value, match):
+    args = list(build(np.random.default_rng(2), MIXED, nq=4, nkv=2, hd=64))
+    i = {"kv_lens": 3, "page_indices": 4, "num_seqs": 6}[field]
+    args[i] = np.array(args[i])
+    args[i].flat[0] = value
+    with pytest.raises(Exception, match=match):
+        np.asarray(ragged_paged_attention(*args, sm_scale=0.125))
+
+
+def test_build_without_a_compiler_says_why(monkeypatch, tmp_path):
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    with pytest.raises(native_build.NativeBuildError, match="no working C\\+\\+ compiler"):
+        native_build.library_path()
+
+
+def test_library_is_built_once_per_machine(monkeypatch, tmp_path):
+    monkeypatch.setenv("JAXVLLM_NATIVE_CACHE", str(tmp_path))
+    path = native_build.library_path()
+    assert path.parent == tmp_path and path.stat().st_size > 0
+    mtime = path.stat().st_mtime_ns
+    assert native_build.library_path() == path and path.stat().st_mtime_ns == mtime
+    assert list(tmp_path.iterdir()) == [path]  # no temporary files left behind
