@@ -3,7 +3,7 @@
 The library is built with the system C++ compiler ($CXX, else c++) against the XLA FFI
 headers that ship with jaxlib, for this CPU (-march=native), and cached under
 $JAXVLLM_NATIVE_CACHE (default ~/.cache/jaxvllm/native) by a hash of everything that
-shapes it: source, flags, compiler, jaxlib and the CPU's feature flags. A machine without a
+shapes it: sources, flags, compiler, jaxlib and the CPU's feature flags. A machine without a
 compiler gets a NativeBuildError, and `auto` falls back to the XLA reference.
 """
 from __future__ import annotations
@@ -23,6 +23,7 @@ import jaxlib
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("ragged_paged_attention.cc")
+HEADERS = ("attend.h", "simd.h")  # beside SOURCE, which includes them
 # FFI target name -> the handler symbol the library exports for it.
 TARGETS = {"jaxvllm_ragged_paged_attention": "JaxvllmRaggedPagedAttention"}
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fopenmp-simd")
@@ -62,7 +63,8 @@ def library_path() -> Path:
         version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError) as e:
         raise NativeBuildError(f"no working C++ compiler ({cxx}): {e}") from e
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), *FLAGS, version, jaxlib.__version__,
+    sources = [SOURCE.read_text()] + [SOURCE.with_name(h).read_text() for h in HEADERS]
+    key = hashlib.sha256("\0".join([*sources, *FLAGS, version, jaxlib.__version__,
                                     _cpu_features()]).encode()).hexdigest()[:16]
     cache = Path(os.environ.get("JAXVLLM_NATIVE_CACHE", Path.home() / ".cache" / "jaxvllm" / "native"))
     path = cache / f"{SOURCE.stem}-{key}.so"
