@@ -77,7 +77,11 @@ def library_path() -> Path:
 @functools.cache
 def load() -> ctypes.CDLL:
     """Load the library and register its FFI targets for the CPU platform, once a process."""
-    lib = ctypes.CDLL(str(library_path()))
+    path = library_path()
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as e:
+        raise NativeBuildError(f"cannot load {path}: {e}") from e
     for target, symbol in TARGETS.items():
         jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
     return lib

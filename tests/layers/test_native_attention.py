@@ -123,3 +123,11 @@ def test_library_is_built_once_per_machine(monkeypatch, tmp_path):
     mtime = path.stat().st_mtime_ns
     assert native_build.library_path() == path and path.stat().st_mtime_ns == mtime
     assert list(tmp_path.iterdir()) == [path]  # no temporary files left behind
+
+
+def test_unloadable_library_says_why(monkeypatch, tmp_path):
+    broken = tmp_path / "broken.so"
+    broken.write_bytes(b"not a shared library")
+    monkeypatch.setattr(native_build, "library_path", lambda: broken)
+    with pytest.raises(native_build.NativeBuildError, match="cannot load"):
+        native_build.load.__wrapped__()  # the uncached body: nothing is registered
