@@ -1,5 +1,5 @@
-"""Ragged paged attention in plain jax.numpy: ground truth for the Pallas kernels and
-the CPU backend of the model.
+"""Ragged paged attention in plain jax.numpy: ground truth for the Pallas and native kernels,
+and the model's CPU backend where the native kernel cannot be built.
 
 One call serves decode-only, prefill-only and mixed steps. Queries are a flat token axis;
 sequence s owns tokens cu_q_lens[s]:cu_q_lens[s+1], which are the *last* tokens of its
