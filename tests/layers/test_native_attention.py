@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given, settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_reference_attention import DECODE, MIXED, PREFILL, batches, build, naive  # noqa: E402
+from test_reference_attention import (DECODE, MIXED, PREFILL, assert_matches_naive, batches,  # noqa: E402
+                                     build, naive)
 
 from jaxvllm.native import build as native_build  # noqa: E402
 from jaxvllm.native.ragged_paged_attention import ragged_paged_attention  # noqa: E402
@@ -27,11 +28,7 @@ LONG = [(70, 70), (1, 33), (40, 75), (33, 33)]
 
 def check(args, tol=1e-5, **kw):
     kw.setdefault("sm_scale", args[0].shape[-1] ** -0.5)
-    got = np.asarray(ragged_paged_attention(*args, **kw), np.float64)
-    assert got.shape == args[0].shape
-    np.testing.assert_allclose(got, naive(*args, **kw), rtol=tol, atol=tol)
-    end = int(args[5][int(args[6][0])])
-    assert not got[end:].any(), "padding tokens must produce zeros"
+    assert_matches_naive(ragged_paged_attention(*args, **kw), args, tol, **kw)
 
 
 @pytest.mark.parametrize("seqs,nq,nkv,hd,ps", [

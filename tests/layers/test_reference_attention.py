@@ -76,16 +76,22 @@ def naive(q, cache, layer, kv_lens, page_indices, cu_q_lens, num_seqs, *, sm_sca
     return out
 
 
-def check(args, tol=1e-5, **kw):
-    kw.setdefault("sm_scale", args[0].shape[-1] ** -0.5)
-    got = np.asarray(ragged_paged_attention(*args, **kw), np.float64)
-    opts = {k: w for k, w in kw.items() if k not in ("pages_per_chunk", "decode_pages_per_chunk", "token_block",
-                                                      "query_block")}
-    want = naive(*args, **opts)
+def assert_matches_naive(got, args, tol, **kw):
+    """A kernel's output against `naive` (kw: its sm_scale, sliding_window, soft_cap); padding
+    tokens must come out as zeros. Shared by the reference, Pallas and native kernel tests."""
+    got = np.asarray(got, np.float64)
+    assert got.shape == args[0].shape
     assert np.isfinite(got).all()
-    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    np.testing.assert_allclose(got, naive(*args, **kw), rtol=tol, atol=tol)
     end = int(args[5][int(args[6][0])])
     assert not got[end:].any(), "padding tokens must produce zeros"
+
+
+def check(args, tol=1e-5, **kw):
+    kw.setdefault("sm_scale", args[0].shape[-1] ** -0.5)
+    opts = {k: w for k, w in kw.items() if k not in ("pages_per_chunk", "decode_pages_per_chunk", "token_block",
+                                                      "query_block")}
+    assert_matches_naive(ragged_paged_attention(*args, **kw), args, tol, **opts)
 
 
 # ps=4, (decode_)pages_per_chunk=2 -> 8-token chunks: lengths 4/8/16 end on a page (and chunk)

@@ -19,7 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "layers"))
-from test_reference_attention import DECODE, MIXED, PREFILL, batches, build, naive  # noqa: E402
+from test_reference_attention import (DECODE, MIXED, PREFILL, assert_matches_naive, batches,  # noqa: E402
+                                     build, naive)
 
 from jaxvllm.layers.attention import write_kv  # noqa: E402
 from pallas_kernels import ragged_paged_attention_gpu as gpu  # noqa: E402
@@ -38,13 +39,7 @@ kernels = pytest.mark.parametrize("kernel", ["gpu", "tpu"])
 
 def check(kernel, args, tol=1e-5, **kw):
     kw.setdefault("sm_scale", args[0].shape[-1] ** -0.5)
-    got = np.asarray(KERNELS[kernel](*args, **kw), np.float64)
-    assert got.shape == args[0].shape
-    want = naive(*args, **kw)
-    assert np.isfinite(got).all()
-    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
-    end = int(args[5][int(args[6][0])])
-    assert not got[end:].any(), "padding tokens must produce zeros"
+    assert_matches_naive(KERNELS[kernel](*args, **kw), args, tol, **kw)
 
 
 # ps=4 and 2 pages per KV block: lengths 4/8/16 end on a page (and block) boundary, 5/9/17
