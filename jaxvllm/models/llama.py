@@ -20,6 +20,7 @@ from flax import nnx
 
 from jaxvllm.distributed.mesh import MODEL_AXIS as M, constrain
 from jaxvllm.layers.attention import AttentionMetadata
+from jaxvllm.layers.linear import linear, pack_linear_weights
 from jaxvllm.layers.rotary import apply_rotary, compute_inv_freq
 
 
@@ -72,6 +73,9 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     return weight * x32.astype(x.dtype)
 
 
+LINEAR_WEIGHTS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+
+
 def _layer_shapes(a: LlamaArgs) -> dict[str, tuple[int, ...]]:
     """One decoder layer's weights, [in, out] so that activations multiply from the left."""
     q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
@@ -113,7 +117,7 @@ class LlamaForCausalLM(nnx.Module):
 
         def project_qkv(w, h):
             x = rms_norm(h, w["input_norm"], a.rms_norm_eps)
-            q, k, v = x @ w["wq"], x @ w["wk"], x @ w["wv"]
+            q, k, v = linear(x, w["wq"]), linear(x, w["wk"]), linear(x, w["wv"])
             if a.attention_bias:
                 q, k, v = q + w["bq"], k + w["bk"], v + w["bv"]
             # Heads stay on their tensor-parallel shard from projection to attention output.
@@ -121,10 +125,10 @@ class LlamaForCausalLM(nnx.Module):
             return apply_rotary(q, md.positions, inv_freq), apply_rotary(k, md.positions, inv_freq), v
 
         def output_and_mlp(w, h, o):
-            h = constrain(h + o.reshape(T, -1) @ w["wo"], None, None)  # all-reduced: replicated
+            h = constrain(h + linear(o.reshape(T, -1), w["wo"]), None, None)  # all-reduced: replicated
             x = rms_norm(h, w["post_attn_norm"], a.rms_norm_eps)
-            up = constrain(jax.nn.silu(x @ w["w_gate"]) * (x @ w["w_up"]), None, M)
-            return constrain(h + up @ w["w_down"], None, None)
+            up = constrain(jax.nn.silu(linear(x, w["w_gate"])) * linear(x, w["w_up"]), None, M)
+            return constrain(h + linear(up, w["w_down"]), None, None)
 
         weights = [{k: v.get_value() for k, v in layer.items()} for layer in self.layers]
         qkv = [functools.partial(project_qkv, w) for w in weights]
@@ -144,6 +148,11 @@ class LlamaForCausalLM(nnx.Module):
         """place(name, host_array) -> jax.Array puts each weight on device (default: the
         default device); the tensor-parallel worker passes one that places shard by shard."""
         _load_hf_weights(self, weights, place or (lambda name, value: jnp.asarray(value)))
+
+    def pack_linear_weights(self) -> int:
+        """Pack the decoder layers' matmul weights for the native CPU kernel (one device only:
+        packed weights are not sharded)."""
+        return pack_linear_weights(self.layers, LINEAR_WEIGHTS)
 
     def compute_logits(self, hidden: jax.Array) -> jax.Array:
         head = self.embed_tokens.get_value().T if self.lm_head is None else self.lm_head.get_value()

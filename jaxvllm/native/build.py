@@ -22,10 +22,12 @@ import jaxlib
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("ragged_paged_attention.cc")
-HEADERS = ("attend.h", "simd.h")  # beside SOURCE, which includes them
+HERE = Path(__file__).parent
+SOURCES = ("ragged_paged_attention.cc", "packed_matmul.cc")  # one library
+HEADERS = ("attend.h", "parallel.h", "simd.h")
 # FFI target name -> the handler symbol the library exports for it.
-TARGETS = {"jaxvllm_ragged_paged_attention": "JaxvllmRaggedPagedAttention"}
+TARGETS = {"jaxvllm_ragged_paged_attention": "JaxvllmRaggedPagedAttention",
+           "jaxvllm_packed_matmul": "JaxvllmPackedMatmul"}
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fopenmp-simd")
 
 
@@ -45,7 +47,7 @@ def _compile(cxx: str, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
-    cmd = [cxx, *FLAGS, "-I", jax.ffi.include_dir(), str(SOURCE), "-o", tmp]
+    cmd = [cxx, *FLAGS, "-I", jax.ffi.include_dir(), *(str(HERE / s) for s in SOURCES), "-o", tmp]
     try:
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:
@@ -63,11 +65,11 @@ def library_path() -> Path:
         version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError) as e:
         raise NativeBuildError(f"no working C++ compiler ({cxx}): {e}") from e
-    sources = [SOURCE.read_text()] + [SOURCE.with_name(h).read_text() for h in HEADERS]
+    sources = [(HERE / name).read_text() for name in SOURCES + HEADERS]
     key = hashlib.sha256("\0".join([*sources, *FLAGS, version, jaxlib.__version__,
                                     _cpu_features()]).encode()).hexdigest()[:16]
     cache = Path(os.environ.get("JAXVLLM_NATIVE_CACHE", Path.home() / ".cache" / "jaxvllm" / "native"))
-    path = cache / f"{SOURCE.stem}-{key}.so"
+    path = cache / f"jaxvllm_native-{key}.so"
     if not path.exists():
         logger.info("Building native CPU kernels: %s", path)
         _compile(cxx, path)

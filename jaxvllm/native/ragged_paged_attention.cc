@@ -6,18 +6,16 @@
 // this kernel reads each page where it lies, once per block of up to kQueryBlock query tokens
 // (attend.h does one such work item). This file checks the metadata, so a bad page index is an
 // error and never a stray read, cuts the batch into work items and runs them, longest first,
-// on the threads of XLA's own intra-op pool.
+// on the threads of XLA's own intra-op pool (parallel.h).
 #include <algorithm>
-#include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "attend.h"
+#include "parallel.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -30,29 +28,6 @@ using jaxvllm::Problem;
 
 constexpr int64_t kQueryBlock = 32;  // query tokens per work item: their rows share each page read
 
-// Items are claimed one at a time by the caller and by helpers on the pool. The caller
-// waits only for items already claimed, so a helper that starts late finds nothing to do
-// and never touches the call's buffers; the shared state outlives the call for it.
-struct Shared {
-  Problem problem;
-  std::vector<Item> items;
-  std::atomic<size_t> next{0};
-  size_t done = 0;
-  std::mutex mu;
-  std::condition_variable cv;
-
-  void Work() {
-    std::vector<float> buf;
-    size_t finished = 0;
-    auto attend = problem.head_dim == 64 ? Attend<64> : problem.head_dim == 128 ? Attend<128> : Attend<0>;
-    for (size_t i; (i = next.fetch_add(1)) < items.size(); ++finished) attend(problem, items[i], buf);
-    if (finished == 0) return;
-    std::lock_guard<std::mutex> lock(mu);
-    done += finished;
-    if (done == items.size()) cv.notify_all();
-  }
-};
-
 ffi::Error RaggedPagedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> cache,
                                 ffi::BufferR0<ffi::S32> layer, ffi::BufferR1<ffi::S32> kv_lens,
                                 ffi::BufferR2<ffi::S32> page_indices, ffi::BufferR1<ffi::S32> cu_q_lens,
@@ -60,9 +35,7 @@ ffi::Error RaggedPagedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, f
                                 float sm_scale, int64_t sliding_window, float soft_cap) {
   const auto qd = q.dimensions(), cd = cache.dimensions();
   if (qd.size() != 3 || cd.size() != 6) return ffi::Error::InvalidArgument("q must be 3-D and kv_cache 6-D");
-  auto shared = std::make_shared<Shared>();
-  Problem& p = shared->problem;
-  p = Problem{q.typed_data(), cache.typed_data(), kv_lens.typed_data(), page_indices.typed_data(),
+  Problem p{q.typed_data(), cache.typed_data(), kv_lens.typed_data(), page_indices.typed_data(),
               cu_q_lens.typed_data(), out->typed_data(), layer.typed_data()[0], cd[2], cd[3], cd[4],
               qd[1], qd[2], page_indices.dimensions()[1], sm_scale, soft_cap, sliding_window};
   const int64_t tokens = qd[0], max_seqs = page_indices.dimensions()[0];
@@ -70,6 +43,7 @@ ffi::Error RaggedPagedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, f
     return ffi::Error::InvalidArgument("q and kv_cache disagree on head_dim or q_heads % kv_heads != 0");
   if (p.layer < 0 || p.layer >= cd[0]) return ffi::Error::InvalidArgument("layer out of range");
   const int64_t n = num_seqs.typed_data()[0];
+  std::vector<Item> items;
   if (n < 0 || n > max_seqs || cu_q_lens.dimensions()[0] != max_seqs + 1)
     return ffi::Error::InvalidArgument("num_seqs exceeds max_num_seqs");
 
@@ -85,20 +59,18 @@ ffi::Error RaggedPagedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, f
     }
     for (int64_t t = first; t < last; t += kQueryBlock) {
       const int64_t end = std::min(t + kQueryBlock, last);
-      shared->items.push_back({static_cast<int32_t>(s), static_cast<int32_t>(t), static_cast<int32_t>(end),
+      items.push_back({static_cast<int32_t>(s), static_cast<int32_t>(t), static_cast<int32_t>(end),
                                (end - t) * (kv_len - (last - end) + 1)});
     }
   }
   const int64_t valid = n > 0 ? p.cu_q_lens[n] : 0;  // tokens past it are padding: zeros
   std::memset(p.out + valid * p.q_heads * p.head_dim, 0, (tokens - valid) * p.q_heads * p.head_dim * sizeof(float));
-  std::sort(shared->items.begin(), shared->items.end(), [](const Item& a, const Item& b) { return a.cost > b.cost; });
-  if (shared->items.empty()) return ffi::Error::Success();
-
-  const int64_t helpers = std::min<int64_t>(pool.num_threads(), shared->items.size() - 1);
-  for (int64_t i = 0; i < helpers; ++i) pool.Schedule([shared] { shared->Work(); });
-  shared->Work();
-  std::unique_lock<std::mutex> lock(shared->mu);
-  shared->cv.wait(lock, [&] { return shared->done == shared->items.size(); });
+  std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.cost > b.cost; });
+  auto attend = p.head_dim == 64 ? Attend<64> : p.head_dim == 128 ? Attend<128> : Attend<0>;
+  auto shared_items = std::make_shared<std::vector<Item>>(std::move(items));
+  jaxvllm::ParallelFor(pool, shared_items->size(), [p, attend, shared_items](int64_t i, std::vector<float>& buf) {
+    attend(p, (*shared_items)[i], buf);
+  });
   return ffi::Error::Success();
 }
 

@@ -14,7 +14,7 @@ from jaxvllm.config import EngineConfig
 from jaxvllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from jaxvllm.distributed.mesh import make_mesh
 from jaxvllm.distributed.partition import kv_cache_sharding
-from jaxvllm.layers.attention import get_attention
+from jaxvllm.layers.attention import get_attention, resolve_backend
 from jaxvllm.models.model_loader import get_model
 from jaxvllm.worker.model_runner import ModelRunner
 
@@ -41,6 +41,10 @@ class Worker:
         self.model = get_model(config, model_path, hf_config, self.mesh)
         self.args = self.model.args
         self.attend = get_attention(config.attention_backend, self.device.platform, self.mesh)
+        kernel, _ = resolve_backend(config.attention_backend, self.device.platform)
+        if kernel == "native" and self.mesh.size == 1:
+            # The native CPU kernels do the layers' matmuls too, on weights packed once here.
+            logger.info("Packed %d weights for the native CPU matmul.", self.model.pack_linear_weights())
 
     @property
     def kv_cache_shape_per_block(self) -> tuple[int, ...]:

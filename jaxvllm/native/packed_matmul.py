@@ -1,0 +1,44 @@
+"""x @ w on the CPU through the native kernel (packed_matmul.cc), w packed once at load.
+
+`pack_weight` turns an [in, out] weight into panels of PANEL columns, [out/PANEL, in, PANEL],
+so that each call streams the weight from memory once, in order (XLA's CPU matmul repacks
+its right-hand operand on every call, which costs more than a decode step's product).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxvllm.native import build
+
+PANEL = 32  # columns per panel: kPanel in packed_matmul.cc
+
+
+def can_pack(w) -> bool:
+    return w.ndim == 2 and w.dtype == jnp.float32 and w.shape[1] % PANEL == 0
+
+
+def pack_weight(w) -> jax.Array:
+    """[in, out] float32 with out a multiple of PANEL -> [out/PANEL, in, PANEL]."""
+    if not can_pack(w):
+        raise ValueError(f"pack_weight needs a float32 [in, out] weight with out a multiple of {PANEL}, "
+                         f"got {w.dtype}{list(w.shape)}.")
+    k, n = w.shape
+    w = np.asarray(w)
+    return jnp.asarray(np.ascontiguousarray(w.reshape(k, n // PANEL, PANEL).transpose(1, 0, 2)))
+
+
+def unpack_weight(packed) -> jax.Array:
+    """The inverse of pack_weight."""
+    return jnp.transpose(packed, (1, 0, 2)).reshape(packed.shape[1], -1)
+
+
+def packed_matmul(x: jax.Array, packed: jax.Array) -> jax.Array:
+    """x [..., in] @ the packed weight -> [..., out], float32."""
+    build.load()
+    rows = x.reshape(-1, x.shape[-1]).astype(jnp.float32)
+    out = packed.shape[0] * PANEL
+    y = jax.ffi.ffi_call("jaxvllm_packed_matmul", jax.ShapeDtypeStruct((rows.shape[0], out), jnp.float32))(
+        rows, packed)
+    return y.reshape(*x.shape[:-1], out)
