@@ -1,0 +1,104 @@
+"""The native packed matmul (jaxvllm/native/packed_matmul.cc) against float64 numpy: shapes
+around its 12-row tiles, 192-row chunks and 32-column panels, the packing round trip, its use
+as the model calls it (jit, fori_loop, lax.switch over per-layer weights), its errors, and the
+worker packing weights only where the native kernels run on one device."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from hypothesis import given, settings, strategies as st
+
+from jaxvllm import LLM
+from jaxvllm.layers.linear import linear, pack_linear_weights
+from jaxvllm.native import build as native_build
+from jaxvllm.native.packed_matmul import PANEL, pack_weight, packed_matmul, unpack_weight
+
+pytestmark = pytest.mark.skipif(not native_build.available(), reason="no C++ compiler: the kernel cannot build")
+
+
+def operands(m, k, n, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((m, k), np.float32), rng.standard_normal((k, n), np.float32)
+
+
+def assert_close(y, x, w):
+    want = x.astype(np.float64) @ w.astype(np.float64)
+    assert y.shape == want.shape and y.dtype == np.float32
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5 * np.sqrt(x.shape[1]))
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 64, 32), (12, 7, 64), (13, 576, 192), (192, 96, 96), (193, 33, 1536),
+                                   (400, 128, 320)])
+def test_matches_float64(m, k, n):
+    x, w = operands(m, k, n)
+    assert_close(np.asarray(packed_matmul(jnp.asarray(x), pack_weight(w))), x, w)
+
+
+@settings(max_examples=15, derandomize=True, deadline=None)
+@given(m=st.integers(1, 260), k=st.integers(1, 160), panels=st.integers(1, 9))
+def test_random_shapes(m, k, panels):
+    x, w = operands(m, k, panels * PANEL, seed=m * k)
+    assert_close(np.asarray(packed_matmul(jnp.asarray(x), pack_weight(w))), x, w)
+
+
+def test_pack_round_trip_is_exact_and_leading_dims_are_kept():
+    x, w = operands(6, 40, 96)
+    packed = pack_weight(w)
+    assert packed.shape == (3, 40, PANEL)
+    np.testing.assert_array_equal(np.asarray(unpack_weight(packed)), w)
+    y = packed_matmul(jnp.asarray(x).reshape(2, 3, 40), packed)
+    assert y.shape == (2, 3, 96)
+    assert_close(np.asarray(y).reshape(6, 96), x, w)
+
+
+def test_zero_rows():
+    _, w = operands(1, 16, 32)
+    assert packed_matmul(jnp.zeros((0, 16)), pack_weight(w)).shape == (0, 32)
+
+
+def test_per_layer_weights_under_jit_fori_loop_and_switch():
+    # As the model calls it: each layer's packed weight picked by lax.switch inside fori_loop.
+    x, w0 = operands(9, 64, 64, seed=1)
+    _, w1 = operands(9, 64, 64, seed=2)
+    branches = [lambda h, p=pack_weight(w): jnp.tanh(linear(h, p)) for w in (w0, w1)]
+
+    @jax.jit
+    def run(h):
+        return jax.lax.fori_loop(0, 2, lambda i, h: jax.lax.switch(i, branches, h), h)
+
+    want = np.tanh(np.tanh(x.astype(np.float64) @ w0) @ w1)
+    np.testing.assert_allclose(np.asarray(run(jnp.asarray(x))), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("w,match", [
+    (np.zeros((8, 40), np.float32), "out a multiple of 32"),
+    (np.zeros((8, 64), jnp.bfloat16), "float32"),
+    (np.zeros((2, 8, 64), np.float32), r"\[in, out\]"),
+])
+def test_pack_weight_rejects_what_the_kernel_cannot_take(w, match):
+    with pytest.raises(ValueError, match=match):
+        pack_weight(w)
+
+
+def test_inner_dimension_mismatch_is_an_error():
+    x, w = operands(4, 16, 32)
+    with pytest.raises(Exception, match="in = x.shape"):
+        np.asarray(packed_matmul(jnp.zeros((4, 17)), pack_weight(w)))
+
+
+def test_pack_linear_weights_leaves_what_it_cannot_take():
+    layers = nnx.List([nnx.Dict({"wq": nnx.Param(jnp.ones((8, 64))), "wk": nnx.Param(jnp.ones((8, 40))),
+                                 "norm": nnx.Param(jnp.ones((8,)))}) for _ in range(2)])
+    assert pack_linear_weights(layers, ("wq", "wk")) == 2
+    assert [layers[1][n].get_value().shape for n in ("wq", "wk", "norm")] == [(2, 8, 32), (8, 40), (8,)]
+
+
+@pytest.mark.parametrize("backend,packed", [("native", True), ("reference", False)])
+def test_worker_packs_only_for_the_native_backend(tiny_model_dir, backend, packed):
+    llm = LLM(str(tiny_model_dir), max_num_seqs=2, max_num_batched_tokens=16, max_model_len=32,
+              num_gpu_blocks_override=8, skip_warmup=True, attention_backend=backend)
+    worker = llm.llm_engine.engine_core.worker
+    assert all((layer["wq"].get_value().ndim == 3) == packed for layer in worker.model.layers)
