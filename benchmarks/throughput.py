@@ -122,7 +122,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-model-len", type=int, default=1024)
-    p.add_argument("--max-num-batched-tokens", type=int, default=512,
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048,
                    help="Token budget per step, the same for jaxvllm and vLLM.")
     p.add_argument("--peers", default="vllm,transformers", help="Comma-separated; empty for none.")
     p.add_argument("--hf-batch-sizes", default="16,64")

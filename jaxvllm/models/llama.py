@@ -21,6 +21,7 @@ from flax import nnx
 from jaxvllm.distributed.mesh import MODEL_AXIS as M, constrain
 from jaxvllm.layers.attention import AttentionMetadata
 from jaxvllm.layers.linear import linear, pack_linear_weights
+from jaxvllm.native.packed_matmul import can_pack, pack_weight
 from jaxvllm.layers.rotary import apply_rotary, compute_inv_freq
 
 
@@ -150,13 +151,19 @@ class LlamaForCausalLM(nnx.Module):
         _load_hf_weights(self, weights, place or (lambda name, value: jnp.asarray(value)))
 
     def pack_linear_weights(self) -> int:
-        """Pack the decoder layers' matmul weights for the native CPU kernel (one device only:
-        packed weights are not sharded)."""
-        return pack_linear_weights(self.layers, LINEAR_WEIGHTS)
+        """Pack the decoder layers' matmul weights and the LM head for the native CPU kernel
+        (one device only: packed weights are not sharded). A tied head gets a packed copy of
+        the embedding: vocab × hidden floats more, for a faster head at every step."""
+        packed = pack_linear_weights(self.layers, LINEAR_WEIGHTS)
+        head = self.embed_tokens.get_value().T if self.lm_head is None else self.lm_head.get_value()
+        if can_pack(head):
+            self.lm_head = nnx.data(nnx.Param(pack_weight(head)))  # was None (static) when tied
+            packed += 1
+        return packed
 
     def compute_logits(self, hidden: jax.Array) -> jax.Array:
         head = self.embed_tokens.get_value().T if self.lm_head is None else self.lm_head.get_value()
-        return constrain((hidden @ head).astype(jnp.float32), None, M)  # vocabulary parallel
+        return constrain(linear(hidden, head).astype(jnp.float32), None, M)  # vocabulary parallel
 
 
 _HF_LAYER_NAMES = {

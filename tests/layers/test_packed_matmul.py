@@ -101,4 +101,6 @@ def test_worker_packs_only_for_the_native_backend(tiny_model_dir, backend, packe
     llm = LLM(str(tiny_model_dir), max_num_seqs=2, max_num_batched_tokens=16, max_model_len=32,
               num_gpu_blocks_override=8, skip_warmup=True, attention_backend=backend)
     worker = llm.llm_engine.engine_core.worker
-    assert all((layer["wq"].get_value().ndim == 3) == packed for layer in worker.model.layers)
+    model = worker.model
+    assert all((layer["wq"].get_value().ndim == 3) == packed for layer in model.layers)
+    assert (model.lm_head.get_value().ndim == 3) == packed
