@@ -16,6 +16,7 @@ from jaxvllm.distributed.mesh import make_mesh
 from jaxvllm.distributed.partition import kv_cache_sharding
 from jaxvllm.layers.attention import get_attention, resolve_backend
 from jaxvllm.models.model_loader import get_model
+from jaxvllm.worker.huge_pages import advise_huge_pages
 from jaxvllm.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -92,6 +93,9 @@ class Worker:
                              mesh=self.mesh)
         if not self.config.skip_warmup:
             runner.warmup()
+        if self.device.platform == "cpu":
+            collapsed = advise_huge_pages((runner.params, runner.kv_cache))
+            logger.info("Huge pages: %.0f MiB of weights and KV cache.", collapsed / 2**20)
         self.model_runner = runner
         return runner
 
