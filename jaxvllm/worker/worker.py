@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +17,7 @@ from jaxvllm.distributed.mesh import make_mesh
 from jaxvllm.distributed.partition import kv_cache_sharding
 from jaxvllm.layers.attention import get_attention, resolve_backend
 from jaxvllm.models.model_loader import get_model
-from jaxvllm.worker.huge_pages import advise_huge_pages
+from jaxvllm.worker.huge_pages import advise_huge_pages, huge_page_ranges
 from jaxvllm.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -94,10 +95,17 @@ class Worker:
         if not self.config.skip_warmup:
             runner.warmup()
         if self.device.platform == "cpu":
-            collapsed = advise_huge_pages((runner.params, runner.kv_cache))
-            logger.info("Huge pages: %.0f MiB of weights and KV cache.", collapsed / 2**20)
+            # Collapsing ~1 GiB takes seconds: in the background, so that serving starts now.
+            ranges = huge_page_ranges((runner.params, runner.kv_cache))
+            threading.Thread(target=self._advise_huge_pages, args=(ranges,), name="huge-pages",
+                             daemon=True).start()
         self.model_runner = runner
         return runner
+
+    @staticmethod
+    def _advise_huge_pages(ranges) -> None:
+        collapsed = advise_huge_pages(ranges)
+        logger.info("Huge pages: %.0f MiB of weights and KV cache.", collapsed / 2**20)
 
     # ---- what an executor calls (in process, or by collective_rpc in a worker process) ----
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:

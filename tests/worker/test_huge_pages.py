@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxvllm.worker.huge_pages import HUGE_PAGE, advise_huge_pages
+from jaxvllm.worker.huge_pages import HUGE_PAGE, advise_huge_pages, huge_page_ranges
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise is Linux advice")
 
@@ -29,7 +29,9 @@ def anon_huge_bytes(address: int) -> int:
 def test_collapsed_bytes_are_huge_pages_and_values_are_kept():
     x = jnp.arange(24 * HUGE_PAGE // 4, dtype=jnp.float32)
     want = np.asarray(x).copy()
-    collapsed = advise_huge_pages({"w": x, "small": jnp.ones(16)})
+    ranges = huge_page_ranges({"w": x, "small": jnp.ones(16)})
+    assert len(ranges) == 1
+    collapsed = advise_huge_pages(ranges)
     assert collapsed % HUGE_PAGE == 0 and collapsed <= x.nbytes
     if collapsed:  # a kernel without MADV_COLLAPSE (before 6.1) collapses nothing now
         assert anon_huge_bytes(x.unsafe_buffer_pointer() + x.nbytes // 2) >= collapsed
@@ -37,4 +39,4 @@ def test_collapsed_bytes_are_huge_pages_and_values_are_kept():
 
 
 def test_small_buffers_are_left_alone():
-    assert advise_huge_pages([jnp.ones((1024, 1024))]) == 0  # 4 MiB: under the 16 MiB floor
+    assert huge_page_ranges([jnp.ones((1024, 1024))]) == []  # 4 MiB: under the 16 MiB floor
