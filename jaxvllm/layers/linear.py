@@ -11,13 +11,18 @@ def linear(x: jax.Array, w: jax.Array) -> jax.Array:
     return packed_matmul(x, w) if w.ndim == 3 else x @ w
 
 
+def maybe_pack(w: jax.Array) -> jax.Array | None:
+    """The packed weight, or None where the kernel cannot take it (it stays [in, out], on XLA)."""
+    return pack_weight(w) if can_pack(w) else None
+
+
 def pack_linear_weights(layers, names: tuple[str, ...]) -> int:
     """Pack the named weights of each layer (nnx.Dict) that the kernel can take; returns how
-    many it packed. The rest stay [in, out] and go through XLA."""
+    many it packed."""
     packed = 0
     for layer in layers:
         for name in names:
-            if can_pack(layer[name].get_value()):
-                layer[name].set_value(pack_weight(layer[name].get_value()))
+            if (p := maybe_pack(layer[name].get_value())) is not None:
+                layer[name].set_value(p)
                 packed += 1
     return packed

@@ -20,8 +20,7 @@ from flax import nnx
 
 from jaxvllm.distributed.mesh import MODEL_AXIS as M, constrain
 from jaxvllm.layers.attention import AttentionMetadata
-from jaxvllm.layers.linear import linear, pack_linear_weights
-from jaxvllm.native.packed_matmul import can_pack, pack_weight
+from jaxvllm.layers.linear import linear, maybe_pack, pack_linear_weights
 from jaxvllm.layers.rotary import apply_rotary, compute_inv_freq
 
 
@@ -155,15 +154,16 @@ class LlamaForCausalLM(nnx.Module):
         (one device only: packed weights are not sharded). A tied head gets a packed copy of
         the embedding: vocab × hidden floats more, for a faster head at every step."""
         packed = pack_linear_weights(self.layers, LINEAR_WEIGHTS)
-        head = self.embed_tokens.get_value().T if self.lm_head is None else self.lm_head.get_value()
-        if can_pack(head):
-            self.lm_head = nnx.data(nnx.Param(pack_weight(head)))  # was None (static) when tied
+        if (head := maybe_pack(self._head())) is not None:
+            self.lm_head = nnx.data(nnx.Param(head))  # was None (static) when tied
             packed += 1
         return packed
 
+    def _head(self) -> jax.Array:
+        return self.embed_tokens.get_value().T if self.lm_head is None else self.lm_head.get_value()
+
     def compute_logits(self, hidden: jax.Array) -> jax.Array:
-        head = self.embed_tokens.get_value().T if self.lm_head is None else self.lm_head.get_value()
-        return constrain(linear(hidden, head).astype(jnp.float32), None, M)  # vocabulary parallel
+        return constrain(linear(hidden, self._head()).astype(jnp.float32), None, M)  # vocabulary parallel
 
 
 _HF_LAYER_NAMES = {

@@ -29,11 +29,6 @@ def pack_weight(w) -> jax.Array:
     return jnp.asarray(np.ascontiguousarray(w.reshape(k, n // PANEL, PANEL).transpose(1, 0, 2)))
 
 
-def unpack_weight(packed) -> jax.Array:
-    """The inverse of pack_weight."""
-    return jnp.transpose(packed, (1, 0, 2)).reshape(packed.shape[1], -1)
-
-
 def packed_matmul(x: jax.Array, packed: jax.Array) -> jax.Array:
     """x [..., in] @ the packed weight -> [..., out], float32."""
     build.load()
