@@ -3,6 +3,7 @@ device, packed at load into the panels of jaxvllm/native/packed_matmul.py."""
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
 from jaxvllm.native.packed_matmul import can_pack, pack_weight, packed_matmul
 
@@ -16,13 +17,22 @@ def maybe_pack(w: jax.Array) -> jax.Array | None:
     return pack_weight(w) if can_pack(w) else None
 
 
-def pack_linear_weights(layers, names: tuple[str, ...]) -> int:
-    """Pack the named weights of each layer (nnx.Dict) that the kernel can take; returns how
-    many it packed."""
+def pack_linear_weights(layers, names: tuple[str, ...], fused: dict[str, tuple[str, ...]]) -> int:
+    """Pack the named weights of each layer (nnx.Dict) that the kernel can take, and replace
+    each group of `fused` (weights that multiply the same input: {fused name: parts}) by one
+    packed weight of their columns side by side, so that one call reads the input once and
+    streams all of them. Returns how many packed weights the layers hold."""
     packed = 0
     for layer in layers:
+        for name, parts in fused.items():
+            weights = [layer[part].get_value() for part in parts]
+            if all(can_pack(w) for w in weights):
+                layer[name] = layer[parts[0]].replace(pack_weight(jnp.concatenate(weights, axis=1)))
+                for part in parts:
+                    del layer[part]
+                packed += 1
         for name in names:
-            if (p := maybe_pack(layer[name].get_value())) is not None:
+            if name in layer and (p := maybe_pack(layer[name].get_value())) is not None:
                 layer[name].set_value(p)
                 packed += 1
     return packed

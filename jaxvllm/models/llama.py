@@ -74,6 +74,8 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
 
 
 LINEAR_WEIGHTS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+# Packed for the native kernel, the projections of one input become one weight each.
+FUSED_WEIGHTS = {"wqkv": ("wq", "wk", "wv"), "w_gate_up": ("w_gate", "w_up")}
 
 
 def _layer_shapes(a: LlamaArgs) -> dict[str, tuple[int, ...]]:
@@ -114,10 +116,14 @@ class LlamaForCausalLM(nnx.Module):
         T = input_ids.shape[0]
         inv_freq = jnp.asarray(compute_inv_freq(a.head_dim, a.rope_theta, dict(a.rope_scaling or ())))
         scale = a.head_dim ** -0.5
+        q_size, kv_size = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
 
         def project_qkv(w, h):
             x = rms_norm(h, w["input_norm"], a.rms_norm_eps)
-            q, k, v = linear(x, w["wq"]), linear(x, w["wk"]), linear(x, w["wv"])
+            if "wqkv" in w:
+                q, k, v = jnp.split(linear(x, w["wqkv"]), [q_size, q_size + kv_size], axis=-1)
+            else:
+                q, k, v = linear(x, w["wq"]), linear(x, w["wk"]), linear(x, w["wv"])
             if a.attention_bias:
                 q, k, v = q + w["bq"], k + w["bk"], v + w["bv"]
             # Heads stay on their tensor-parallel shard from projection to attention output.
@@ -127,7 +133,11 @@ class LlamaForCausalLM(nnx.Module):
         def output_and_mlp(w, h, o):
             h = constrain(h + linear(o.reshape(T, -1), w["wo"]), None, None)  # all-reduced: replicated
             x = rms_norm(h, w["post_attn_norm"], a.rms_norm_eps)
-            up = constrain(jax.nn.silu(linear(x, w["w_gate"])) * linear(x, w["w_up"]), None, M)
+            if "w_gate_up" in w:
+                gate, up = jnp.split(linear(x, w["w_gate_up"]), 2, axis=-1)
+            else:
+                gate, up = linear(x, w["w_gate"]), linear(x, w["w_up"])
+            up = constrain(jax.nn.silu(gate) * up, None, M)
             return constrain(h + linear(up, w["w_down"]), None, None)
 
         weights = [{k: v.get_value() for k, v in layer.items()} for layer in self.layers]
@@ -150,10 +160,11 @@ class LlamaForCausalLM(nnx.Module):
         _load_hf_weights(self, weights, place or (lambda name, value: jnp.asarray(value)))
 
     def pack_linear_weights(self) -> int:
-        """Pack the decoder layers' matmul weights and the LM head for the native CPU kernel
-        (one device only: packed weights are not sharded). A tied head gets a packed copy of
-        the embedding: vocab × hidden floats more, for a faster head at every step."""
-        packed = pack_linear_weights(self.layers, LINEAR_WEIGHTS)
+        """Pack the decoder layers' matmul weights (q/k/v and gate/up fused) and the LM head
+        for the native CPU kernel (one device only: packed weights are not sharded). A tied
+        head gets a packed copy of the embedding: vocab × hidden floats more, for a faster
+        head at every step."""
+        packed = pack_linear_weights(self.layers, LINEAR_WEIGHTS, FUSED_WEIGHTS)
         if (head := maybe_pack(self._head())) is not None:
             self.lm_head = nnx.data(nnx.Param(head))  # was None (static) when tied
             packed += 1

@@ -92,8 +92,22 @@ def test_inner_dimension_mismatch_is_an_error():
 def test_pack_linear_weights_leaves_what_it_cannot_take():
     layers = nnx.List([nnx.Dict({"wq": nnx.Param(jnp.ones((8, 64))), "wk": nnx.Param(jnp.ones((8, 40))),
                                  "norm": nnx.Param(jnp.ones((8,)))}) for _ in range(2)])
-    assert pack_linear_weights(layers, ("wq", "wk")) == 2
+    assert pack_linear_weights(layers, ("wq", "wk"), {"wqk": ("wq", "wk")}) == 2  # wk: not fused
     assert [layers[1][n].get_value().shape for n in ("wq", "wk", "norm")] == [(2, 8, 32), (8, 40), (8,)]
+    assert "wqk" not in layers[1]
+
+
+def test_fused_weights_give_each_part_its_product():
+    rng = np.random.default_rng(3)
+    parts = {"wq": rng.standard_normal((16, 64), np.float32), "wk": rng.standard_normal((16, 32), np.float32),
+             "wv": rng.standard_normal((16, 32), np.float32)}
+    layers = nnx.List([nnx.Dict({n: nnx.Param(jnp.asarray(w)) for n, w in parts.items()})])
+    assert pack_linear_weights(layers, ("wq", "wk", "wv"), {"wqkv": ("wq", "wk", "wv")}) == 1
+    assert set(layers[0]) == {"wqkv"}
+    x = rng.standard_normal((5, 16), np.float32)
+    q, k, v = np.split(np.asarray(linear(jnp.asarray(x), layers[0]["wqkv"].get_value())), [64, 96], axis=-1)
+    for got, w in zip((q, k, v), parts.values()):
+        np.testing.assert_allclose(got, x.astype(np.float64) @ w, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("backend,packed", [("native", True), ("reference", False)])
@@ -102,5 +116,7 @@ def test_worker_packs_only_for_the_native_backend(tiny_model_dir, backend, packe
               num_gpu_blocks_override=8, skip_warmup=True, attention_backend=backend)
     worker = llm.llm_engine.engine_core.worker
     model = worker.model
-    assert all((layer["wq"].get_value().ndim == 3) == packed for layer in model.layers)
+    assert all(("wqkv" in layer and "w_gate_up" in layer and "wq" not in layer) == packed
+               for layer in model.layers)
+    assert all((layer["w_down"].get_value().ndim == 3) == packed for layer in model.layers)
     assert (model.lm_head.get_value().ndim == 3) == packed
