@@ -36,9 +36,9 @@ def get_model(config: EngineConfig, model_path: str, hf_config, mesh: Mesh, *,
                         num_kv_heads, mesh.size)
         padded = dataclasses.replace(args, num_heads=num_heads, num_kv_heads=num_kv_heads)
     # Abstract: no random init, and no device ever holds a whole tensor meant to be split.
-    model = nnx.eval_shape(lambda: model_cls(padded, dtype=dtype, rngs=nnx.Rngs(0)))
+    model = nnx.eval_shape(lambda: model_cls(padded, dtype=dtype))
     if is_orbax_checkpoint(model_path):
-        stored = nnx.eval_shape(lambda: model_cls(args, dtype=dtype, rngs=nnx.Rngs(0)))
+        stored = nnx.eval_shape(lambda: model_cls(args, dtype=dtype))
         _restore(model, nnx.to_pure_dict(nnx.state(stored)), model_path, mesh, dtype)
     else:
         model.load_hf_weights(load_weights(model_path), functools.partial(place, mesh))

@@ -13,7 +13,7 @@ from jaxvllm.models.loader import load_hf_config, load_weights
 
 def load_both(path):
     hf_config = load_hf_config(str(path))
-    model = nnx.eval_shape(lambda: LlamaForCausalLM(LlamaArgs.from_hf_config(hf_config), rngs=nnx.Rngs(0)))
+    model = nnx.eval_shape(lambda: LlamaForCausalLM(LlamaArgs.from_hf_config(hf_config)))
     model.load_hf_weights(load_weights(str(path)))
     from transformers import AutoModelForCausalLM
     ref = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()

@@ -109,7 +109,7 @@ def test_default_model_forward_lowers(platform):
                      num_heads=9, num_kv_heads=3, head_dim=64, rms_norm_eps=1e-5,
                      rope_theta=100000.0, rope_scaling=None, tie_word_embeddings=True,
                      attention_bias=False, max_position_embeddings=8192)
-    model = nnx.eval_shape(lambda: LlamaForCausalLM(args, dtype=jnp.bfloat16, rngs=nnx.Rngs(0)))
+    model = nnx.eval_shape(lambda: LlamaForCausalLM(args, dtype=jnp.bfloat16))
     graphdef, params = nnx.split(model)
     attend = get_attention("auto", platform)
     tokens, seqs, pages, page_size = 64, 8, 64, 16
