@@ -205,10 +205,15 @@ def _load_hf_weights(model: LlamaForCausalLM, weights: dict[str, np.ndarray], pl
             if any(n > m for n, m in zip(w.shape, shapes[name])):
                 raise ValueError(f"Tensor {key!r} of shape {weights[key].shape} does not fit the "
                                  f"model config ({shapes[name]}, [in, out]).")
-            value = np.zeros(shapes[name], dtype)
-            value[tuple(slice(0, n) for n in w.shape)] = w
+            if w.shape == shapes[name]:
+                value = w.astype(dtype, copy=False)
+            else:
+                value = np.zeros(shapes[name], dtype)
+                value[tuple(slice(0, n) for n in w.shape)] = w
             model.layers[i][name].set_value(place(f"layers.{i}.{name}", value))
-    model.embed_tokens.set_value(place("embed_tokens", weights["model.embed_tokens.weight"].astype(dtype)))
-    model.norm.set_value(place("norm", weights["model.norm.weight"].astype(dtype)))
+    # copy=False: each copy of a large weight costs start-up time (page faults included).
+    embed = weights["model.embed_tokens.weight"].astype(dtype, copy=False)
+    model.embed_tokens.set_value(place("embed_tokens", embed))
+    model.norm.set_value(place("norm", weights["model.norm.weight"].astype(dtype, copy=False)))
     if model.lm_head is not None:
-        model.lm_head.set_value(place("lm_head", weights["lm_head.weight"].T.astype(dtype)))
+        model.lm_head.set_value(place("lm_head", weights["lm_head.weight"].T.astype(dtype, copy=False)))
