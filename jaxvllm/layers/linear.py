@@ -3,7 +3,6 @@ device, packed at load into the panels of jaxvllm/native/packed_matmul.py."""
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 
 from jaxvllm.native.packed_matmul import can_pack, pack_weight, packed_matmul
 
@@ -27,7 +26,7 @@ def pack_linear_weights(layers, names: tuple[str, ...], fused: dict[str, tuple[s
         for name, parts in fused.items():
             weights = [layer[part].get_value() for part in parts]
             if all(can_pack(w) for w in weights):
-                layer[name] = layer[parts[0]].replace(pack_weight(jnp.concatenate(weights, axis=1)))
+                layer[name] = layer[parts[0]].replace(pack_weight(*weights))
                 for part in parts:
                     del layer[part]
                 packed += 1

@@ -18,17 +18,21 @@ def can_pack(w) -> bool:
     return w.ndim == 2 and w.dtype == jnp.float32 and w.shape[1] % PANEL == 0
 
 
-def pack_weight(w) -> jax.Array:
-    """[in, out] float32 with out a multiple of PANEL -> [out/PANEL, in, PANEL]."""
-    if not can_pack(w):
-        raise ValueError(f"pack_weight needs a float32 [in, out] weight with out a multiple of {PANEL}, "
-                         f"got {w.dtype}{list(w.shape)}.")
-    return _panels(jnp.asarray(w))
+def pack_weight(*ws) -> jax.Array:
+    """[in, out] float32 with out a multiple of PANEL -> [out/PANEL, in, PANEL]. Given several
+    weights of the same input, packs their columns side by side: one weight for one call."""
+    for w in ws:
+        if not can_pack(w):
+            raise ValueError(f"pack_weight needs a float32 [in, out] weight with out a multiple of {PANEL}, "
+                             f"got {w.dtype}{list(w.shape)}.")
+    return _panels(tuple(jnp.asarray(w) for w in ws))
 
 
 @jax.jit
-def _panels(w: jax.Array) -> jax.Array:
-    # Jitted: XLA's transpose runs on every core (numpy's took ~3x as long at start-up).
+def _panels(ws: tuple[jax.Array, ...]) -> jax.Array:
+    # Jitted: XLA's concatenation and transpose run as one pass, on every core (numpy's
+    # transpose took ~3x as long at start-up).
+    w = jnp.concatenate(ws, axis=1)
     k, n = w.shape
     return w.reshape(k, n // PANEL, PANEL).transpose(1, 0, 2)
 

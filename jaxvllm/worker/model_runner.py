@@ -56,8 +56,9 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.input_batch = InputBatch(self.max_num_seqs)
         # Replicated over the mesh, like the hidden states the sampler reads beside it.
-        self.penalty_state = jax.device_put(penalties.init_state(self.max_num_seqs, self.vocab_size),
-                                            NamedSharding(mesh, P()))
+        # Made by one jitted program (three eager zeros compiled three: ~0.5 s of start-up).
+        self.penalty_state = jax.jit(penalties.init_state, static_argnums=(0, 1),
+                                     out_shardings=NamedSharding(mesh, P()))(self.max_num_seqs, self.vocab_size)
         # Incremented at trace time: one trace is one compilation.
         self.num_compilations = 0
         self.num_warmup_compilations = 0
