@@ -66,6 +66,41 @@ inline void AddValues(float* acc, int64_t D, const float* alpha, const float* w,
   }
 }
 
+// One query row's scores against keys [j_lo, j_hi) of a page of ps keys (ps a multiple of
+// kLanes), the others masked, into s[0, ps); returns the running max with them. The keys go 16
+// at a time: per key one vector of partial products, then HorizontalSums for all 16.
+template <int64_t kD>
+inline float Scores16(const float* qr, const float* k, int64_t kv_row, int64_t ps, int64_t j_lo,
+                      int64_t j_hi, float* s, float mx) {
+  if constexpr (kD > 0 && kD % kLanes == 0) {
+    constexpr int64_t kU = kD / kLanes;
+    F16 qv[kU];
+    for (int64_t u = 0; u < kU; ++u) qv[u] = Load(qr + u * kLanes);
+    const F16 masked = F16{} + kMaskValue;
+    const I16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    F16 top = F16{} + mx;
+    for (int64_t c = 0; c < ps; c += kLanes) {
+      if (c >= j_hi || c + kLanes <= j_lo) {
+        Store(s + c, masked);
+        continue;
+      }
+      F16 part[kLanes];
+      for (int64_t j = 0; j < kLanes; ++j) {
+        const float* kj = k + (c + j) * kv_row;
+        F16 acc = Load(kj) * qv[0];
+        for (int64_t u = 1; u < kU; ++u) acc += Load(kj + u * kLanes) * qv[u];
+        part[j] = acc;
+      }
+      const I16 key = lane + static_cast<int32_t>(c);
+      const F16 sc = (key >= static_cast<int32_t>(j_lo)) & (key < static_cast<int32_t>(j_hi)) ? HorizontalSums(part) : masked;
+      Store(s + c, sc);
+      top = sc > top ? sc : top;
+    }
+    for (int64_t x = 0; x < kLanes; ++x) mx = std::max(mx, top[x]);
+  }
+  return mx;
+}
+
 // Decode (one query token): each row's scores against a page are dot products, then one
 // exp per key. Memory-bound: the next page is prefetched while this one is used.
 template <int64_t kD>
@@ -88,16 +123,20 @@ void AttendDecode(const Problem& p, const Item& it, std::vector<float>& buf) {
     for (int64_t r = 0; r < H; ++r) {
       const float* k = p.KPage(pages[start / ps]) + (r / group) * D;
       const float* qr = q + r * D;
-      std::fill(s, s + tile, kMaskValue);
       float mx = m[r];
-      for (int64_t j = j_lo; j < j_hi; ++j) {
-        const float* kj = k + j * kv_row;
-        float dot = 0.0f;
+      if (kD > 0 && kD % kLanes == 0 && ps % kLanes == 0 && p.soft_cap <= 0.0f) {
+        mx = Scores16<kD>(qr, k, kv_row, ps, j_lo, j_hi, s, mx);
+      } else {
+        std::fill(s, s + tile, kMaskValue);
+        for (int64_t j = j_lo; j < j_hi; ++j) {
+          const float* kj = k + j * kv_row;
+          float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-        for (int64_t d = 0; d < D; ++d) dot += qr[d] * kj[d];
-        if (p.soft_cap > 0.0f) dot = p.soft_cap * std::tanh(dot / p.soft_cap);
-        s[j] = dot;
-        mx = std::max(mx, dot);
+          for (int64_t d = 0; d < D; ++d) dot += qr[d] * kj[d];
+          if (p.soft_cap > 0.0f) dot = p.soft_cap * std::tanh(dot / p.soft_cap);
+          s[j] = dot;
+          mx = std::max(mx, dot);
+        }
       }
       F16 sum = {};
       for (int64_t t = 0; t < tile; t += kLanes) {

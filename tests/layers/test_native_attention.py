@@ -41,16 +41,20 @@ def check(args, tol=1e-5, **kw):
     (MIXED, 6, 2, 32, 4),
     (LONG, 9, 3, 64, 16),
     (LONG, 4, 1, 128, 8),
+    (LONG, 8, 2, 128, 16),
+    (DECODE, 9, 3, 64, 32),
 ], ids=["decode-r1-d64", "decode-r3-d128", "prefill-r3-d128", "prefill-r4-d64", "mixed-r4-d64",
-        "mixed-r3-d128", "mixed-r3-d32", "long-r3-d64-ps16", "long-r4-d128-ps8"])
+        "mixed-r3-d128", "mixed-r3-d32", "long-r3-d64-ps16", "long-r4-d128-ps8", "long-r4-d128-ps16",
+        "decode-r3-d64-ps32"])
 def test_matches_naive(seqs, nq, nkv, hd, ps):
     check(build(np.random.default_rng(len(seqs) * nq + hd), seqs, nq=nq, nkv=nkv, hd=hd, ps=ps))
 
 
 @pytest.mark.parametrize("window,cap", [(5, None), (None, 2.0), (3, 5.0), (40, None)])
 @pytest.mark.parametrize("seqs", [MIXED, LONG], ids=["mixed", "long"])
-def test_sliding_window_and_soft_cap(seqs, window, cap):
-    args = build(np.random.default_rng(7), seqs, nq=4, nkv=2, hd=64, ps=8)
+@pytest.mark.parametrize("ps", [8, 16])  # 16: decode scores 16 keys at a time
+def test_sliding_window_and_soft_cap(seqs, window, cap, ps):
+    args = build(np.random.default_rng(7), seqs, nq=4, nkv=2, hd=64, ps=ps)
     args = (args[0] * 3,) + args[1:]  # larger scores so the cap bites
     check(args, sliding_window=window, soft_cap=cap)
 
