@@ -102,7 +102,7 @@ inline float Scores16(const float* qr, const float* k, int64_t kv_row, int64_t p
 }
 
 // Decode (one query token): each row's scores against a page are dot products, then one
-// exp per key. Memory-bound: the next page is prefetched while this one is used.
+// exp per key. Memory-bound: the next page is prefetched, a share per row, while this one is used.
 template <int64_t kD>
 void AttendDecode(const Problem& p, const Item& it, std::vector<float>& buf) {
   const int64_t D = kD > 0 ? kD : p.head_dim, H = p.q_heads, group = p.q_heads / p.kv_heads;
@@ -118,11 +118,14 @@ void AttendDecode(const Problem& p, const Item& it, std::vector<float>& buf) {
   const int64_t lo = p.sliding_window > 0 ? std::max<int64_t>(q_pos - p.sliding_window + 1, 0) : 0;
   const int32_t* pages = p.page_indices + it.seq * p.pages_per_seq;
   for (int64_t start = lo / ps * ps; start <= q_pos; start += ps) {
-    if (start + ps <= q_pos) PrefetchPage(p.KPage(pages[start / ps + 1]), p.VOffset(), ps * kv_row);
+    const float* next = start + ps <= q_pos ? p.KPage(pages[start / ps + 1]) : nullptr;
+    const int64_t share = ps * kv_row / H / kLanes * kLanes;  // floats of the next page per row
     const int64_t j_lo = std::max<int64_t>(lo - start, 0), j_hi = std::min<int64_t>(q_pos + 1 - start, ps);
     for (int64_t r = 0; r < H; ++r) {
       const float* k = p.KPage(pages[start / ps]) + (r / group) * D;
       const float* qr = q + r * D;
+      if (next != nullptr)  // a share of the next page per row: a whole page at once stalled
+        PrefetchPage(next + r * share, p.VOffset(), r + 1 < H ? share : ps * kv_row - r * share);
       float mx = m[r];
       if (kD > 0 && kD % kLanes == 0 && ps % kLanes == 0 && p.soft_cap <= 0.0f) {
         mx = Scores16<kD>(qr, k, kv_row, ps, j_lo, j_hi, s, mx);
