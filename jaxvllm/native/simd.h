@@ -54,11 +54,13 @@ inline F16 HorizontalSums(const F16 (&v)[kLanes]) {
   return __builtin_shufflevector(z, z, 0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15);
 }
 
-// A sequence's next page lies anywhere in the cache: start fetching its K and V early.
+// A sequence's next page lies anywhere in the cache: start fetching its K and V early, into
+// L2 (locality 1). With prefetches into L1 a 64 x 512 decode read its KV at 18 GB/s; with
+// these, at 28 GB/s (a plain streaming read of the cache: 33 GB/s).
 inline void PrefetchPage(const float* k, int64_t v_offset, int64_t floats) {
   for (int64_t b = 0; b < floats; b += kLanes) {
-    __builtin_prefetch(k + b);
-    __builtin_prefetch(k + v_offset + b);
+    __builtin_prefetch(k + b, 0, 1);
+    __builtin_prefetch(k + v_offset + b, 0, 1);
   }
 }
 
