@@ -5,9 +5,9 @@ few cache lines. Linux's default (`transparent_hugepage=madvise`) gives huge pag
 memory that asks, and XLA's CPU allocator does not ask, so the worker does, once, after the
 buffers exist: MADV_HUGEPAGE marks the range, MADV_COLLAPSE (Linux 6.1+) rebuilds it with
 huge pages now rather than whenever khugepaged gets to it, in a background thread since
-collapsing ~1 GiB takes seconds. Both are advice: a kernel that
-refuses changes speed, never results. On the default model a 64-sequence decode step went
-from ~198 to ~163 ms, a 512-token step from ~950 to ~720 ms.
+collapsing ~1 GiB takes seconds. Both are advice: a kernel that refuses changes speed, never
+results. On the default model a 64-sequence decode step went from ~198 to ~163 ms, a
+512-token step from ~950 to ~720 ms.
 """
 from __future__ import annotations
 
