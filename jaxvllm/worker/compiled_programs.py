@@ -11,8 +11,10 @@ named by a hash of everything that shapes it: jax, the devices, jaxvllm's source
 and model configs, and the program's argument shapes, dtypes and shardings. Loading runs
 what is on disk, as the XLA cache does: keep that directory private, like the XLA cache.
 
-A call whose shapes were warmed runs the ahead-of-time program; any other falls back to the
-jitted function, which traces and compiles it as usual.
+Saved programs load in the background (`warm_all`), so that a warm restart reaches its first
+token while the rest still load: a call waits only for its own program. A call whose shapes
+were warmed runs the ahead-of-time program; any other, and one whose saved copy failed to
+load, falls back to the jitted function, which traces and compiles it as usual.
 
 Programs that will be saved are compiled with JAX's persistent cache off: on CPU an executable
 loaded from that cache serializes into a copy that fails to run ("Function ... not found").
@@ -116,29 +118,59 @@ class CompiledProgram:
         self.name, self.fn, self.jitted, self.fixed = name, fn, jitted, fixed_argnums
         self.fingerprint, self.directory, self.devices = fingerprint, directory, devices
         self.programs: dict[tuple, jax.stages.Compiled] = {}
+        self.loading: dict[tuple, tuple] = {}  # saved programs loading: (future, what it loads)
         self._out_tree = None
         self.num_compiled = self.num_loaded = 0
 
     def __call__(self, *args, **static):
-        program = self.programs.get(_signature(args, static, self.fixed))
+        signature = _signature(args, static, self.fixed)
+        program = self.programs.get(signature)
+        if program is None:
+            program = self._loaded(signature)
         return program(*args) if program is not None else self.jitted(*args, **static)
 
-    def warm(self, *args, _loaded: jax.stages.Compiled | None = None, **static) -> jax.stages.Compiled:
-        """Have the program for these arguments (arrays or ShapeDtypeStructs) ready, loading
-        it from disk if saved, else compiling (and saving) it now."""
+    def warm(self, *args, **static) -> None:
+        """Have the program for these arguments (arrays or ShapeDtypeStructs) ready: compile
+        (and save) it now unless it is ready, loading, or saved."""
         signature = _signature(args, static, self.fixed)
-        if signature in self.programs:
-            return self.programs[signature]
-        program = _loaded or self.load_saved(*args, **static)
-        if program is None:
+        if signature in self.programs or signature in self.loading:
+            return
+        if (program := self.load_saved(*args, **static)) is not None:
+            self.num_loaded += 1
+        else:
             path = self._path(args, static)
             program = self.jitted.lower(*args, **static).compile()
             self.num_compiled += 1
             if path:
                 self._save(path, program)
-        else:
-            self.num_loaded += 1
         self.programs[signature] = program
+
+    def load_in_background(self, pool: concurrent.futures.Executor, *args, **static) -> bool:
+        """Start loading the saved program for these arguments on `pool`; False if none is saved."""
+        signature, path = _signature(args, static, self.fixed), self._path(args, static)
+        if signature in self.programs or signature in self.loading:
+            return True
+        if not (path and os.path.exists(path)):
+            return False
+        self.loading[signature] = (pool.submit(self._load, path, args, static), (path, args, static))
+        return True
+
+    def wait_until_loaded(self) -> None:
+        """Finish every background load (the saved programs that failed are left to compile
+        when first called)."""
+        for signature in list(self.loading):
+            self._loaded(signature)
+
+    def _loaded(self, signature) -> jax.stages.Compiled | None:
+        """The program a background load produced for `signature`, waiting for it (or loading
+        it here, if the load has not started); None if there was none, or it failed."""
+        future, job = self.loading.pop(signature, (None, None))
+        if future is None:
+            return None
+        program = self._load(*job) if future.cancel() else future.result()
+        if program is not None:
+            self.programs[signature] = program
+            self.num_loaded += 1
         return program
 
     def load_saved(self, *args, **static) -> jax.stages.Compiled | None:
@@ -192,11 +224,12 @@ class CompiledProgram:
         return self._out_tree
 
 
-def warm_all(jobs: list[tuple[CompiledProgram, tuple, dict]], threads: int = 4) -> None:
-    """Warm many (program, args, static) at once: saved programs are read and deserialized
-    in parallel (XLA releases the GIL while it loads, and a warm restart is mostly this),
-    then whatever was not saved compiles, one program at a time."""
-    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-        loaded = list(pool.map(lambda job: job[0].load_saved(*job[1], **job[2]), jobs))
-    for (program, args, static), compiled in zip(jobs, loaded):
-        program.warm(*args, _loaded=compiled, **static)
+def warm_all(jobs: list[tuple[CompiledProgram, tuple, dict]], threads: int = 1) -> None:
+    """Warm many (program, args, static) at once: saved programs load in the background, in
+    job order, several at a time (XLA releases the GIL while it loads, and a warm restart is
+    mostly this); whatever was not saved compiles now, one program at a time."""
+    pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="load-program")
+    unsaved = [job for job in jobs if not job[0].load_in_background(pool, *job[1], **job[2])]
+    pool.shutdown(wait=False)  # its threads end once the queued loads are done
+    for program, args, static in unsaved:
+        program.warm(*args, **static)

@@ -62,6 +62,7 @@ class ModelRunner:
         # Incremented at trace time: one trace is one compilation.
         self.num_compilations = 0
         self.num_warmup_compilations = 0
+        self.after_first_step = None  # called once, after the first step's tokens are back
         self.swapper = (KVSwapper(kv_cache, num_swap_blocks, self._count_compilation)
                         if num_swap_blocks else None)
 
@@ -166,6 +167,9 @@ class ModelRunner:
                     prompt_logprobs[state.req_id], state.prompt_logprobs = state.prompt_logprobs, None
             else:
                 sampled_token_ids.append([])
+        if self.after_first_step is not None:
+            self.after_first_step, after = None, self.after_first_step
+            after()
         if self.config.check_recompilation and self.num_compilations > self.num_warmup_compilations:
             raise RuntimeError(
                 f"check_recompilation: {self.num_compilations - self.num_warmup_compilations} "
@@ -215,7 +219,8 @@ class ModelRunner:
         """Have a program for every token bucket and every request bucket (greedy and
         sampling, plain and extended) and the row writer before serving, so that serving
         never waits on the compiler. Ahead of time: nothing runs and nothing large is
-        allocated (hidden states are ShapeDtypeStructs); saved programs load from disk."""
+        allocated (hidden states are ShapeDtypeStructs); saved programs load from disk in the
+        background, and a step waits only for the programs it runs."""
         start = time.perf_counter()
         with persistent_cache_off(self._executables_dir is not None):
             self._warm_programs()
@@ -223,33 +228,39 @@ class ModelRunner:
             self.kv_cache = self.swapper.warmup(self.kv_cache)
         jax.block_until_ready(self.kv_cache)
         self.num_warmup_compilations = self.num_compilations
-        loaded = sum(p.num_loaded for p in (self._forward, self._prompt_logprobs, self._sample,
-                                            self._sample_extended, self._set_row))
-        logger.info("Warm-up: %d programs compiled and %d loaded from disk in %.1f s (token buckets %s, "
-                    "request buckets %s).", self.num_compilations, loaded, time.perf_counter() - start,
-                    self.token_buckets, self.request_buckets)
+        loading = sum(len(p.loading) for p in self.programs)
+        logger.info("Warm-up: %d programs compiled in %.1f s, %d loading from disk in the background "
+                    "(token buckets %s, request buckets %s).", self.num_compilations,
+                    time.perf_counter() - start, loading, self.token_buckets, self.request_buckets)
+
+    @property
+    def programs(self) -> tuple[CompiledProgram, ...]:
+        return (self._forward, self._prompt_logprobs, self._sample, self._sample_extended, self._set_row)
 
     def _warm_programs(self) -> None:
         S, rep = self.max_num_seqs, self._replicated
         # The forward's outputs (final hidden states of the sampled rows and of all tokens).
         hidden = jax.ShapeDtypeStruct((S, self.hidden_size), self.hidden_dtype, sharding=rep)
-        jobs = []
+        # In the order a plain step needs them (saved ones load in this order): forward and
+        # sample first, smallest buckets first; then logprobs, penalties and the row writer.
+        jobs, extra = [], []
         for T in self.token_buckets:
             md = AttentionMetadata(
                 positions=np.zeros(T, np.int32), slot_mapping=np.arange(T, dtype=np.int32) % self.block_size,
                 kv_lens=np.zeros(S, np.int32), page_indices=np.zeros((S, self.max_pages_per_seq), np.int32),
                 cu_q_lens=np.zeros(S + 1, np.int32), num_seqs=np.zeros(1, np.int32))
             all_hidden = jax.ShapeDtypeStruct((T, self.hidden_size), self.hidden_dtype, sharding=rep)
-            jobs += [(self._forward, (self.params, self.kv_cache, np.zeros(T, np.int32), md, np.zeros(S, np.int32)), {}),
-                     (self._prompt_logprobs, (self.params, all_hidden, np.zeros(T, np.int32),
-                                              np.zeros(T, np.int32)), {})]
+            jobs.append((self._forward, (self.params, self.kv_cache, np.zeros(T, np.int32), md,
+                                         np.zeros(S, np.int32)), {}))
+            extra.append((self._prompt_logprobs, (self.params, all_hidden, np.zeros(T, np.int32),
+                                                  np.zeros(T, np.int32)), {}))
         for R in self.request_buckets:
             md, _ = sampling_metadata([], R, self.vocab_size)
             penalty_md = penalty_metadata([], [], R, self.max_num_seqs, self.vocab_size)
             for all_greedy in (True, False):
-                jobs += [(self._sample, (self.params, hidden, md), {"all_greedy": all_greedy}),
-                         (self._sample_extended, (self.params, hidden, md, self.penalty_state, penalty_md),
-                          {"all_greedy": all_greedy})]
-        jobs.append((self._set_row, (self.penalty_state, np.int32(0)) + penalties.build_row(
+                jobs.append((self._sample, (self.params, hidden, md), {"all_greedy": all_greedy}))
+                extra.append((self._sample_extended, (self.params, hidden, md, self.penalty_state, penalty_md),
+                              {"all_greedy": all_greedy}))
+        extra.append((self._set_row, (self.penalty_state, np.int32(0)) + penalties.build_row(
             SamplingParams(), [0], [], self.vocab_size), {}))
-        warm_all(jobs)
+        warm_all(jobs + extra)
