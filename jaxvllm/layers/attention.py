@@ -50,7 +50,7 @@ def resolve_backend(backend: str, platform: str) -> tuple[str, bool]:
     if backend == "auto" and native:
         backend = "pallas"
     elif backend == "auto":
-        backend = "native" if platform == "cpu" and native_build.available() else "reference"
+        backend = "native" if platform == "cpu" and native_build.preferred() else "reference"
     if backend == "native":
         if platform != "cpu":
             raise ValueError(f"attention_backend='native' runs on the CPU only, not on {platform!r}.")

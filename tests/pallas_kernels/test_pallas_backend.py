@@ -10,7 +10,7 @@ from jaxvllm import LLM, SamplingParams
 from jaxvllm.layers.attention import resolve_backend
 from jaxvllm.native import build as native_build
 
-CPU_AUTO = "native" if native_build.available() else "reference"
+CPU_AUTO = "native" if native_build.preferred() else "reference"
 
 
 @pytest.mark.parametrize("backend,platform,want", [
