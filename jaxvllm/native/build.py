@@ -97,6 +97,7 @@ def preferred() -> bool:
     return "avx512f" in _cpu_features().split() and available()
 
 
+@functools.cache
 def available() -> bool:
     """Whether the native kernels can run here; the reason they cannot is logged once."""
     try:

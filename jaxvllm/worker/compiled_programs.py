@@ -232,8 +232,9 @@ class CompiledProgram:
 
 def warm_all(jobs: list[tuple[CompiledProgram, tuple, dict]], threads: int = 1) -> None:
     """Warm many (program, args, static) at once: saved programs load in the background, in
-    job order, several at a time (XLA releases the GIL while it loads, and a warm restart is
-    mostly this); whatever was not saved compiles now, one program at a time."""
+    job order, on one thread by default (XLA releases the GIL while it loads; with more, the
+    loads took both cores from the first step); whatever was not saved compiles now, one
+    program at a time."""
     pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="load-program")
     unsaved = [job for job in jobs if not job[0].load_in_background(pool, *job[1], **job[2])]
     pool.shutdown(wait=False)  # its threads end once the queued loads are done
