@@ -7,8 +7,10 @@ import jax
 from jaxvllm.native.packed_matmul import can_pack, pack_weight, packed_matmul
 
 
-def linear(x: jax.Array, w: jax.Array) -> jax.Array:
-    return packed_matmul(x, w) if w.ndim == 3 else x @ w
+def linear(x: jax.Array, w: jax.Array, num_rows: jax.Array | None = None) -> jax.Array:
+    """x @ w. num_rows: how many leading rows of x are real (the rest is bucket padding);
+    the native kernel multiplies only those and returns zeros for the others (XLA computes all)."""
+    return packed_matmul(x, w, num_rows) if w.ndim == 3 else x @ w
 
 
 def maybe_pack(w: jax.Array) -> jax.Array | None:

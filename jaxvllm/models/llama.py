@@ -115,14 +115,15 @@ class LlamaForCausalLM(nnx.Module):
         T = input_ids.shape[0]
         inv_freq = jnp.asarray(compute_inv_freq(a.head_dim, a.rope_theta, dict(a.rope_scaling or ())))
         scale = a.head_dim ** -0.5
+        num_tokens = md.cu_q_lens[md.num_seqs[0]]  # the rest of the token axis is padding
         q_size, kv_size = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
 
         def project_qkv(w, h):
             x = rms_norm(h, w["input_norm"], a.rms_norm_eps)
             if "wqkv" in w:
-                q, k, v = jnp.split(linear(x, w["wqkv"]), [q_size, q_size + kv_size], axis=-1)
+                q, k, v = jnp.split(linear(x, w["wqkv"], num_tokens), [q_size, q_size + kv_size], axis=-1)
             else:
-                q, k, v = linear(x, w["wq"]), linear(x, w["wk"]), linear(x, w["wv"])
+                q, k, v = (linear(x, w[n], num_tokens) for n in ("wq", "wk", "wv"))
             if a.attention_bias:
                 q, k, v = q + w["bq"], k + w["bk"], v + w["bv"]
             # Heads stay on their tensor-parallel shard from projection to attention output.
@@ -130,14 +131,14 @@ class LlamaForCausalLM(nnx.Module):
             return apply_rotary(q, md.positions, inv_freq), apply_rotary(k, md.positions, inv_freq), v
 
         def output_and_mlp(w, h, o):
-            h = constrain(h + linear(o.reshape(T, -1), w["wo"]), None, None)  # all-reduced: replicated
+            h = constrain(h + linear(o.reshape(T, -1), w["wo"], num_tokens), None, None)  # all-reduced: replicated
             x = rms_norm(h, w["post_attn_norm"], a.rms_norm_eps)
             if "w_gate_up" in w:
-                gate, up = jnp.split(linear(x, w["w_gate_up"]), 2, axis=-1)
+                gate, up = jnp.split(linear(x, w["w_gate_up"], num_tokens), 2, axis=-1)
             else:
-                gate, up = linear(x, w["w_gate"]), linear(x, w["w_up"])
+                gate, up = linear(x, w["w_gate"], num_tokens), linear(x, w["w_up"], num_tokens)
             up = constrain(jax.nn.silu(gate) * up, None, M)
-            return constrain(h + linear(up, w["w_down"]), None, None)
+            return constrain(h + linear(up, w["w_down"], num_tokens), None, None)
 
         weights = [{k: v.get_value() for k, v in layer.items()} for layer in self.layers]
         qkv = [functools.partial(project_qkv, w) for w in weights]
@@ -172,8 +173,9 @@ class LlamaForCausalLM(nnx.Module):
     def _head(self) -> jax.Array:
         return self.embed_tokens.get_value().T if self.lm_head is None else self.lm_head.get_value()
 
-    def compute_logits(self, hidden: jax.Array) -> jax.Array:
-        return constrain(linear(hidden, self._head()).astype(jnp.float32), None, M)  # vocabulary parallel
+    def compute_logits(self, hidden: jax.Array, num_rows: jax.Array | None = None) -> jax.Array:
+        """Logits of hidden's rows; with num_rows, those past it (padding) may be zeros."""
+        return constrain(linear(hidden, self._head(), num_rows).astype(jnp.float32), None, M)  # vocab parallel
 
 
 _HF_LAYER_NAMES = {

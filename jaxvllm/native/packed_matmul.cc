@@ -6,6 +6,10 @@
 // panels packed at load, the weights stream from memory once per call, in order. A micro-tile
 // keeps up to kTileRows rows x kPanel columns of y in 24 vector registers over the whole
 // inner dimension, and while one panel is in use the next one is prefetched.
+//
+// x's rows are padded to a compiled bucket; only the first num_rows are real (the step's
+// tokens). Those are multiplied and the padding rows of y are zeroed, so a step pays for its
+// tokens, not for its bucket (a decode batch of 33 costs half of one of 64).
 #include <algorithm>
 #include <cstdint>
 #include <utility>
@@ -81,7 +85,7 @@ struct Matmul {
 };
 
 ffi::Error PackedMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
-                        ffi::ResultBuffer<ffi::F32> y) {
+                        ffi::Buffer<ffi::S32> num_rows, ffi::ResultBuffer<ffi::F32> y) {
   const auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
   if (xd.size() != 2 || wd.size() != 3 || yd.size() != 2)
     return ffi::Error::InvalidArgument("packed_matmul: x must be 2-D, w_packed 3-D and y 2-D");
@@ -89,11 +93,15 @@ ffi::Error PackedMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buff
     return ffi::Error::InvalidArgument("packed_matmul: w_packed must be [out/32, in, 32] with in = x.shape[1]");
   if (yd[0] != xd[0] || yd[1] != wd[0] * kPanel)
     return ffi::Error::InvalidArgument("packed_matmul: y must be [x.shape[0], 32 * w_packed.shape[0]]");
-  const int64_t chunks = (xd[0] + kChunkRows - 1) / kChunkRows;
+  if (num_rows.element_count() != 1)
+    return ffi::Error::InvalidArgument("packed_matmul: num_rows must hold one value");
+  const int64_t rows = std::clamp<int64_t>(num_rows.typed_data()[0], 0, xd[0]);
+  std::fill(y->typed_data() + rows * yd[1], y->typed_data() + xd[0] * yd[1], 0.0f);
+  const int64_t chunks = (rows + kChunkRows - 1) / kChunkRows;
   // Two groups of panels per thread: enough to balance, few enough that prefetching pays.
   const int64_t groups = std::min<int64_t>(wd[0], 2 * (pool.num_threads() + 1));
   jaxvllm::ParallelFor(pool, chunks * groups,
-                       Matmul{x.typed_data(), w.typed_data(), y->typed_data(), xd[0], xd[1], wd[0], groups});
+                       Matmul{x.typed_data(), w.typed_data(), y->typed_data(), rows, xd[1], wd[0], groups});
   return ffi::Error::Success();
 }
 
@@ -104,4 +112,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxvllmPackedMatmul, PackedMatmul,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());

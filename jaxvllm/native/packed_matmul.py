@@ -37,11 +37,14 @@ def _panels(ws: tuple[jax.Array, ...]) -> jax.Array:
     return w.reshape(k, n // PANEL, PANEL).transpose(1, 0, 2)
 
 
-def packed_matmul(x: jax.Array, packed: jax.Array) -> jax.Array:
-    """x [..., in] @ the packed weight -> [..., out], float32."""
+def packed_matmul(x: jax.Array, packed: jax.Array, num_rows: jax.Array | None = None) -> jax.Array:
+    """x [..., in] @ the packed weight -> [..., out], float32. With num_rows (an int32
+    scalar), only x's first num_rows rows (flattened) are multiplied; the rest of y is zeros:
+    a padded step pays for its real tokens only."""
     build.load()
     rows = x.reshape(-1, x.shape[-1]).astype(jnp.float32)
+    n = jnp.full((1,), rows.shape[0] if num_rows is None else num_rows, jnp.int32)
     out = packed.shape[0] * PANEL
     y = jax.ffi.ffi_call("jaxvllm_packed_matmul", jax.ShapeDtypeStruct((rows.shape[0], out), jnp.float32))(
-        rows, packed)
+        rows, packed, n)
     return y.reshape(*x.shape[:-1], out)

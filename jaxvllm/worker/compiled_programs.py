@@ -47,7 +47,8 @@ def _source_hash() -> str:
     digest = hashlib.sha256()
     for package in _TRACED_PACKAGES:
         root = Path(importlib.util.find_spec(package).origin).parent
-        for path in sorted(root.rglob("*.py")):
+        # The native kernels' sources too: a program calls them by name, with their signature.
+        for path in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".cc", ".h")):
             digest.update(f"{package}/{path.relative_to(root)}".encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 

@@ -73,16 +73,17 @@ class ModelRunner:
                 hidden, kv_cache = nnx.merge(graphdef, params)(input_ids, kv_cache, md, attend)
             return hidden[logits_indices], hidden, kv_cache
 
-        def sample_fn(params, hidden, sampling_md, all_greedy):
+        # num_reqs: the real rows of the request bucket; the LM head skips the others.
+        def sample_fn(params, hidden, sampling_md, num_reqs, all_greedy):
             with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-                num_rows = sampling_md.temperature.shape[0]
-                logits = nnx.merge(graphdef, params).compute_logits(hidden[:num_rows])
+                R = sampling_md.temperature.shape[0]
+                logits = nnx.merge(graphdef, params).compute_logits(hidden[:R], num_reqs)
                 return sample(logits, sampling_md, all_greedy)
 
-        def sample_extended_fn(params, hidden, sampling_md, penalty_state, penalty_md, all_greedy):
+        def sample_extended_fn(params, hidden, sampling_md, num_reqs, penalty_state, penalty_md, all_greedy):
             with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-                num_rows = sampling_md.temperature.shape[0]
-                logits = nnx.merge(graphdef, params).compute_logits(hidden[:num_rows])
+                R = sampling_md.temperature.shape[0]
+                logits = nnx.merge(graphdef, params).compute_logits(hidden[:R], num_reqs)
                 return sample_extended(logits, sampling_md, penalty_state, penalty_md, all_greedy)
 
         def prompt_logprobs_fn(params, hidden, indices, targets):
@@ -108,8 +109,8 @@ class ModelRunner:
                                 in_shardings=(params_sharding, kv_cache.sharding, rep, rep, rep),
                                 out_shardings=(rep, rep, kv_cache.sharding))
         self._sample = program("sample", sample_fn, (0,), static_argnames=("all_greedy",))
-        self._sample_extended = program("sample_extended", sample_extended_fn, (0, 3),
-                                        static_argnames=("all_greedy",), donate_argnums=(3,))
+        self._sample_extended = program("sample_extended", sample_extended_fn, (0, 4),
+                                        static_argnames=("all_greedy",), donate_argnums=(4,))
         self._set_row = program("set_row", penalties.set_row, (0,), donate_argnums=(0,))
         self._prompt_logprobs = program("prompt_logprobs", prompt_logprobs_fn, (0,))
 
@@ -142,6 +143,7 @@ class ModelRunner:
         with jax.profiler.TraceAnnotation("prepare_inputs"):
             R = pick_bucket(self.request_buckets, len(states))
             sampling_md, all_greedy = sampling_metadata(states, R, self.vocab_size)
+            num_reqs = np.int32(len(states))
         # Rows whose token is kept: the others are prefill chunks short of the prompt's end.
         commits = [s.num_computed_tokens + n >= len(s.token_ids) for s, n in zip(states, counts)]
         logprobs = None
@@ -150,11 +152,13 @@ class ModelRunner:
                 penalty_md = penalty_metadata(states, commits, R, self.max_num_seqs, self.vocab_size,
                                               out.grammar_bitmask)
                 sampled, lp, self.penalty_state = self._sample_extended(
-                    self.params, hidden, sampling_md, self.penalty_state, penalty_md, all_greedy=all_greedy)
+                    self.params, hidden, sampling_md, num_reqs, self.penalty_state, penalty_md,
+                    all_greedy=all_greedy)
                 sampled, lp = jax.device_get((sampled, lp))
                 logprobs = sampled_logprobs(states, commits, sampled, lp)
             else:
-                sampled = np.asarray(self._sample(self.params, hidden, sampling_md, all_greedy=all_greedy))
+                sampled = np.asarray(self._sample(self.params, hidden, sampling_md, num_reqs,
+                                                  all_greedy=all_greedy))
 
         sampled_token_ids, prompt_logprobs = [], {}
         for i, (state, n, commit) in enumerate(zip(states, counts, commits)):
@@ -258,8 +262,9 @@ class ModelRunner:
             md, _ = sampling_metadata([], R, self.vocab_size)
             penalty_md = penalty_metadata([], [], R, self.max_num_seqs, self.vocab_size)
             for all_greedy in (True, False):
-                jobs.append((self._sample, (self.params, hidden, md), {"all_greedy": all_greedy}))
-                extra.append((self._sample_extended, (self.params, hidden, md, self.penalty_state, penalty_md),
+                jobs.append((self._sample, (self.params, hidden, md, np.int32(R)), {"all_greedy": all_greedy}))
+                extra.append((self._sample_extended, (self.params, hidden, md, np.int32(R), self.penalty_state,
+                                                      penalty_md),
                               {"all_greedy": all_greedy}))
         extra.append((self._set_row, (self.penalty_state, np.int32(0)) + penalties.build_row(
             SamplingParams(), [0], [], self.vocab_size), {}))

@@ -59,6 +59,16 @@ def test_zero_rows():
     assert packed_matmul(jnp.zeros((0, 16)), pack_weight(w)).shape == (0, 32)
 
 
+@pytest.mark.parametrize("m,num_rows", [(64, 33), (2048, 377), (16, 0), (8, 8), (8, 100)])
+def test_num_rows_multiplies_only_the_real_rows_and_zeroes_the_padding(m, num_rows):
+    # As a step calls it: x padded to its token bucket, num_rows real tokens (traced, under jit).
+    x, w = operands(m, 96, 64, seed=m)
+    y = np.asarray(jax.jit(packed_matmul)(jnp.asarray(x), pack_weight(w), jnp.int32(num_rows)))
+    real = min(num_rows, m)
+    assert_close(y[:real], x[:real], w)
+    assert not y[real:].any()
+
+
 def test_per_layer_weights_under_jit_fori_loop_and_switch():
     # As the model calls it: each layer's packed weight picked by lax.switch inside fori_loop.
     x, w0 = operands(9, 64, 64, seed=1)
