@@ -131,7 +131,8 @@ class LlamaForCausalLM(nnx.Module):
             return apply_rotary(q, md.positions, inv_freq), apply_rotary(k, md.positions, inv_freq), v
 
         def output_and_mlp(w, h, o):
-            h = constrain(h + linear(o.reshape(T, -1), w["wo"], num_tokens), None, None)  # all-reduced: replicated
+            # All-reduced over the tensor-parallel shards: replicated.
+            h = constrain(h + linear(o.reshape(T, -1), w["wo"], num_tokens), None, None)
             x = rms_norm(h, w["post_attn_norm"], a.rms_norm_eps)
             if "w_gate_up" in w:
                 gate, up = jnp.split(linear(x, w["w_gate_up"], num_tokens), 2, axis=-1)
