@@ -35,7 +35,10 @@ def work_list(cu_q_lens: jax.Array, num_seqs: jax.Array, num_tokens: int, block_
     covered = (cu_q_lens[n] + block_q - 1) // block_q  # blocks holding real tokens
 
     j = jnp.arange(num_blocks + max_num_seqs, dtype=jnp.int32)
-    seq = jnp.minimum(jnp.searchsorted(incl, j, side="right"), max_num_seqs - 1).astype(jnp.int32)
+    # compare_all: one fused comparison; the default binary search is a while loop, which on
+    # a GPU launches kernels per iteration on every attention call.
+    seq = jnp.minimum(jnp.searchsorted(incl, j, side="right", method="compare_all"),
+                      max_num_seqs - 1).astype(jnp.int32)
     is_seq = j < total
     is_empty = (j >= total) & (j < total + num_blocks - covered)
     block = jnp.where(is_seq, first_block[seq] + j - excl[seq],
