@@ -9,6 +9,7 @@ Prints one table and writes a JSON result.
     python benchmarks/kernels.py                     # on a TPU or GPU
     python benchmarks/kernels.py --sweep             # + block-size sweep on two decode cases
     python benchmarks/kernels.py --smoke             # tiny shapes, interpret mode (any CPU)
+    python benchmarks/kernels.py --profile DIR       # + a device trace of the first case
 """
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pallas_kernels import ragged_paged_attention_gpu, ragged_paged_attention_tpu  # noqa: E402
 from pallas_kernels.reference import ragged_paged_attention as reference  # noqa: E402
+
+from benchmarks.trace_summary import format_rows, load_events, summarize  # noqa: E402
 
 NQ, NKV, HD = 32, 8, 128
 
@@ -114,12 +117,30 @@ def kernel_for(platform, smoke):
     return "gpu", ragged_paged_attention_gpu.ragged_paged_attention, False
 
 
+def profile(kernel, interpret, case, dtype, heads, trace_dir, calls):
+    """Trace `calls` kernel calls of one case and print the device time per call by event:
+    the attention kernel against the XLA ops around it."""
+    kind, seqs, ps = case
+    args = make_case(np.random.default_rng(1), seqs, ps, dtype, *heads)
+    fn = jax.jit(lambda *x: kernel(*x, sm_scale=heads[2] ** -0.5, interpret=interpret))
+    fn(*args).block_until_ready()
+    with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+        for _ in range(calls):
+            out = fn(*args)
+        out.block_until_ready()
+    print(f"\nprofile: {kind} {len(seqs)} seqs ctx {max(kv for _, kv in seqs)} ps {ps}, {calls} calls "
+          f"(trace in {trace_dir}):")
+    print(format_rows(summarize(load_events(trace_dir), calls)), flush=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--smoke", action="store_true", help="tiny shapes in interpret mode (CPU)")
     ap.add_argument("--sweep", action="store_true", help="block-size sweep on decode 64 and 256 x 2k")
     ap.add_argument("--sweep-only", action="store_true", help="only the sweep")
+    ap.add_argument("--profile", metavar="DIR", help="trace the first case's kernel calls into DIR "
+                    "and print where its device time goes")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--out", default="kernels.json")
     a = ap.parse_args(argv)
@@ -174,6 +195,9 @@ def main(argv=None):
                     sweep.append(dict(o, case=label, error=repr(e)[:300]))
                     print(f"  sweep {label} {o}: failed: {repr(e)[:200]}", flush=True)
             del args, want
+
+    if a.profile:
+        profile(kernel, interpret, cases[0] if cases else CASES[0], dtype, (nq, nkv, hd), a.profile, iters)
 
     result = dict(device=dev.device_kind, platform=dev.platform, kernel=name, interpret=interpret,
                   dtype=dtype.name, jax=jax.__version__, host=_platform.node(), copy_gbps=bw / 1e9,

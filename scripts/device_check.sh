@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One command for the first TPU or GPU machine: the Pallas kernels compiled for real against
 # the naive reference, then benchmarks/kernels.py (kernel vs XLA reference, bandwidth against
-# the measured copy bandwidth). The benchmark's table is the last thing printed.
+# the measured copy bandwidth) with a device trace of its first case (decode 64 x 2k: the
+# kernel's own time against the XLA ops around it). The benchmark's table is printed last.
 #   scripts/device_check.sh [OUT_DIR] [benchmark args, e.g. --sweep --iters 10]
 #   (PYTHON=... chooses the interpreter; .venv/bin/python, else python3)
 set -uo pipefail
@@ -16,10 +17,11 @@ echo "== kernel correctness on the device =="
   | tee "$OUT/device_tests.log" | tail -25
 tests_rc=${PIPESTATUS[0]}
 echo "== benchmark =="
-"$PY" benchmarks/kernels.py --out "$OUT/kernels.json" "${@:2}" 2>&1 | grep -v '^[WI]0000\|^[WI][0-9]\{4\} ' \
+"$PY" benchmarks/kernels.py --out "$OUT/kernels.json" --profile "$OUT/trace" "${@:2}" 2>&1 | grep -v '^[WI]0000\|^[WI][0-9]\{4\} ' \
   | tee "$OUT/kernels.log"
 bench_rc=${PIPESTATUS[0]}
 echo
 echo "== summary: device tests $(tail -1 "$OUT/device_tests.log") (rc=$tests_rc), benchmark rc=$bench_rc =="
+sed -n '/^profile: /,/^$/p' "$OUT/kernels.log"
 sed -n '/^ragged paged attention, /,$p' "$OUT/kernels.log"
 exit $(( tests_rc || bench_rc ))
