@@ -124,7 +124,7 @@ def profile(kernel, interpret, case, dtype, heads, trace_dir, calls):
     args = make_case(np.random.default_rng(1), seqs, ps, dtype, *heads)
     fn = jax.jit(lambda *x: kernel(*x, sm_scale=heads[2] ** -0.5, interpret=interpret))
     fn(*args).block_until_ready()
-    with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+    with jax.profiler.trace(trace_dir):
         for _ in range(calls):
             out = fn(*args)
         out.block_until_ready()

@@ -1,10 +1,10 @@
 """Where a traced call's device time goes: a summary of a jax.profiler trace.
 
-benchmarks/kernels.py --profile traces a few calls of one case; this reads the Perfetto JSON
-that `jax.profiler.trace(..., create_perfetto_trace=True)` writes and lists, per device
-timeline (a GPU stream, a TPU core's XLA ops), the events that took the most time. It tells
-the attention kernel's own time from the small XLA ops around it (page table, work list,
-query layout), which a wall-clock time per call lumps together.
+benchmarks/kernels.py --profile traces a few calls of one case; this reads the trace's XSpace
+(`jax.profiler.ProfileData`, as notebooks/profiling.ipynb does) and lists, per device
+timeline (a GPU stream, a TPU core's XLA ops; on a CPU, XLA's host threads), the events that
+took the most time. It tells the attention kernel's own time from the small XLA ops around
+it (page table, work list, query layout), which a wall-clock time per call lumps together.
 
     python benchmarks/trace_summary.py TRACE_DIR [--calls N] [--top K]
 """
@@ -12,39 +12,41 @@ from __future__ import annotations
 
 import argparse
 import collections
-import gzip
-import json
 from pathlib import Path
+from typing import Iterable, NamedTuple
+
+from jax.profiler import ProfileData
 
 
-def load_events(trace_dir: str | Path) -> list[dict]:
-    """Complete ('X') events of the newest perfetto_trace.json.gz under trace_dir, each with
-    its process and thread names added as '_proc' and '_thread'."""
-    files = sorted(Path(trace_dir).rglob("perfetto_trace.json.gz"), key=lambda p: p.stat().st_mtime)
+class Event(NamedTuple):
+    plane: str     # "/device:GPU:0", "/host:CPU"
+    line: str      # "XLA Ops", "Stream #13(Compute)", a host thread
+    name: str
+    duration_ns: float
+
+
+def load_events(trace_dir: str | Path) -> list[Event]:
+    """Every event of the newest .xplane.pb under trace_dir."""
+    files = sorted(Path(trace_dir).rglob("*.xplane.pb"), key=lambda p: p.stat().st_mtime)
     if not files:
-        raise FileNotFoundError(f"no perfetto_trace.json.gz under {trace_dir}")
-    with gzip.open(files[-1]) as f:
-        data = json.load(f)
-    events = data["traceEvents"] if isinstance(data, dict) else data
-    procs, threads = {}, {}
-    for e in events:
-        if e.get("ph") == "M" and e.get("name") == "process_name":
-            procs[e["pid"]] = e["args"]["name"]
-        elif e.get("ph") == "M" and e.get("name") == "thread_name":
-            threads[e["pid"], e["tid"]] = e["args"]["name"]
-    return [dict(e, _proc=procs.get(e.get("pid"), "?"), _thread=threads.get((e.get("pid"), e.get("tid")), "?"))
-            for e in events if e.get("ph") == "X" and "dur" in e]
+        raise FileNotFoundError(f"no .xplane.pb under {trace_dir}")
+    profile = ProfileData.from_file(str(files[-1]))
+    return [Event(plane.name, line.name, e.name, e.duration_ns)
+            for plane in profile.planes for line in plane.lines for e in line.events]
 
 
-def summarize(events: list[dict], calls: int = 1, top: int = 8) -> list[dict]:
-    """Per device timeline, its `top` costliest events: total and per-call microseconds.
-    Device timelines are processes named /device:...; with none (a CPU run) the host's."""
-    device = [e for e in events if e["_proc"].startswith("/device:")] or events
+def summarize(events: Iterable[Event], calls: int = 1, top: int = 8) -> list[dict]:
+    """Per device timeline, its `top` costliest events: per-call microseconds, count and
+    share of the timeline's busy time. Device timelines are the /device: planes; with none
+    (a CPU run), the host threads XLA runs on."""
+    events = list(events)
+    device = [e for e in events if e.plane.startswith("/device:")] or [
+        e for e in events if e.plane == "/host:CPU" and e.line.startswith("tf_XLA")]
     total = collections.defaultdict(float)
     count = collections.Counter()
     for e in device:
-        key = (e["_proc"], e["_thread"], e["name"])
-        total[key] += float(e["dur"])
+        key = (e.plane, e.line, e.name)
+        total[key] += e.duration_ns
         count[key] += 1
     rows = []
     for timeline in sorted({k[:2] for k in total}):
@@ -52,7 +54,7 @@ def summarize(events: list[dict], calls: int = 1, top: int = 8) -> list[dict]:
         busy = sum(total[k] for k in keys)
         for k in keys[:top]:
             rows.append(dict(timeline=" / ".join(timeline), name=k[2], count=count[k],
-                             us_per_call=total[k] / calls, share=total[k] / busy if busy else 0.0))
+                             us_per_call=total[k] / 1e3 / calls, share=total[k] / busy if busy else 0.0))
     return rows
 
 
