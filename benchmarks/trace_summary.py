@@ -35,13 +35,26 @@ def load_events(trace_dir: str | Path) -> list[Event]:
             for plane in profile.planes for line in plane.lines for e in line.events]
 
 
+def device_events(events: Iterable[Event]) -> list[Event]:
+    """Events of the /device: planes; with none (a CPU run), of the host threads XLA runs on."""
+    events = list(events)
+    return [e for e in events if e.plane.startswith("/device:")] or [
+        e for e in events if e.plane == "/host:CPU" and e.line.startswith("tf_XLA")]
+
+
+def timeline_busy(events: Iterable[Event], calls: int = 1) -> dict[str, float]:
+    """Microseconds per call that each device timeline spends in its events (their sum:
+    events on one line do not overlap, except nested ones on a CPU thread)."""
+    busy = collections.defaultdict(float)
+    for e in device_events(events):
+        busy[f"{e.plane} / {e.line}"] += e.duration_ns / 1e3 / calls
+    return dict(sorted(busy.items()))
+
+
 def summarize(events: Iterable[Event], calls: int = 1, top: int = 8) -> list[dict]:
     """Per device timeline, its `top` costliest events: per-call microseconds, count and
-    share of the timeline's busy time. Device timelines are the /device: planes; with none
-    (a CPU run), the host threads XLA runs on."""
-    events = list(events)
-    device = [e for e in events if e.plane.startswith("/device:")] or [
-        e for e in events if e.plane == "/host:CPU" and e.line.startswith("tf_XLA")]
+    share of the timeline's busy time."""
+    device = device_events(events)
     total = collections.defaultdict(float)
     count = collections.Counter()
     for e in device:

@@ -1,0 +1,103 @@
+"""One decode step of the model with the platform's attention, and where its time goes.
+
+The kernel benchmark (benchmarks/kernels.py) times attention alone; this times the whole
+forward the engine compiles per step (the layer loop with `lax.switch` over per-layer
+weights, the KV write and the attention `auto` picks, then the LM head over the sampled
+rows) and traces it: wall time per step against the device's busy time on each timeline.
+The gap is time the device waits on the host, e.g. for a conditional's branch index (XLA on
+GPU copies it to the host and waits, once per `lax.switch`, unless command buffers hold the
+conditional). Weights are zeros: the timing does not depend on their values.
+
+    python benchmarks/model_step.py                  # SmolLM2-135M shapes, bf16, 64 x 2k decode
+    python benchmarks/model_step.py --smoke          # tiny shapes (any CPU)
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.trace_summary import format_rows, load_events, summarize, timeline_busy  # noqa: E402
+from jaxvllm.layers.attention import AttentionMetadata, get_attention  # noqa: E402
+from jaxvllm.models.llama import LlamaArgs, LlamaForCausalLM  # noqa: E402
+
+SMOLLM2 = LlamaArgs(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
+                    num_heads=9, num_kv_heads=3, head_dim=64, rms_norm_eps=1e-5, rope_theta=100000.0,
+                    rope_scaling=None, tie_word_embeddings=True, attention_bias=False,
+                    max_position_embeddings=8192)
+TINY = LlamaArgs(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                 num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0, rope_scaling=None,
+                 tie_word_embeddings=True, attention_bias=False, max_position_embeddings=512)
+
+
+def decode_step_inputs(a: LlamaArgs, seqs: int, context: int, page_size: int, dtype):
+    """A decode step of `seqs` sequences at `context` tokens each, pages laid out in order."""
+    pages_per_seq = -(-context // page_size)
+    kv_cache = jnp.zeros((a.num_layers, 2, 1 + seqs * pages_per_seq, page_size, a.num_kv_heads, a.head_dim), dtype)
+    page_indices = 1 + np.arange(seqs * pages_per_seq, dtype=np.int32).reshape(seqs, pages_per_seq)
+    pos = context - 1
+    slot = page_indices[:, pos // page_size] * page_size + pos % page_size
+    md = AttentionMetadata(positions=jnp.full((seqs,), pos, jnp.int32), slot_mapping=jnp.asarray(slot),
+                           kv_lens=jnp.full((seqs,), context, jnp.int32), page_indices=jnp.asarray(page_indices),
+                           cu_q_lens=jnp.arange(seqs + 1, dtype=jnp.int32), num_seqs=jnp.array([seqs], jnp.int32))
+    return jnp.ones((seqs,), jnp.int32), kv_cache, md
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--smoke", action="store_true", help="tiny model and batch (any CPU)")
+    ap.add_argument("--seqs", type=int, default=64)
+    ap.add_argument("--context", type=int, default=2048)
+    ap.add_argument("--page-size", type=int, default=16)
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--attention-backend", default="auto")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--profile", metavar="DIR", default="/tmp/jaxvllm-model-step-trace")
+    a = ap.parse_args(argv)
+    args, seqs, context, steps = (TINY, 4, 40, 3) if a.smoke else (SMOLLM2, a.seqs, a.context, a.steps)
+
+    dev = jax.devices()[0]
+    dtype = jnp.dtype(a.dtype)
+    graphdef, params = nnx.split(LlamaForCausalLM(args, dtype=dtype))
+    attend = get_attention(a.attention_backend, dev.platform)
+
+    def step(params, input_ids, kv_cache, md):
+        model = nnx.merge(graphdef, params)
+        hidden, kv_cache = model(input_ids, kv_cache, md, attend)
+        return jnp.argmax(model.compute_logits(hidden), axis=-1), kv_cache
+    step = jax.jit(step, donate_argnums=(2,))
+
+    ids, kv_cache, md = decode_step_inputs(args, seqs, context, a.page_size, dtype)
+    hlo = step.lower(params, ids, kv_cache, md).compile().as_text()
+    tokens, kv_cache = step(params, ids, kv_cache, md)
+    tokens.block_until_ready()
+    start = time.perf_counter()
+    for _ in range(steps):
+        tokens, kv_cache = step(params, ids, kv_cache, md)
+    tokens.block_until_ready()
+    wall_us = (time.perf_counter() - start) / steps * 1e6
+
+    with jax.profiler.trace(a.profile):
+        for _ in range(steps):
+            tokens, kv_cache = step(params, ids, kv_cache, md)
+        tokens.block_until_ready()
+    events = load_events(a.profile)
+
+    print(f"model step: {args.num_layers} layers, hidden {args.hidden_size}, {seqs} seqs x {context} context, "
+          f"{dtype.name}, attention {a.attention_backend} on {dev.device_kind} ({dev.platform}); "
+          f"compiled program: {hlo.count(' conditional(')} conditionals, {hlo.count(' while(')} while loops")
+    print(f"  wall {wall_us:9.1f} us/step")
+    for timeline, busy in timeline_busy(events, steps).items():
+        print(f"  busy {busy:9.1f} us/step ({100 * busy / wall_us:5.1f}% of wall)  {timeline}")
+    print(format_rows(summarize(events, steps, top=6)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
