@@ -1,12 +1,11 @@
 """One decode step of the model with the platform's attention, and where its time goes.
 
 The kernel benchmark (benchmarks/kernels.py) times attention alone; this times the whole
-forward the engine compiles per step (the layer loop with `lax.switch` over per-layer
-weights, the KV write and the attention `auto` picks, then the LM head over the sampled
-rows) and traces it: wall time per step against the device's busy time on each timeline.
-The gap is time the device waits on the host, e.g. for a conditional's branch index (XLA on
-GPU copies it to the host and waits, once per `lax.switch`, unless command buffers hold the
-conditional). Weights are zeros: the timing does not depend on their values.
+forward the engine compiles per step (the layer loop the platform picks, the KV write and
+the attention `auto` picks, then the LM head over the sampled rows) and traces it: wall time
+per step against the device's busy time on each timeline. The gap is time the device waits
+on the host, e.g. for a conditional's branch index (XLA on GPU copies it to the host and
+waits). Weights are zeros: the timing does not depend on their values.
 
     python benchmarks/model_step.py                  # SmolLM2-135M shapes, bf16, 64 x 2k decode
     python benchmarks/model_step.py --smoke          # tiny shapes (any CPU)
@@ -24,17 +23,11 @@ import numpy as np
 from flax import nnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.model_shapes import SHAPES, TINY  # noqa: E402
 from benchmarks.trace_summary import format_rows, load_events, summarize, timeline_busy  # noqa: E402
 from jaxvllm.layers.attention import AttentionMetadata, get_attention  # noqa: E402
 from jaxvllm.models.llama import LlamaArgs, LlamaForCausalLM  # noqa: E402
-
-SMOLLM2 = LlamaArgs(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
-                    num_heads=9, num_kv_heads=3, head_dim=64, rms_norm_eps=1e-5, rope_theta=100000.0,
-                    rope_scaling=None, tie_word_embeddings=True, attention_bias=False,
-                    max_position_embeddings=8192)
-TINY = LlamaArgs(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-                 num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0, rope_scaling=None,
-                 tie_word_embeddings=True, attention_bias=False, max_position_embeddings=512)
+from jaxvllm.platforms import current_platform  # noqa: E402
 
 
 def decode_step_inputs(a: LlamaArgs, seqs: int, context: int, page_size: int, dtype):
@@ -60,17 +53,18 @@ def main(argv=None):
     ap.add_argument("--attention-backend", default="auto")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--profile", metavar="DIR", default="/tmp/jaxvllm-model-step-trace")
+    ap.add_argument("--shape", default="smollm2", choices=sorted(SHAPES), help="model shapes")
     a = ap.parse_args(argv)
-    args, seqs, context, steps = (TINY, 4, 40, 3) if a.smoke else (SMOLLM2, a.seqs, a.context, a.steps)
+    args, seqs, context, steps = (TINY, 4, 40, 3) if a.smoke else (SHAPES[a.shape], a.seqs, a.context, a.steps)
 
     dev = jax.devices()[0]
     dtype = jnp.dtype(a.dtype)
     graphdef, params = nnx.split(LlamaForCausalLM(args, dtype=dtype))
-    attend = get_attention(a.attention_backend, dev.platform)
+    attend = get_attention(a.attention_backend, current_platform)
 
     def step(params, input_ids, kv_cache, md):
         model = nnx.merge(graphdef, params)
-        hidden, kv_cache = model(input_ids, kv_cache, md, attend)
+        hidden, kv_cache = model(input_ids, kv_cache, md, attend, current_platform.layer_loop)
         return jnp.argmax(model.compute_logits(hidden), axis=-1), kv_cache
 
     ids, kv_cache, md = decode_step_inputs(args, seqs, context, a.page_size, dtype)
@@ -92,7 +86,7 @@ def main(argv=None):
     events = load_events(a.profile)
 
     print(f"model step: {args.num_layers} layers, hidden {args.hidden_size}, {seqs} seqs x {context} context, "
-          f"{dtype.name}, attention {a.attention_backend} on {dev.device_kind} ({dev.platform}); "
+          f"{dtype.name}, attention {a.attention_backend} on {dev.device_kind} ({current_platform.device_name}); "
           f"compiled program: {hlo.count(' conditional(')} conditionals, {hlo.count(' while(')} while loops")
     print(f"  wall {wall_us:9.1f} us/step")
     for timeline, busy in timeline_busy(events, steps).items():

@@ -1,5 +1,6 @@
 """Engine configuration: the flags a user sets (`EngineArgs`, vLLM's names) and the
-resolved, validated configs the engine runs with. Defaults live here and only here."""
+resolved, validated configs the engine runs with. Defaults live here, and those that differ
+by device in the platform (jaxvllm/platforms)."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,15 +8,7 @@ from dataclasses import dataclass, field, fields
 
 import yaml
 
-# Small CPU defaults keep warm-up (one compile per bucket) to seconds; accelerators get vLLM's.
-# The smallest token bucket is 16 rows where matmuls are tiled (TPU/GPU); on CPU every padded
-# row costs time, so small decode batches get small buckets.
-_PLATFORM_DEFAULTS = {
-    "cpu": dict(max_num_seqs=32, max_num_batched_tokens=512, kv_cache_memory_bytes=1 << 30,
-                min_token_bucket=4),
-    "default": dict(max_num_seqs=256, max_num_batched_tokens=2048, kv_cache_memory_bytes=None,
-                    min_token_bucket=16),
-}
+from jaxvllm.platforms import get_platform
 
 
 @dataclass
@@ -23,7 +16,7 @@ class EngineArgs:
     model: str | None = None
     dtype: str = "auto"
     max_model_len: int | None = None
-    block_size: int = 16
+    block_size: int | None = None  # tokens per KV page; None: the platform's default
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     hbm_utilization: float = 0.9
@@ -66,35 +59,37 @@ class EngineArgs:
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 
-    def create_engine_config(self, hf_config, platform: str) -> "EngineConfig":
-        defaults = _PLATFORM_DEFAULTS.get(platform, _PLATFORM_DEFAULTS["default"])
+    def create_engine_config(self, hf_config, backend: str) -> "EngineConfig":
+        """backend: the JAX backend the engine runs on (`jax.default_backend()`), whose
+        platform supplies the defaults that differ by device."""
+        platform = get_platform(backend)
         model_max = getattr(hf_config, "max_position_embeddings", None) or 2048
-        max_model_len = self.max_model_len or min(model_max, 2048 if platform == "cpu" else model_max)
+        max_model_len = self.max_model_len or min(model_max, platform.default_max_model_len or model_max)
         if max_model_len > model_max:
             raise ValueError(f"max_model_len ({max_model_len}) is larger than the model's "
                              f"max_position_embeddings ({model_max}).")
         if self.dtype == "auto":
-            dtype = "float32" if platform == "cpu" else "bfloat16"
+            dtype = platform.default_dtype
         elif self.dtype in ("float32", "bfloat16", "float16"):
             dtype = self.dtype
         else:
             raise ValueError(f"dtype must be one of auto, float32, bfloat16, float16; got {self.dtype!r}.")
         hbm = self.gpu_memory_utilization if self.gpu_memory_utilization is not None else self.hbm_utilization
         cache = CacheConfig(
-            block_size=self.block_size,
+            block_size=platform.default_block_size if self.block_size is None else self.block_size,
             hbm_utilization=hbm,
             kv_cache_memory_bytes=(self.kv_cache_memory_bytes if self.kv_cache_memory_bytes is not None
                                    or self.num_gpu_blocks_override is not None
-                                   else defaults["kv_cache_memory_bytes"]),
+                                   else platform.default_kv_cache_memory_bytes),
             num_gpu_blocks_override=self.num_gpu_blocks_override,
             enable_prefix_caching=self.enable_prefix_caching,
             swap_space=self.swap_space,
         )
         sched = SchedulerConfig(
-            max_num_seqs=self.max_num_seqs or defaults["max_num_seqs"],
-            max_num_batched_tokens=self.max_num_batched_tokens or defaults["max_num_batched_tokens"],
+            max_num_seqs=self.max_num_seqs or platform.default_max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens or platform.default_max_num_batched_tokens,
             max_model_len=max_model_len,
-            min_token_bucket=defaults["min_token_bucket"],
+            min_token_bucket=platform.min_token_bucket,
             long_prefill_token_threshold=self.long_prefill_token_threshold,
             scheduling_policy=self.scheduling_policy,
             preemption_mode=self.preemption_mode,

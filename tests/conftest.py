@@ -46,10 +46,12 @@ def write_tiny_llama(path, *, seed=0, vocab_size=256, hidden_size=64, intermedia
     return cfg, t
 
 
-def run_prefill(model, token_ids: list[int], num_blocks: int = 16) -> np.ndarray:
-    """Logits at every position of one sequence written to pages 1..n of a fresh cache."""
+def run_prefill(model, token_ids: list[int], num_blocks: int = 16, layer_loop=None) -> np.ndarray:
+    """Logits at every position of one sequence written to pages 1..n of a fresh cache
+    (the layers run in the CPU's loop unless `layer_loop` is given)."""
     import jax.numpy as jnp
     from jaxvllm.layers.attention import AttentionMetadata, get_attention
+    from jaxvllm.platforms import get_platform
 
     a = model.args
     n = len(token_ids)
@@ -59,7 +61,9 @@ def run_prefill(model, token_ids: list[int], num_blocks: int = 16) -> np.ndarray
                            kv_lens=np.array([n], np.int32), page_indices=pages[None],
                            cu_q_lens=np.array([0, n], np.int32), num_seqs=np.array([1], np.int32))
     kv = jnp.zeros((a.num_layers, 2, num_blocks, BLOCK, a.num_kv_heads, a.head_dim))
-    hidden, _ = model(jnp.asarray(token_ids), kv, md, get_attention("auto", "cpu"))
+    cpu = get_platform("cpu")
+    hidden, _ = model(jnp.asarray(token_ids), kv, md, get_attention("auto", cpu),
+                      layer_loop or cpu.layer_loop)
     return np.asarray(model.compute_logits(hidden))
 
 

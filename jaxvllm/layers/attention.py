@@ -1,13 +1,10 @@
 """Paged attention for the model: write this step's K/V into the cache, then attend.
 
-The backend is chosen once here. `reference` (pure XLA, pallas_kernels/reference.py) is
-the ground truth and runs anywhere; `native` is the C++ CPU kernel (jaxvllm/native), which
-reads pages where they lie instead of gathering copies; `pallas` runs the platform's kernel
-(Mosaic on TPU, Triton on GPU). `auto` picks `pallas` on TPU and GPU, and on a CPU `native`
-where it builds, else `reference`; `pallas` forced on a CPU
-runs the TPU kernel in interpret mode (slow: for tests), and `pallas-tpu` / `pallas-gpu`
-name a kernel explicitly (interpret mode off its platform), so either can be checked
-end to end on a CPU.
+The kernel is chosen once here, as the platform resolves `attention_backend`
+(jaxvllm/platforms): `reference` (pure XLA, pallas_kernels/reference.py) is the ground truth
+and runs anywhere; `native` is the C++ CPU kernel (jaxvllm/native), which reads pages where
+they lie instead of gathering copies; `tpu` and `gpu` are the Pallas kernels (Mosaic, Triton),
+in interpret mode off their device, so either can be checked end to end on a CPU.
 """
 from __future__ import annotations
 
@@ -21,8 +18,8 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 from jaxvllm.distributed.mesh import MODEL_AXIS
 from jaxvllm.distributed.partition import KV_CACHE_SPEC
-from jaxvllm.native import build as native_build
 from jaxvllm.native.ragged_paged_attention import ragged_paged_attention as native_attention
+from jaxvllm.platforms import Platform
 from pallas_kernels import ragged_paged_attention_gpu, ragged_paged_attention_tpu
 from pallas_kernels.reference import ragged_paged_attention
 
@@ -38,32 +35,8 @@ class AttentionMetadata:
     num_seqs: jax.Array       # i32[1]
 
 
-BACKENDS = ("reference", "native", "pallas", "pallas-tpu", "pallas-gpu")
-_GPU_PLATFORMS = ("gpu", "cuda", "rocm")
-
-
-def resolve_backend(backend: str, platform: str) -> tuple[str, bool]:
-    """(kernel, interpret): kernel is `reference`, `native`, `tpu` or `gpu`."""
-    if backend not in ("auto",) + BACKENDS:
-        raise ValueError(f"attention_backend must be one of {('auto',) + BACKENDS}, got {backend!r}.")
-    native = "tpu" if platform == "tpu" else "gpu" if platform in _GPU_PLATFORMS else None
-    if backend == "auto" and native:
-        backend = "pallas"
-    elif backend == "auto":
-        backend = "native" if platform == "cpu" and native_build.preferred() else "reference"
-    if backend == "native":
-        if platform != "cpu":
-            raise ValueError(f"attention_backend='native' runs on the CPU only, not on {platform!r}.")
-        native_build.load()  # a machine that cannot build it says why, here
-        return "native", False
-    if backend == "reference":
-        return "reference", False
-    kernel = backend.removeprefix("pallas-") if backend != "pallas" else native or "tpu"
-    return kernel, kernel != native
-
-
-def get_attention(backend: str, platform: str, mesh: Mesh | None = None) -> Callable:
-    """The model's attention call, chosen once (`auto` picks per platform):
+def get_attention(backend: str, platform: Platform, mesh: Mesh | None = None) -> Callable:
+    """The model's attention call, chosen once (`auto` picks the platform's fastest):
     attend(q, k, v, kv_cache, layer, md, sm_scale, sliding_window) -> (out, kv_cache)
     writes this step's K/V into their slots, then attends.
 
@@ -71,7 +44,7 @@ def get_attention(backend: str, platform: str, mesh: Mesh | None = None) -> Call
     device writes and reads only its own KV heads with its own query heads, the kernels see
     ordinary unsharded arrays, and no collective is needed inside attention.
     """
-    kernel, interpret = resolve_backend(backend, platform)
+    kernel, interpret = platform.attention_kernel(backend)
     if kernel == "reference":
         impl = ragged_paged_attention
     elif kernel == "native":

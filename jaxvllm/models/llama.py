@@ -1,12 +1,9 @@
 """Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2-style QKV bias) in Flax NNX.
 
-Each decoder layer keeps its own weight arrays. The forward pass is one loop over layers
-whose body picks the layer's projections with `lax.switch`: the attention (the costly
-part to compile) is compiled once, and every matmul reads its weights where they lie.
-(Stacked weights under `lax.scan` compile as fast, but XLA on CPU then copies each layer's
-weights out of the stack on every step, about a third of a decode step's matmul time; a
-Python loop over layers compiles the attention once per layer, minutes for 30 layers.)
-The paged KV cache is carried through the loop and updated in place.
+Each decoder layer keeps its own weight arrays, and a layer is two pure functions around its
+attention (`attention_inputs`, `mlp_block`); the caller's `layer_loop` (the platform's choice,
+models/layer_loops.py) runs them over the layers. The paged KV cache is carried through the
+loop and updated in place.
 """
 from __future__ import annotations
 
@@ -73,6 +70,36 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     return weight * x32.astype(x.dtype)
 
 
+def attention_inputs(a: LlamaArgs, w: dict, h: jax.Array, *, positions: jax.Array,
+                     inv_freq: jax.Array, num_tokens: jax.Array):
+    """A layer's q, k, v [tokens, heads, head_dim] from the hidden states h, rotated.
+    num_tokens: the real rows of h (the rest is bucket padding)."""
+    T, q_size, kv_size = h.shape[0], a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+    x = rms_norm(h, w["input_norm"], a.rms_norm_eps)
+    if "wqkv" in w:
+        q, k, v = jnp.split(linear(x, w["wqkv"], num_tokens), [q_size, q_size + kv_size], axis=-1)
+    else:
+        q, k, v = (linear(x, w[n], num_tokens) for n in ("wq", "wk", "wv"))
+    if a.attention_bias:
+        q, k, v = q + w["bq"], k + w["bk"], v + w["bv"]
+    # Heads stay on their tensor-parallel shard from projection to attention output.
+    q, k, v = (constrain(t.reshape(T, -1, a.head_dim), None, M, None) for t in (q, k, v))
+    return apply_rotary(q, positions, inv_freq), apply_rotary(k, positions, inv_freq), v
+
+
+def mlp_block(a: LlamaArgs, w: dict, h: jax.Array, o: jax.Array, *, num_tokens: jax.Array) -> jax.Array:
+    """The rest of a layer after attention: output projection, residual, MLP, residual."""
+    # All-reduced over the tensor-parallel shards: replicated.
+    h = constrain(h + linear(o.reshape(h.shape[0], -1), w["wo"], num_tokens), None, None)
+    x = rms_norm(h, w["post_attn_norm"], a.rms_norm_eps)
+    if "w_gate_up" in w:
+        gate, up = jnp.split(linear(x, w["w_gate_up"], num_tokens), 2, axis=-1)
+    else:
+        gate, up = linear(x, w["w_gate"], num_tokens), linear(x, w["w_up"], num_tokens)
+    up = constrain(jax.nn.silu(gate) * up, None, M)
+    return constrain(h + linear(up, w["w_down"], num_tokens), None, None)
+
+
 LINEAR_WEIGHTS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 # Packed for the native kernel, the projections of one input become one weight each.
 FUSED_WEIGHTS = {"wqkv": ("wq", "wk", "wv"), "w_gate_up": ("w_gate", "w_up")}
@@ -107,52 +134,23 @@ class LlamaForCausalLM(nnx.Module):
             jnp.zeros((args.hidden_size, args.vocab_size), dtype))
 
     def __call__(self, input_ids: jax.Array, kv_cache: jax.Array, md: AttentionMetadata,
-                 attend) -> tuple[jax.Array, jax.Array]:
+                 attend, layer_loop) -> tuple[jax.Array, jax.Array]:
         """One forward pass over a flat, padded token axis; returns final hidden states
         [tokens, hidden] and the updated cache. Logits are computed separately, only for
         the rows that sample."""
         a = self.args
-        T = input_ids.shape[0]
         inv_freq = jnp.asarray(compute_inv_freq(a.head_dim, a.rope_theta, dict(a.rope_scaling or ())))
-        scale = a.head_dim ** -0.5
         num_tokens = md.cu_q_lens[md.num_seqs[0]]  # the rest of the token axis is padding
-        q_size, kv_size = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+        qkv = functools.partial(attention_inputs, a, positions=md.positions, inv_freq=inv_freq,
+                                num_tokens=num_tokens)
+        mlp = functools.partial(mlp_block, a, num_tokens=num_tokens)
 
-        def project_qkv(w, h):
-            x = rms_norm(h, w["input_norm"], a.rms_norm_eps)
-            if "wqkv" in w:
-                q, k, v = jnp.split(linear(x, w["wqkv"], num_tokens), [q_size, q_size + kv_size], axis=-1)
-            else:
-                q, k, v = (linear(x, w[n], num_tokens) for n in ("wq", "wk", "wv"))
-            if a.attention_bias:
-                q, k, v = q + w["bq"], k + w["bk"], v + w["bv"]
-            # Heads stay on their tensor-parallel shard from projection to attention output.
-            q, k, v = (constrain(t.reshape(T, -1, a.head_dim), None, M, None) for t in (q, k, v))
-            return apply_rotary(q, md.positions, inv_freq), apply_rotary(k, md.positions, inv_freq), v
-
-        def output_and_mlp(w, h, o):
-            # All-reduced over the tensor-parallel shards: replicated.
-            h = constrain(h + linear(o.reshape(T, -1), w["wo"], num_tokens), None, None)
-            x = rms_norm(h, w["post_attn_norm"], a.rms_norm_eps)
-            if "w_gate_up" in w:
-                gate, up = jnp.split(linear(x, w["w_gate_up"], num_tokens), 2, axis=-1)
-            else:
-                gate, up = linear(x, w["w_gate"], num_tokens), linear(x, w["w_up"], num_tokens)
-            up = constrain(jax.nn.silu(gate) * up, None, M)
-            return constrain(h + linear(up, w["w_down"], num_tokens), None, None)
+        def attend_layer(q, k, v, kv_cache, layer):
+            return attend(q, k, v, kv_cache, layer, md, a.head_dim ** -0.5, a.sliding_window)
 
         weights = [{k: v.get_value() for k, v in layer.items()} for layer in self.layers]
-        qkv = [functools.partial(project_qkv, w) for w in weights]
-        mlp = [functools.partial(output_and_mlp, w) for w in weights]
-
-        def layer(i, carry):
-            h, kv_cache = carry
-            q, k, v = jax.lax.switch(i, qkv, h)
-            o, kv_cache = attend(q, k, v, kv_cache, i, md, scale, a.sliding_window)
-            return jax.lax.switch(i, mlp, h, o), kv_cache
-
         h = constrain(self.embed_tokens.get_value()[input_ids], None, None)
-        h, kv_cache = jax.lax.fori_loop(0, a.num_layers, layer, (h, kv_cache))
+        h, kv_cache = layer_loop(weights, qkv, attend_layer, mlp, h, kv_cache)
         return rms_norm(h, self.norm.get_value(), a.rms_norm_eps), kv_cache
 
     def load_hf_weights(self, weights: dict[str, np.ndarray], place=None) -> None:

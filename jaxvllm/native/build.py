@@ -35,7 +35,7 @@ class NativeBuildError(RuntimeError):
     """The native kernels could not be built or loaded on this machine."""
 
 
-def _cpu_features() -> str:
+def cpu_features() -> str:
     try:
         with open("/proc/cpuinfo") as f:
             return next((line for line in f if line.startswith(("flags", "Features"))), "")
@@ -67,7 +67,7 @@ def library_path() -> Path:
         raise NativeBuildError(f"no working C++ compiler ({cxx}): {e}") from e
     sources = [(HERE / name).read_text() for name in SOURCES + HEADERS]
     key = hashlib.sha256("\0".join([*sources, *FLAGS, version, jaxlib.__version__,
-                                    _cpu_features()]).encode()).hexdigest()[:16]
+                                    cpu_features()]).encode()).hexdigest()[:16]
     cache = Path(os.environ.get("JAXVLLM_NATIVE_CACHE", Path.home() / ".cache" / "jaxvllm" / "native"))
     path = cache / f"jaxvllm_native-{key}.so"
     if not path.exists():
@@ -87,14 +87,6 @@ def load() -> ctypes.CDLL:
     for target, symbol in TARGETS.items():
         jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
     return lib
-
-
-@functools.cache
-def preferred() -> bool:
-    """Whether `auto` should pick the native kernels here: they build, and the CPU has 512-bit
-    vector units (AVX-512). Their 16-float vectors and register tiles are written for those;
-    on an AVX2-only CPU the packed matmul ran at ~4 GFLOP/s against XLA's ~90."""
-    return "avx512f" in _cpu_features().split() and available()
 
 
 @functools.cache

@@ -58,7 +58,7 @@ def fingerprint(*parts: object) -> str:
     caller's configuration (reprs must be deterministic)."""
     devices = jax.devices()
     env = [jax.__version__, importlib.metadata.version("jaxlib"),
-           devices[0].platform, devices[0].client.platform_version, devices[0].device_kind,
+           jax.default_backend(), devices[0].client.platform_version, devices[0].device_kind,
            len(devices), jax.process_count(), os.environ.get("XLA_FLAGS", ""),
            jax.config.jax_enable_x64, jax.config.jax_default_matmul_precision, _source_hash()]
     return hashlib.sha256(repr(env + list(parts)).encode()).hexdigest()

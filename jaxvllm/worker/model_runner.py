@@ -3,8 +3,9 @@ the compiled step.
 
 Two jitted functions make one step: `_forward` (model + KV write, then the final hidden
 state of each request's last scheduled token; compiled once per token bucket, the KV cache
-donated) and `_sample` (LM head and sampling; compiled once per request bucket and
-greedy/random, plus `_sample_extended` for batches using penalties, biases, logprobs or
+donated) and `_sample` (LM head and sampling; compiled once per request bucket and sampler
+variant: greedy or random, and where the platform keeps conditionals out of a step, with or
+without top_k/top_p), plus `_sample_extended` for batches using penalties, biases, logprobs or
 structured output, which keeps per-request rows on device: worker/penalties.py).
 Splitting them keeps the number of compiled programs at tokens + requests instead of
 tokens x requests, and the costly 49k-wide LM head runs only for the rows that sample
@@ -20,11 +21,12 @@ import time
 import jax
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec as P
 
 from jaxvllm.config import EngineConfig
 from jaxvllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from jaxvllm.layers.attention import AttentionMetadata
+from jaxvllm.platforms import Platform
 from jaxvllm.sampling_params import SamplingParams
 from jaxvllm.worker import penalties
 from jaxvllm.worker.compiled_programs import (CompiledProgram, executables_dir, fingerprint,
@@ -34,15 +36,20 @@ from jaxvllm.worker.kv_swap import KVSwapper
 from jaxvllm.worker.logprobs import accumulate_prompt_logprobs, prompt_positions, sampled_logprobs
 from jaxvllm.worker.model_runner_utils import make_buckets, pick_bucket
 from jaxvllm.worker.sampler import compute_logprobs, sample, sample_extended
-from jaxvllm.worker.sampling_inputs import penalty_metadata, sampling_metadata
+from jaxvllm.worker.sampling_inputs import (penalty_metadata, sampler_variant, sampler_variants,
+                                            sampling_metadata)
 
 logger = logging.getLogger(__name__)
 
 
 class ModelRunner:
     def __init__(self, config: EngineConfig, model: nnx.Module, kv_cache: jax.Array, attend,
-                 num_swap_blocks: int = 0, *, mesh: Mesh):
+                 num_swap_blocks: int = 0, *, mesh: Mesh, platform: Platform,
+                 abstract_mesh: AbstractMesh | None = None):
+        """abstract_mesh: the mesh the step is traced against (default: `mesh`'s); an abstract
+        TPU's stands in to lower the step for a TPU elsewhere (benchmarks/lower_step.py)."""
         self.config = config
+        self.step_may_branch = platform.step_may_branch  # else the host picks sampler variants
         self.block_size = config.cache.block_size
         self.max_num_seqs = config.scheduler.max_num_seqs
         self.max_pages_per_seq = -(-config.scheduler.max_model_len // self.block_size)
@@ -67,27 +74,30 @@ class ModelRunner:
                         if num_swap_blocks else None)
 
         graphdef, self.params = nnx.split(model)
+        abstract_mesh = abstract_mesh or mesh.abstract_mesh
 
         def forward(params, kv_cache, input_ids, md, logits_indices):
-            with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # for the model's constraints
-                hidden, kv_cache = nnx.merge(graphdef, params)(input_ids, kv_cache, md, attend)
+            with jax.sharding.use_abstract_mesh(abstract_mesh):  # for the model's constraints
+                hidden, kv_cache = nnx.merge(graphdef, params)(input_ids, kv_cache, md, attend,
+                                                               platform.layer_loop)
             return hidden[logits_indices], hidden, kv_cache
 
         # num_reqs: the real rows of the request bucket; the LM head skips the others.
-        def sample_fn(params, hidden, sampling_md, num_reqs, all_greedy):
-            with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        def sample_fn(params, hidden, sampling_md, num_reqs, all_greedy, top_k_top_p):
+            with jax.sharding.use_abstract_mesh(abstract_mesh):
                 R = sampling_md.temperature.shape[0]
                 logits = nnx.merge(graphdef, params).compute_logits(hidden[:R], num_reqs)
-                return sample(logits, sampling_md, all_greedy)
+                return sample(logits, sampling_md, all_greedy, top_k_top_p)
 
-        def sample_extended_fn(params, hidden, sampling_md, num_reqs, penalty_state, penalty_md, all_greedy):
-            with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        def sample_extended_fn(params, hidden, sampling_md, num_reqs, penalty_state, penalty_md, all_greedy,
+                               top_k_top_p):
+            with jax.sharding.use_abstract_mesh(abstract_mesh):
                 R = sampling_md.temperature.shape[0]
                 logits = nnx.merge(graphdef, params).compute_logits(hidden[:R], num_reqs)
-                return sample_extended(logits, sampling_md, penalty_state, penalty_md, all_greedy)
+                return sample_extended(logits, sampling_md, penalty_state, penalty_md, all_greedy, top_k_top_p)
 
         def prompt_logprobs_fn(params, hidden, indices, targets):
-            with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            with jax.sharding.use_abstract_mesh(abstract_mesh):
                 logits = nnx.merge(graphdef, params).compute_logits(hidden[indices])
                 return compute_logprobs(logits, targets)
 
@@ -95,7 +105,8 @@ class ModelRunner:
         params_sharding = jax.tree.map(lambda x: x.sharding, self.params)
         self._replicated = rep = NamedSharding(mesh, P())
         key = fingerprint(config, model.args, mesh.devices.shape)
-        self._executables_dir = directory = executables_dir() if jax.process_count() == 1 else None
+        self._executables_dir = directory = (
+            executables_dir() if platform.serialize_executables and jax.process_count() == 1 else None)
 
         def program(name, fn, fixed_argnums, **jit_kwargs) -> CompiledProgram:
             def traced(*args, **kwargs):
@@ -108,9 +119,10 @@ class ModelRunner:
         self._forward = program("forward", forward, (0, 1), donate_argnums=(1,),
                                 in_shardings=(params_sharding, kv_cache.sharding, rep, rep, rep),
                                 out_shardings=(rep, rep, kv_cache.sharding))
-        self._sample = program("sample", sample_fn, (0,), static_argnames=("all_greedy",))
+        sampler_static = ("all_greedy", "top_k_top_p")
+        self._sample = program("sample", sample_fn, (0,), static_argnames=sampler_static)
         self._sample_extended = program("sample_extended", sample_extended_fn, (0, 4),
-                                        static_argnames=("all_greedy",), donate_argnums=(4,))
+                                        static_argnames=sampler_static, donate_argnums=(4,))
         self._set_row = program("set_row", penalties.set_row, (0,), donate_argnums=(0,))
         self._prompt_logprobs = program("prompt_logprobs", prompt_logprobs_fn, (0,))
 
@@ -143,6 +155,7 @@ class ModelRunner:
         with jax.profiler.TraceAnnotation("prepare_inputs"):
             R = pick_bucket(self.request_buckets, len(states))
             sampling_md, all_greedy = sampling_metadata(states, R, self.vocab_size)
+            variant = sampler_variant(sampling_md, all_greedy, self.vocab_size, self.step_may_branch)
             num_reqs = np.int32(len(states))
         # Rows whose token is kept: the others are prefill chunks short of the prompt's end.
         commits = [s.num_computed_tokens + n >= len(s.token_ids) for s, n in zip(states, counts)]
@@ -152,13 +165,11 @@ class ModelRunner:
                 penalty_md = penalty_metadata(states, commits, R, self.max_num_seqs, self.vocab_size,
                                               out.grammar_bitmask)
                 sampled, lp, self.penalty_state = self._sample_extended(
-                    self.params, hidden, sampling_md, num_reqs, self.penalty_state, penalty_md,
-                    all_greedy=all_greedy)
+                    self.params, hidden, sampling_md, num_reqs, self.penalty_state, penalty_md, **variant)
                 sampled, lp = jax.device_get((sampled, lp))
                 logprobs = sampled_logprobs(states, commits, sampled, lp)
             else:
-                sampled = np.asarray(self._sample(self.params, hidden, sampling_md, num_reqs,
-                                                  all_greedy=all_greedy))
+                sampled = np.asarray(self._sample(self.params, hidden, sampling_md, num_reqs, **variant))
 
         sampled_token_ids, prompt_logprobs = [], {}
         for i, (state, n, commit) in enumerate(zip(states, counts, commits)):
@@ -227,7 +238,7 @@ class ModelRunner:
         background, and a step waits only for the programs it runs."""
         start = time.perf_counter()
         with persistent_cache_off(self._executables_dir is not None):
-            self._warm_programs()
+            warm_all(self.warmup_jobs())
         if self.swapper is not None:
             self.kv_cache = self.swapper.warmup(self.kv_cache)
         jax.block_until_ready(self.kv_cache)
@@ -241,7 +252,9 @@ class ModelRunner:
     def programs(self) -> tuple[CompiledProgram, ...]:
         return (self._forward, self._prompt_logprobs, self._sample, self._sample_extended, self._set_row)
 
-    def _warm_programs(self) -> None:
+    def warmup_jobs(self) -> list[tuple[CompiledProgram, tuple, dict]]:
+        """(program, args, static) for every program serving may run; hidden states are
+        ShapeDtypeStructs (benchmarks/lower_step.py lowers some of these for a TPU or GPU)."""
         S, rep = self.max_num_seqs, self._replicated
         # The forward's outputs (final hidden states of the sampled rows and of all tokens).
         hidden = jax.ShapeDtypeStruct((S, self.hidden_size), self.hidden_dtype, sharding=rep)
@@ -261,11 +274,10 @@ class ModelRunner:
         for R in self.request_buckets:
             md, _ = sampling_metadata([], R, self.vocab_size)
             penalty_md = penalty_metadata([], [], R, self.max_num_seqs, self.vocab_size)
-            for all_greedy in (True, False):
-                jobs.append((self._sample, (self.params, hidden, md, np.int32(R)), {"all_greedy": all_greedy}))
+            for variant in sampler_variants(self.step_may_branch):
+                jobs.append((self._sample, (self.params, hidden, md, np.int32(R)), variant))
                 extra.append((self._sample_extended, (self.params, hidden, md, np.int32(R), self.penalty_state,
-                                                      penalty_md),
-                              {"all_greedy": all_greedy}))
+                                                      penalty_md), variant))
         extra.append((self._set_row, (self.penalty_state, np.int32(0)) + penalties.build_row(
             SamplingParams(), [0], [], self.vocab_size), {}))
-        warm_all(jobs + extra)
+        return jobs + extra

@@ -12,6 +12,10 @@ top_k/top_p are skipped when no row uses them, worked out on the 256 largest log
 otherwise, and a full (int-key) sort runs only when some row's cutoff lies deeper.
 Per-token threefry noise would cost more than all the rest, hence a keyed hash.
 
+Those two choices are `lax.cond`s on device where the platform allows conditionals in a step
+(the CPU). Elsewhere (GPU, TPU) the host makes the first one, `top_k_top_p`, and the program
+for it is a separate compiled variant, as `all_greedy` is; its cutoff comes from a full sort.
+
 `sample_extended` is the variant for batches where some request uses penalties, biases,
 allowed/bad tokens or logprobs; batches without them run `sample`, which does none of it.
 Logprobs are vLLM's default "raw_logprobs": log_softmax of the model's raw logits, before
@@ -57,23 +61,25 @@ class SamplingMetadata:
     suppress_token_ids: jax.Array
 
 
-def sample(logits: jax.Array, md: SamplingMetadata, all_greedy: bool) -> jax.Array:
+def sample(logits: jax.Array, md: SamplingMetadata, all_greedy: bool,
+           top_k_top_p: bool | None = None) -> jax.Array:
     """Next token id per row, i32[R].
 
-    `all_greedy` must be static: when True the whole random path (noise, sorting,
-    filters) is left out of the compiled function.
+    `all_greedy` and `top_k_top_p` must be static. all_greedy: when True the whole random
+    path (noise, sorting, filters) is left out of the compiled function. top_k_top_p:
+    whether some row uses top_k or top_p; None decides it on device.
     """
-    return _draw(_suppress(logits.astype(jnp.float32), md.suppress_token_ids), md, all_greedy)
+    return _draw(_suppress(logits.astype(jnp.float32), md.suppress_token_ids), md, all_greedy, top_k_top_p)
 
 
 def sample_extended(logits: jax.Array, md: SamplingMetadata, state: PenaltyState,
-                    pmd: PenaltyMetadata, all_greedy: bool):
+                    pmd: PenaltyMetadata, all_greedy: bool, top_k_top_p: bool | None = None):
     """`sample` after bias and penalties (vLLM's order: bias and masks, then penalties),
     with raw logprobs. Returns (tokens i32[R], logprobs, state with the tokens counted);
     logprobs is (sampled token's logprob f32[R], its rank i32[R], top MAX_LOGPROBS ids
     i32[R, K] and logprobs f32[R, K])."""
     raw = logits.astype(jnp.float32)
-    tokens = _draw(penalized_logits(raw, md, state, pmd), md, all_greedy)
+    tokens = _draw(penalized_logits(raw, md, state, pmd), md, all_greedy, top_k_top_p)
     return tokens, compute_logprobs(raw, tokens), record(state, pmd, tokens)
 
 
@@ -95,14 +101,14 @@ def compute_logprobs(raw: jax.Array, tokens: jax.Array):
     return token_raw[:, 0] - lse, rank.astype(jnp.int32), top_ids, top_raw - lse[:, None]
 
 
-def _draw(x: jax.Array, md: SamplingMetadata, all_greedy: bool) -> jax.Array:
+def _draw(x: jax.Array, md: SamplingMetadata, all_greedy: bool, top_k_top_p: bool | None) -> jax.Array:
     if all_greedy:
         # argmax's (value, index) reduction: _argmax's two reductions stop fusing once x comes
         # from a scatter (suppression, penalties), and took ~20 ms of a 64-row step on CPU
         # against ~8.
         return jnp.argmax(x, axis=-1).astype(jnp.int32)
     greedy = _argmax(x)
-    noisy = _filter(x, md) + _gumbel(md.seed, md.step, x.shape[-1])
+    noisy = _filter(x, md, top_k_top_p) + _gumbel(md.seed, md.step, x.shape[-1])
     return jnp.where(md.temperature < _SAMPLING_EPS, greedy, _argmax(noisy))
 
 
@@ -119,7 +125,7 @@ def _suppress(x: jax.Array, ids: jax.Array) -> jax.Array:
     return x.at[rows, ids].set(-jnp.inf, mode="drop")  # "drop": padding ids >= V
 
 
-def _filter(x: jax.Array, md: SamplingMetadata) -> jax.Array:
+def _filter(x: jax.Array, md: SamplingMetadata, top_k_top_p: bool | None = None) -> jax.Array:
     """Temperature, then min_p, top_k and top_p, each on the result of the previous."""
     greedy = md.temperature < _SAMPLING_EPS
     x = x / jnp.where(greedy, 1.0, md.temperature)[:, None]
@@ -129,8 +135,13 @@ def _filter(x: jax.Array, md: SamplingMetadata) -> jax.Array:
     vocab = x.shape[-1]
     k = jnp.where(greedy | (md.top_k <= 0) | (md.top_k >= vocab), 0, md.top_k)
     p = jnp.where(greedy, 1.0, md.top_p)
-    cutoff = lax.cond(jnp.any((k > 0) | (p < 1.0)), _top_k_top_p_cutoff,
-                      lambda x, k, p: jnp.full(x.shape[:1], -jnp.inf), x, k, p)
+    if top_k_top_p is None:
+        cutoff = lax.cond(jnp.any((k > 0) | (p < 1.0)), _top_k_top_p_cutoff,
+                          lambda x, k, p: jnp.full(x.shape[:1], -jnp.inf), x, k, p)
+    elif top_k_top_p:
+        cutoff = _cutoff_from(x, _sort_descending(x), k, p)[0]
+    else:
+        return x
     return jnp.where(x < cutoff[:, None], -jnp.inf, x)
 
 

@@ -36,6 +36,25 @@ def sampling_metadata(states, R: int, vocab_size: int) -> tuple[SamplingMetadata
     return md, bool(np.all(temperature == 0.0))
 
 
+def sampler_variant(md: SamplingMetadata, all_greedy: bool, vocab_size: int,
+                    step_may_branch: bool) -> dict:
+    """The sampler's static arguments for a batch (which compiled program runs it). Where the
+    step may branch, whether any row uses top_k or top_p is decided on device; elsewhere here."""
+    if step_may_branch:
+        return dict(all_greedy=all_greedy, top_k_top_p=None)
+    random = md.temperature > 0.0
+    top_k = (md.top_k > 0) & (md.top_k < vocab_size)
+    return dict(all_greedy=all_greedy, top_k_top_p=bool(np.any(random & (top_k | (md.top_p < 1.0)))))
+
+
+def sampler_variants(step_may_branch: bool) -> list[dict]:
+    """Every sampler variant `sampler_variant` can pick: the programs warm-up compiles."""
+    if step_may_branch:
+        return [dict(all_greedy=True, top_k_top_p=None), dict(all_greedy=False, top_k_top_p=None)]
+    return [dict(all_greedy=True, top_k_top_p=False), dict(all_greedy=False, top_k_top_p=False),
+            dict(all_greedy=False, top_k_top_p=True)]
+
+
 def penalty_metadata(states, commits, R: int, max_num_seqs: int, vocab_size: int,
                      grammar_bitmask=None) -> PenaltyMetadata:
     """The extended sampler's per-row inputs; padding rows and uncommitted prefill chunks

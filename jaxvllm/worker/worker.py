@@ -11,13 +11,14 @@ import threading
 import jax
 import jax.numpy as jnp
 
+from jaxvllm import platforms
 from jaxvllm.config import EngineConfig
 from jaxvllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from jaxvllm.distributed.mesh import make_mesh
 from jaxvllm.distributed.partition import kv_cache_sharding
-from jaxvllm.layers.attention import get_attention, resolve_backend
+from jaxvllm.layers.attention import get_attention
 from jaxvllm.models.model_loader import get_model
-from jaxvllm.worker.huge_pages import advise_huge_pages, huge_page_ranges
+from jaxvllm.platforms.huge_pages import advise_huge_pages, huge_page_ranges
 from jaxvllm.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -44,9 +45,10 @@ class Worker:
         self.dtype = jnp.dtype(config.dtype)
         self.model = get_model(config, model_path, hf_config, self.mesh)
         self.args = self.model.args
-        self.attend = get_attention(config.attention_backend, self.device.platform, self.mesh)
-        kernel, _ = resolve_backend(config.attention_backend, self.device.platform)
-        if kernel == "native" and self.mesh.size == 1:
+        platform = platforms.current_platform
+        self.attend = get_attention(config.attention_backend, platform, self.mesh)
+        kernel, _ = platform.attention_kernel(config.attention_backend)
+        if platform.use_packed_matmul(kernel, self.mesh.size):
             # The native CPU kernels do the layers' matmuls too, on weights packed once here.
             logger.info("Packed %d weights for the native CPU matmul.", self.model.pack_linear_weights())
 
@@ -69,13 +71,14 @@ class Worker:
         if c.kv_cache_memory_bytes is not None:
             budget = c.kv_cache_memory_bytes
         else:
-            stats = self.device.memory_stats() or {}
-            if "bytes_limit" not in stats:
-                raise ValueError(f"The {self.device.platform} backend does not report its memory; "
+            platform = platforms.current_platform
+            memory = platform.device_memory(self.device)
+            if memory is None:
+                raise ValueError(f"The {platform.device_name} backend does not report its memory; "
                                  "set kv_cache_memory_bytes or num_gpu_blocks_override.")
             # Every device of the mesh holds 1/size of each block (its KV heads).
-            budget = (int(stats["bytes_limit"] * c.hbm_utilization) - stats.get("bytes_in_use", 0)) \
-                * self.mesh.size
+            limit, in_use = memory
+            budget = (int(limit * c.hbm_utilization) - in_use) * self.mesh.size
         num_blocks = budget // block_bytes
         if num_blocks < 2:
             raise ValueError(f"The KV cache budget ({budget} bytes) holds fewer than 2 blocks of "
@@ -93,10 +96,10 @@ class Worker:
             logger.info("Swap space: %d host blocks (%.1f MiB).", num_swap_blocks,
                         num_swap_blocks * self.block_bytes / 2**20)
         runner = ModelRunner(self.config, self.model, kv_cache, self.attend, num_swap_blocks,
-                             mesh=self.mesh)
+                             mesh=self.mesh, platform=platforms.current_platform)
         if not self.config.skip_warmup:
             runner.warmup()
-        if self.device.platform == "cpu":
+        if platforms.current_platform.huge_pages:
             # Collapsing ~1 GiB keeps a core (and the page tables) busy for a second or more: in
             # the background, and only once the first step is done, since beside that step it
             # delayed a warm start's first token by ~0.8 s.

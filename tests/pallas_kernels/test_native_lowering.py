@@ -6,8 +6,8 @@ Nothing here runs a kernel; interpret mode (test_ragged_paged_attention_kernels.
 numbers, and test_native_kernel / scripts/device_check.sh compile and run them where a device
 exists. What lowering catches on every CI run is what Pallas rejects before a device sees the
 kernel: primitives with no Mosaic or Triton rule, TPU block shapes that break the (8, 128)
-tiling, grid, scalar-prefetch and memory-space mistakes, and, at model level, the wiring that
-`attention_backend="auto"` picks on each platform."""
+tiling, grid, scalar-prefetch and memory-space mistakes. The engine's whole step is lowered
+in tests/benchmarks/test_lower_step.py."""
 from __future__ import annotations
 
 import contextlib
@@ -19,7 +19,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 from jax.export import DisabledSafetyCheck
 from jax.sharding import AbstractDevice, AbstractMesh
 
@@ -30,8 +29,6 @@ from test_reference_attention import MIXED, build  # noqa: E402
 
 from benchmarks import kernels as bench  # noqa: E402
 from jaxvllm.distributed.mesh import MODEL_AXIS  # noqa: E402
-from jaxvllm.layers.attention import AttentionMetadata, get_attention  # noqa: E402
-from jaxvllm.models.llama import LlamaArgs, LlamaForCausalLM  # noqa: E402
 from pallas_kernels import ragged_paged_attention_gpu as gpu  # noqa: E402
 from pallas_kernels import ragged_paged_attention_tpu as tpu  # noqa: E402
 
@@ -101,31 +98,3 @@ def test_benchmark_sweep_options_lower(kernel, platform):
     for options in bench.SWEEP[kernel]:
         fn = functools.partial(MODULES[platform].ragged_paged_attention, sm_scale=bench.HD ** -0.5, **options)
         assert f"@{TARGETS[platform]}" in lower(fn, platform, *args), options
-
-
-@platforms
-def test_default_model_forward_lowers(platform):
-    """The default model's forward (SmolLM2-135M shapes: 30 layers, 9 query / 3 KV heads,
-    head_dim 64) with the attention `auto` picks on that platform, lowered for a 64-token step
-    of 8 sequences. Abstract weights: nothing is allocated."""
-    args = LlamaArgs(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
-                     num_heads=9, num_kv_heads=3, head_dim=64, rms_norm_eps=1e-5,
-                     rope_theta=100000.0, rope_scaling=None, tie_word_embeddings=True,
-                     attention_bias=False, max_position_embeddings=8192)
-    model = nnx.eval_shape(lambda: LlamaForCausalLM(args, dtype=jnp.bfloat16))
-    graphdef, params = nnx.split(model)
-    attend = get_attention("auto", platform)
-    tokens, seqs, pages, page_size = 64, 8, 64, 16
-
-    def forward(params, input_ids, kv_cache, md):
-        hidden, kv_cache = nnx.merge(graphdef, params)(input_ids, kv_cache, md, attend)
-        return nnx.merge(graphdef, params).compute_logits(hidden[:seqs]), kv_cache
-
-    i32 = functools.partial(jax.ShapeDtypeStruct, dtype=jnp.int32)
-    md = AttentionMetadata(positions=i32((tokens,)), slot_mapping=i32((tokens,)),
-                           kv_lens=i32((seqs,)), page_indices=i32((seqs, 8)),
-                           cu_q_lens=i32((seqs + 1,)), num_seqs=i32((1,)))
-    kv = jax.ShapeDtypeStruct((30, 2, pages, page_size, 3, 64), jnp.bfloat16)
-    text = lower(forward, platform, params, i32((tokens,)), kv, md)
-    # Attention is compiled once, inside the layer loop: one kernel call in the module.
-    assert text.count(f"@{TARGETS[platform]}(") == 1

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from jaxvllm import LLM, SamplingParams
-from jaxvllm.layers.attention import resolve_backend
 from jaxvllm.native import build as native_build
+from jaxvllm.platforms import get_platform
 
-CPU_AUTO = "native" if native_build.preferred() else "reference"
+CPU_AUTO = get_platform("cpu").auto_attention_backend()
 
 
 @pytest.mark.parametrize("backend,platform,want", [
@@ -26,17 +26,17 @@ CPU_AUTO = "native" if native_build.preferred() else "reference"
     ("reference", "cpu", ("reference", False)),
 ])
 def test_backend_selection(backend, platform, want):
-    assert resolve_backend(backend, platform) == want
+    assert get_platform(platform).attention_kernel(backend) == want
 
 
 def test_unknown_backend_rejected():
     with pytest.raises(ValueError, match="attention_backend"):
-        resolve_backend("flash", "cpu")
+        get_platform("cpu").attention_kernel("flash")
 
 
 def test_native_backend_is_cpu_only():
     with pytest.raises(ValueError, match="CPU only"):
-        resolve_backend("native", "tpu")
+        get_platform("tpu").attention_kernel("native")
 
 
 PROMPTS = [[int(t) for t in np.random.default_rng(i).integers(3, 256, n)] for i, n in enumerate([5, 21, 1])]

@@ -14,8 +14,9 @@ from jax import lax
 
 from jaxvllm.worker import sampler
 from jaxvllm.worker.sampler import SamplingMetadata
+from jaxvllm.worker.sampling_inputs import sampler_variant, sampler_variants
 
-sample = jax.jit(sampler.sample, static_argnames="all_greedy")
+sample = jax.jit(sampler.sample, static_argnames=("all_greedy", "top_k_top_p"))
 processed_logits = jax.jit(sampler.processed_logits)
 
 
@@ -176,6 +177,21 @@ def test_sampled_tokens_come_from_the_allowed_set_and_cover_it():
         md = make_md(n, vocab, step=np.arange(n), seed=7, **params)
         got = np.asarray(sample(np.tile(logits, (n, 1)), md, all_greedy=False))
         assert set(got.tolist()) == set(np.flatnonzero(allowed).tolist()), params
+
+
+@pytest.mark.parametrize("filters", [True, False])
+def test_host_chosen_variants_draw_what_the_device_chosen_one_draws(filters):
+    """GPU and TPU steps run the variant the host picks (no lax.cond; top_k/top_p from a full
+    sort): the same tokens as the CPU's on-device choice, deep cutoffs included."""
+    vocab, rows = 1000, 8
+    logits = np.random.default_rng(6).standard_normal((rows, vocab)).astype(np.float32)
+    top_k, top_p = ([0, 5, 300, 999, -1, 0, 40, 0], [1.0, 1.0, 0.99, 1.0, 0.5, 0.9, 0.6, 1.0]) if filters else (0, 1.0)
+    md = make_md(rows, vocab, temperature=np.where(np.arange(rows) == 7, 0.0, 0.8), top_k=top_k, top_p=top_p,
+                 step=np.arange(rows), min_p=0.01)
+    variant = sampler_variant(jax.device_get(md), False, vocab, step_may_branch=False)
+    assert variant == dict(all_greedy=False, top_k_top_p=filters)
+    assert variant in sampler_variants(step_may_branch=False)
+    np.testing.assert_array_equal(sample(logits, md, **variant), sample(logits, md, all_greedy=False))
 
 
 def test_same_seed_and_step_give_the_same_token_in_any_batch():

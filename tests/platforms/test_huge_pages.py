@@ -1,5 +1,5 @@
 """advise_huge_pages: what it reports collapsed is backed by huge pages in /proc/self/smaps,
-values are untouched, and small or non-CPU buffers are left alone."""
+values are untouched, and small buffers are left alone."""
 from __future__ import annotations
 
 import sys
@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxvllm.worker.huge_pages import HUGE_PAGE, advise_huge_pages, huge_page_ranges
+from jaxvllm.platforms.huge_pages import HUGE_PAGE, advise_huge_pages, huge_page_ranges
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise is Linux advice")
 

@@ -30,13 +30,13 @@ def _madvise():
 
 
 def huge_page_ranges(tree, min_bytes: int = 8 * HUGE_PAGE) -> list[tuple[int, int]]:
-    """The whole 2 MiB pages inside each CPU buffer of the pytree's arrays of at least
+    """The whole 2 MiB pages inside each host buffer of the pytree's arrays of at least
     `min_bytes`, as (start, end) addresses: taken now, since a donated array is gone later."""
     ranges = []
     for array in jax.tree.leaves(tree):
         for shard in array.addressable_shards if isinstance(array, jax.Array) else ():
             data = shard.data
-            if data.nbytes < min_bytes or shard.device.platform != "cpu":
+            if data.nbytes < min_bytes:
                 continue
             start = data.unsafe_buffer_pointer()
             lo, hi = -(-start // HUGE_PAGE) * HUGE_PAGE, (start + data.nbytes) // HUGE_PAGE * HUGE_PAGE

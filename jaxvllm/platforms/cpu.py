@@ -1,0 +1,56 @@
+"""The CPU: where jaxvllm is developed and tested, and must stay fast.
+
+float32 (bfloat16 ran 3-5x slower in XLA here), small buckets and KV cache (warm-up is one
+compile per bucket), the native C++ kernels (jaxvllm/native) for attention and packed matmuls
+where the CPU has AVX-512, the layers in a `fori_loop` + `lax.switch` (a conditional costs
+nothing here, and the attention compiles once instead of once per layer), and the caches that
+pay on a host: serialized step programs and huge pages.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+from jaxvllm.platforms.interface import Platform
+
+
+class CpuPlatform(Platform):
+    device_name = "cpu"
+    default_dtype = "float32"
+    default_max_num_seqs = 32
+    default_max_num_batched_tokens = 512
+    default_max_model_len = 2048
+    default_kv_cache_memory_bytes = 1 << 30
+    min_token_bucket = 4  # every padded row costs time: small decode batches get small buckets
+    step_may_branch = True
+    serialize_executables = True
+    huge_pages = True
+
+    def auto_attention_backend(self) -> str:
+        from jaxvllm.native import build
+        return "native" if self.has_avx512 and build.available() else "reference"
+
+    @functools.cached_property
+    def has_avx512(self) -> bool:
+        """The native kernels' 16-float vectors and register tiles are written for 512-bit
+        units; on an AVX2-only CPU their packed matmul ran ~20x slower than XLA's."""
+        from jaxvllm.native import build
+        return "avx512f" in build.cpu_features().split()
+
+    def load_native_kernels(self) -> None:
+        from jaxvllm.native import build
+        build.load()  # a machine that cannot build them says why, here
+
+    def use_packed_matmul(self, kernel: str, num_devices: int) -> bool:
+        # Packed weights are not sharded: one device only.
+        return kernel == "native" and num_devices == 1
+
+    @property
+    def layer_loop(self) -> Callable:
+        """One `fori_loop` over the layers whose body picks each layer's weights with
+        `lax.switch`: the attention compiles once, and every matmul reads its weights where
+        they lie (stacked weights under `lax.scan` compile as fast, but XLA on CPU copies each
+        layer's weights out of the stack every step; unrolled, the attention compiles once per
+        layer)."""
+        from jaxvllm.models.layer_loops import switched_layers
+        return switched_layers

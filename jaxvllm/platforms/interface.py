@@ -1,0 +1,78 @@
+"""Platform: what differs by device kind, in one object (vLLM's vllm/platforms/interface.py).
+
+The base class holds the accelerator choices (TPU and GPU are the targets); cpu.py overrides
+what the CPU does differently. This module imports no JAX: the engine's configuration reads
+the defaults below in processes that never start a device.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+ATTENTION_BACKENDS = ("reference", "native", "pallas", "pallas-tpu", "pallas-gpu")
+
+
+class Platform:
+    device_name: str  # vLLM's name, also jax.export's: "cpu", "cuda", "tpu"
+    # The Pallas attention kernel this device compiles ("tpu": Mosaic, "gpu": Triton); the
+    # other one, or either on a CPU, runs in interpret mode.
+    pallas_kernel: str | None = None
+
+    # Engine defaults, where the user sets none: vLLM's on an accelerator.
+    default_dtype = "bfloat16"
+    default_block_size = 16
+    default_max_num_seqs = 256
+    default_max_num_batched_tokens = 2048
+    default_max_model_len: int | None = None  # None: the model's max_position_embeddings
+    default_kv_cache_memory_bytes: int | None = None  # None: hbm_utilization of device memory
+    min_token_bucket = 16  # matmuls are tiled: smaller token buckets save nothing
+
+    # Whether a compiled step may hold lax.cond / lax.switch. On XLA:GPU a conditional copies
+    # its predicate to the host and waits; on a TPU it hides the step's structure from XLA's
+    # scheduling of collectives and weight prefetch. Where False, the sampler's variants are
+    # separate programs chosen on the host.
+    step_may_branch = False
+    # Save warmed step programs as serialized executables (worker/compiled_programs.py), and
+    # back weights and KV cache with huge pages: measured to pay on the CPU only.
+    serialize_executables = False
+    huge_pages = False
+
+    def attention_kernel(self, backend: str) -> tuple[str, bool]:
+        """(kernel, interpret) for an `attention_backend`: kernel is `reference`, `native`,
+        `tpu` or `gpu`; `auto` picks this platform's fastest."""
+        if backend not in ("auto",) + ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend must be one of {('auto',) + ATTENTION_BACKENDS}, "
+                             f"got {backend!r}.")
+        if backend == "auto":
+            backend = self.auto_attention_backend()
+        if backend == "native":
+            self.load_native_kernels()
+            return "native", False
+        if backend == "reference":
+            return "reference", False
+        kernel = backend.removeprefix("pallas-") if backend != "pallas" else self.pallas_kernel or "tpu"
+        return kernel, kernel != self.pallas_kernel
+
+    def auto_attention_backend(self) -> str:
+        return "pallas"
+
+    def load_native_kernels(self) -> None:
+        raise ValueError(f"attention_backend='native' runs on the CPU only, not on {self.device_name!r}.")
+
+    def use_packed_matmul(self, kernel: str, num_devices: int) -> bool:
+        """Whether the layers' matmuls run the native packed kernel (weights packed at load)."""
+        return False
+
+    @property
+    def layer_loop(self) -> Callable:
+        """How the model runs its layers: unrolled in Python, one static layer index each,
+        so the step holds no loop or conditional (what tpu-inference, sglang-jax and
+        MaxText's serving path do)."""
+        from jaxvllm.models.layer_loops import unrolled_layers
+        return unrolled_layers
+
+    def device_memory(self, device) -> tuple[int, int] | None:
+        """(bytes the device may hold, bytes in use), or None where the backend does not say."""
+        stats = device.memory_stats() or {}
+        if "bytes_limit" not in stats:
+            return None
+        return stats["bytes_limit"], stats.get("bytes_in_use", 0)

@@ -1,0 +1,12 @@
+"""TPUs: the Mosaic Pallas attention kernel, bfloat16, no conditionals in a step."""
+from __future__ import annotations
+
+from jaxvllm.platforms.interface import Platform
+
+
+class TpuPlatform(Platform):
+    device_name = "tpu"
+    pallas_kernel = "tpu"
+    # The Mosaic kernel DMAs one page of a chip's KV heads at a time and wants
+    # page_size * kv_heads_per_chip to be a multiple of 16 in bfloat16.
+    default_block_size = 32
