@@ -5,10 +5,12 @@ forward the engine compiles per step (the layer loop the platform picks, the KV 
 the attention `auto` picks, then the LM head over the sampled rows) and traces it: wall time
 per step against the device's busy time on each timeline. The gap is time the device waits
 on the host, e.g. for a conditional's branch index (XLA on GPU copies it to the host and
-waits). Weights are zeros: the timing does not depend on their values.
+waits). Weights are zeros: the timing does not depend on their values. `--lower` only lowers
+ModelRunner's own step programs for a TPU or GPU (benchmarks/lower_step.py).
 
     python benchmarks/model_step.py                  # SmolLM2-135M shapes, bf16, 64 x 2k decode
     python benchmarks/model_step.py --smoke          # tiny shapes (any CPU)
+    python benchmarks/model_step.py --lower tpu --shape llama3-8b --dump-hlo /tmp/hlo   # no device
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import numpy as np
 from flax import nnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.lower_step import KERNEL_TARGETS, REQUESTS, TOKENS, lower_step, program_rows  # noqa: E402
 from benchmarks.model_shapes import SHAPES, TINY  # noqa: E402
 from benchmarks.trace_summary import format_rows, load_events, summarize, timeline_busy  # noqa: E402
 from jaxvllm.layers.attention import AttentionMetadata, get_attention  # noqa: E402
@@ -54,7 +57,13 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--profile", metavar="DIR", default="/tmp/jaxvllm-model-step-trace")
     ap.add_argument("--shape", default="smollm2", choices=sorted(SHAPES), help="model shapes")
+    ap.add_argument("--lower", choices=sorted(KERNEL_TARGETS),
+                    help="only lower the engine's step for this platform (no device needed) and count "
+                         "its conditionals, loops and attention kernel calls")
+    ap.add_argument("--dump-hlo", metavar="DIR", help="with --lower: write each program's StableHLO here")
     a = ap.parse_args(argv)
+    if a.lower:
+        return lower(a.lower, a.shape, a.dump_hlo)
     args, seqs, context, steps = (TINY, 4, 40, 3) if a.smoke else (SHAPES[a.shape], a.seqs, a.context, a.steps)
 
     dev = jax.devices()[0]
@@ -92,6 +101,21 @@ def main(argv=None):
     for timeline, busy in timeline_busy(events, steps).items():
         print(f"  busy {busy:9.1f} us/step ({100 * busy / wall_us:5.1f}% of wall)  {timeline}")
     print(format_rows(summarize(events, steps, top=6)), flush=True)
+
+
+def lower(platform: str, shape: str, dump_dir: str | None) -> list[dict]:
+    texts, kv_cache = lower_step(platform, SHAPES[shape])
+    rows = program_rows(platform, texts, kv_cache)
+    print(f"{shape} lowered for {platform} ({TOKENS} tokens, {REQUESTS} requests):")
+    print(f"  {'program':<52} {'case':>5} {'while':>6} {'kernels':>8} {'KV donated':>11}")
+    for r in rows:
+        donated = "" if r["kv_donated"] is None else str(r["kv_donated"])
+        print(f"  {r['program']:<52} {r['case']:>5} {r['loops']:>6} {r['kernels']:>8} {donated:>11}")
+    if dump_dir:
+        Path(dump_dir).mkdir(parents=True, exist_ok=True)
+        for name, text in texts.items():
+            (Path(dump_dir) / f"{platform}-{shape}-{name.replace(' ', '-')}.mlir").write_text(text)
+    return rows
 
 
 if __name__ == "__main__":

@@ -1,0 +1,106 @@
+"""The engine's own step lowered for a TPU or an NVIDIA GPU on any machine (no device needed),
+and what its StableHLO says about how it will run there.
+
+The programs are ModelRunner's (the functions it compiles at warm-up), built with the target
+platform's choices: attention kernel, layer loop, sampler variants, dtype and block size.
+Weights and KV cache are `jax.ShapeDtypeStruct`s, so Llama-3-8B shapes allocate nothing
+large. A step for a GPU or TPU should hold no conditional (`stablehlo.case`: XLA:GPU waits on
+the host for its predicate) and no loop (`stablehlo.while`), run one attention kernel per
+layer, and update the KV cache in place (donated: `tf.aliasing_output` on its argument).
+"""
+from __future__ import annotations
+
+import contextlib
+import re
+import sys
+import types
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import AbstractDevice, AbstractMesh, NamedSharding, PartitionSpec as P
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from jaxvllm.config import EngineArgs  # noqa: E402
+from jaxvllm.distributed.mesh import MODEL_AXIS, make_mesh  # noqa: E402
+from jaxvllm.distributed.partition import kv_cache_sharding  # noqa: E402
+from jaxvllm.layers.attention import get_attention  # noqa: E402
+from jaxvllm.models.llama import LlamaArgs, LlamaForCausalLM  # noqa: E402
+from jaxvllm.platforms import get_platform  # noqa: E402
+from jaxvllm.worker.model_runner import ModelRunner  # noqa: E402
+
+# The custom call each Pallas kernel lowers to (the kernel travels inside it as MLIR).
+KERNEL_TARGETS = {"tpu": "tpu_custom_call", "cuda": "__gpu$xla.gpu.triton"}
+TPU_KIND = "TPU v5 lite"  # the chip generation the Mosaic lowering tiles for
+NUM_BLOCKS = 4096
+TOKENS = REQUESTS = 64  # the buckets lowered: a decode step of 64 sequences
+SAMPLERS = ("sample", "sample_extended")
+
+
+def lower_step(platform_name: str, args: LlamaArgs) -> tuple[dict[str, str], jax.ShapeDtypeStruct]:
+    """{program: StableHLO text} of the forward for TOKENS tokens and of every sampler
+    variant for REQUESTS rows, lowered for `platform_name` (`tpu` or `cuda`); and the KV
+    cache's abstract array."""
+    platform = get_platform(platform_name)
+    config = EngineArgs(num_gpu_blocks_override=NUM_BLOCKS, skip_warmup=True).create_engine_config(
+        types.SimpleNamespace(max_position_embeddings=args.max_position_embeddings), platform_name)
+    dtype = jnp.dtype(config.dtype)
+    mesh = make_mesh(1)
+    replicated = NamedSharding(mesh, P())
+    model = nnx.eval_shape(lambda: LlamaForCausalLM(args, dtype=dtype))
+    nnx.update(model, jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
+                                   nnx.state(model)))
+    kv_cache = jax.ShapeDtypeStruct(
+        (args.num_layers, 2, NUM_BLOCKS, config.cache.block_size, args.num_kv_heads, args.head_dim), dtype,
+        sharding=kv_cache_sharding(mesh))
+    chip = contextlib.nullcontext()
+    abstract_mesh = None
+    if platform_name == "tpu":  # the Mosaic lowering asks which chip it tiles for
+        device = AbstractDevice(device_kind=TPU_KIND, num_cores=1, platform="tpu")
+        abstract_mesh = AbstractMesh((1,), (MODEL_AXIS,), abstract_device=device)
+        chip = jax.sharding.use_abstract_mesh(abstract_mesh)
+    runner = ModelRunner(config, model, kv_cache, get_attention(config.attention_backend, platform, mesh),
+                         mesh=mesh, platform=platform, abstract_mesh=abstract_mesh)
+    texts = {}
+    for program, job_args, static in runner.warmup_jobs():
+        if program.name == "forward" and job_args[2].shape[0] == TOKENS or (
+                program.name in SAMPLERS and job_args[2].temperature.shape[0] == REQUESTS):
+            name = program.name + "".join(f" {k}={v}" for k, v in static.items())
+            with chip:
+                texts[name] = program.jitted.trace(*job_args, **static).lower(
+                    lowering_platforms=(platform_name,)).as_text()
+    return texts, kv_cache
+
+
+def kernel_calls(text: str, target: str) -> int:
+    """How many times one run of the module's main function calls custom call `target`,
+    through the private functions it calls (jax outlines a jitted kernel wrapper once and
+    calls it per layer)."""
+    bodies = dict(re.findall(r"func\.func \w+ @([\w$.]+)\((.*?)(?=\n  func\.func |\Z)", text, re.S))
+    memo: dict[str, int] = {}
+
+    def count(name: str) -> int:
+        if name not in memo:
+            body = bodies[name]
+            memo[name] = body.count(f"stablehlo.custom_call @{target}(") + sum(
+                count(callee) for callee in re.findall(r"(?<!custom_)call @([\w$.]+)\(", body))
+        return memo[name]
+    return count("main")
+
+
+def donated(text: str, array: jax.ShapeDtypeStruct) -> bool:
+    """Whether main's arguments of `array`'s shape alias an output (are updated in place)."""
+    shape = "tensor<" + "x".join(map(str, array.shape)) + "x"
+    signature = re.search(r"func\.func public @main\((.*?)\) ->", text, re.S).group(1)
+    arguments = [a for a in re.split(r"%arg\d+: ", signature) if a.startswith(shape)]
+    return bool(arguments) and all("tf.aliasing_output" in a for a in arguments)
+
+
+def program_rows(platform_name: str, texts: dict[str, str], kv_cache) -> list[dict]:
+    """One row per program: conditionals, loops, attention kernel calls, KV cache donated."""
+    target = KERNEL_TARGETS[platform_name]
+    return [dict(program=name, case=text.count("stablehlo.case"), loops=text.count("stablehlo.while"),
+                 kernels=kernel_calls(text, target),
+                 kv_donated=donated(text, kv_cache) if name == "forward" else None)
+            for name, text in texts.items()]

@@ -1,0 +1,42 @@
+"""The engine's own step lowered for a TPU and an NVIDIA GPU on this CPU (benchmarks/lower_step.py,
+`model_step.py --lower`): for the default model's and Llama-3-8B's shapes the forward and every
+sampler variant hold no conditional and no loop, the forward calls the platform's attention
+kernel once per layer, and it updates the KV cache in place."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks import model_step  # noqa: E402
+from benchmarks.lower_step import KERNEL_TARGETS, lower_step, program_rows  # noqa: E402
+from benchmarks.model_shapes import SHAPES, SMOLLM2  # noqa: E402
+from jaxvllm.models.layer_loops import switched_layers  # noqa: E402
+from jaxvllm.platforms import get_platform  # noqa: E402
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+@pytest.mark.parametrize("platform", sorted(KERNEL_TARGETS))
+def test_step_has_no_conditionals_or_loops_and_one_kernel_per_layer(platform, shape, tmp_path, capsys):
+    rows = {r["program"]: r for r in model_step.main(["--lower", platform, "--shape", shape,
+                                                       "--dump-hlo", str(tmp_path)])}
+    assert sum(name.startswith("sample ") for name in rows) == 3  # greedy, random, top_k/top_p
+    assert sum(name.startswith("sample_extended ") for name in rows) == 3
+    for name, row in rows.items():
+        assert (row["case"], row["loops"]) == (0, 0), row
+        assert row["kernels"] == (SHAPES[shape].num_layers if name == "forward" else 0), row
+    assert rows["forward"]["kv_donated"] is True
+    assert len(list(tmp_path.glob(f"{platform}-{shape}-*.mlir"))) == len(rows)
+    assert "forward" in capsys.readouterr().out
+
+
+def test_conditionals_and_loops_are_counted(monkeypatch):
+    """The CPU's layer loop (fori_loop + switch) lowered for a GPU shows what the test above
+    rules out: the counts are not vacuous."""
+    monkeypatch.setattr(type(get_platform("cuda")), "layer_loop", property(lambda self: switched_layers))
+    texts, kv_cache = lower_step("cuda", SMOLLM2)
+    forward = program_rows("cuda", {"forward": texts["forward"]}, kv_cache)[0]
+    assert forward["case"] > 0 and forward["loops"] > 0 and forward["kernels"] == 1
+    assert forward["kv_donated"] is True
