@@ -11,6 +11,7 @@ layer, and update the KV cache in place (donated: `tf.aliasing_output` on its ar
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 import sys
 import types
@@ -19,12 +20,13 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.sharding import AbstractDevice, AbstractMesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AbstractDevice, AbstractMesh
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from jaxvllm.config import EngineArgs  # noqa: E402
 from jaxvllm.distributed.mesh import MODEL_AXIS, make_mesh  # noqa: E402
-from jaxvllm.distributed.partition import kv_cache_sharding  # noqa: E402
+from jaxvllm.distributed.partition import (kv_cache_sharding, padded_heads, param_name,  # noqa: E402
+                                           param_sharding)
 from jaxvllm.layers.attention import get_attention  # noqa: E402
 from jaxvllm.models.llama import LlamaArgs, LlamaForCausalLM  # noqa: E402
 from jaxvllm.platforms import get_platform  # noqa: E402
@@ -38,19 +40,24 @@ TOKENS = REQUESTS = 64  # the buckets lowered: a decode step of 64 sequences
 SAMPLERS = ("sample", "sample_extended")
 
 
-def lower_step(platform_name: str, args: LlamaArgs) -> tuple[dict[str, str], jax.ShapeDtypeStruct]:
+def lower_step(platform_name: str, args: LlamaArgs,
+               tensor_parallel_size: int = 1) -> tuple[dict[str, str], jax.ShapeDtypeStruct]:
     """{program: StableHLO text} of the forward for TOKENS tokens and of every sampler
     variant for REQUESTS rows, lowered for `platform_name` (`tpu` or `cuda`); and the KV
-    cache's abstract array."""
+    cache's abstract array. Tensor parallel over that many of this machine's devices, which
+    stand in for the accelerators (on a CPU: --xla_force_host_platform_device_count)."""
     platform = get_platform(platform_name)
-    config = EngineArgs(num_gpu_blocks_override=NUM_BLOCKS, skip_warmup=True).create_engine_config(
+    # max_num_seqs: the batch lowered (the penalty rows ModelRunner allocates grow with it).
+    config = EngineArgs(max_num_seqs=REQUESTS, num_gpu_blocks_override=NUM_BLOCKS,
+                        skip_warmup=True).create_engine_config(
         types.SimpleNamespace(max_position_embeddings=args.max_position_embeddings), platform_name)
     dtype = jnp.dtype(config.dtype)
-    mesh = make_mesh(1)
-    replicated = NamedSharding(mesh, P())
+    mesh = make_mesh(tensor_parallel_size)
+    num_heads, num_kv_heads = padded_heads(args.num_heads, args.num_kv_heads, tensor_parallel_size)
+    args = dataclasses.replace(args, num_heads=num_heads, num_kv_heads=num_kv_heads)
     model = nnx.eval_shape(lambda: LlamaForCausalLM(args, dtype=dtype))
-    nnx.update(model, jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
-                                   nnx.state(model)))
+    nnx.update(model, jax.tree_util.tree_map_with_path(lambda path, x: jax.ShapeDtypeStruct(
+        x.shape, x.dtype, sharding=param_sharding(param_name(path), x.shape, mesh)), nnx.state(model)))
     kv_cache = jax.ShapeDtypeStruct(
         (args.num_layers, 2, NUM_BLOCKS, config.cache.block_size, args.num_kv_heads, args.head_dim), dtype,
         sharding=kv_cache_sharding(mesh))
@@ -58,10 +65,11 @@ def lower_step(platform_name: str, args: LlamaArgs) -> tuple[dict[str, str], jax
     abstract_mesh = None
     if platform_name == "tpu":  # the Mosaic lowering asks which chip it tiles for
         device = AbstractDevice(device_kind=TPU_KIND, num_cores=1, platform="tpu")
-        abstract_mesh = AbstractMesh((1,), (MODEL_AXIS,), abstract_device=device)
+        abstract_mesh = AbstractMesh((tensor_parallel_size,), (MODEL_AXIS,), abstract_device=device)
         chip = jax.sharding.use_abstract_mesh(abstract_mesh)
-    runner = ModelRunner(config, model, kv_cache, get_attention(config.attention_backend, platform, mesh),
-                         mesh=mesh, platform=platform, abstract_mesh=abstract_mesh)
+    attend = get_attention(config.attention_backend, platform, abstract_mesh or mesh)
+    runner = ModelRunner(config, model, kv_cache, attend, mesh=mesh, platform=platform,
+                         abstract_mesh=abstract_mesh)
     texts = {}
     for program, job_args, static in runner.warmup_jobs():
         if program.name == "forward" and job_args[2].shape[0] == TOKENS or (

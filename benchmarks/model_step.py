@@ -61,9 +61,12 @@ def main(argv=None):
                     help="only lower the engine's step for this platform (no device needed) and count "
                          "its conditionals, loops and attention kernel calls")
     ap.add_argument("--dump-hlo", metavar="DIR", help="with --lower: write each program's StableHLO here")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1,
+                    help="with --lower: over this many of this machine's devices (on a CPU, set "
+                         "XLA_FLAGS=--xla_force_host_platform_device_count=N)")
     a = ap.parse_args(argv)
     if a.lower:
-        return lower(a.lower, a.shape, a.dump_hlo)
+        return lower(a.lower, a.shape, a.dump_hlo, a.tensor_parallel_size)
     args, seqs, context, steps = (TINY, 4, 40, 3) if a.smoke else (SHAPES[a.shape], a.seqs, a.context, a.steps)
 
     dev = jax.devices()[0]
@@ -95,7 +98,8 @@ def main(argv=None):
     events = load_events(a.profile)
 
     print(f"model step: {args.num_layers} layers, hidden {args.hidden_size}, {seqs} seqs x {context} context, "
-          f"{dtype.name}, attention {a.attention_backend} on {dev.device_kind} ({current_platform.device_name}); "
+          f"{dtype.name}, attention {a.attention_backend} on {dev.device_kind} "
+          f"({current_platform.device_name}); "
           f"compiled program: {hlo.count(' conditional(')} conditionals, {hlo.count(' while(')} while loops")
     print(f"  wall {wall_us:9.1f} us/step")
     for timeline, busy in timeline_busy(events, steps).items():
@@ -103,10 +107,12 @@ def main(argv=None):
     print(format_rows(summarize(events, steps, top=6)), flush=True)
 
 
-def lower(platform: str, shape: str, dump_dir: str | None) -> list[dict]:
-    texts, kv_cache = lower_step(platform, SHAPES[shape])
+def lower(platform: str, shape: str, dump_dir: str | None, tensor_parallel_size: int = 1) -> list[dict]:
+    """Lower the step (benchmarks/lower_step.py), print one row per program, dump its StableHLO."""
+    texts, kv_cache = lower_step(platform, SHAPES[shape], tensor_parallel_size)
     rows = program_rows(platform, texts, kv_cache)
-    print(f"{shape} lowered for {platform} ({TOKENS} tokens, {REQUESTS} requests):")
+    print(f"{shape} lowered for {platform} ({TOKENS} tokens, {REQUESTS} requests, "
+          f"tensor parallel {tensor_parallel_size}):")
     print(f"  {'program':<52} {'case':>5} {'while':>6} {'kernels':>8} {'KV donated':>11}")
     for r in rows:
         donated = "" if r["kv_donated"] is None else str(r["kv_donated"])

@@ -4,6 +4,9 @@ sampler variant hold no conditional and no loop, the forward calls the platform'
 kernel once per layer, and it updates the KV cache in place."""
 from __future__ import annotations
 
+import os
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -30,6 +33,21 @@ def test_step_has_no_conditionals_or_loops_and_one_kernel_per_layer(platform, sh
     assert rows["forward"]["kv_donated"] is True
     assert len(list(tmp_path.glob(f"{platform}-{shape}-*.mlir"))) == len(rows)
     assert "forward" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("platform", sorted(KERNEL_TARGETS))
+def test_tensor_parallel_step_over_eight_devices(platform):
+    """Llama-3-8B over 8 chips (configs/tpu-v5e-8.yaml, gpu-h100x8.yaml): attention runs per
+    shard inside shard_map, still one kernel per layer and nothing that branches or loops."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    out = subprocess.run([sys.executable, str(Path(model_step.__file__)), "--lower", platform,
+                          "--shape", "llama3-8b", "--tensor-parallel-size", "8"],
+                         env=env, capture_output=True, text=True, timeout=300, check=True).stdout
+    assert "tensor parallel 8" in out
+    forward = re.search(r"^  forward +(\d+) +(\d+) +(\d+) +(\w+)$", out, re.M)
+    assert forward and forward.groups() == ("0", "0", "32", "True"), out
+    rows = re.findall(r"^  sample\S* .*? +(\d+) +(\d+) +(\d+) *$", out, re.M)
+    assert len(rows) == 6 and all(r == ("0", "0", "0") for r in rows), out
 
 
 def test_conditionals_and_loops_are_counted(monkeypatch):

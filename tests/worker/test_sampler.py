@@ -185,7 +185,9 @@ def test_host_chosen_variants_draw_what_the_device_chosen_one_draws(filters):
     sort): the same tokens as the CPU's on-device choice, deep cutoffs included."""
     vocab, rows = 1000, 8
     logits = np.random.default_rng(6).standard_normal((rows, vocab)).astype(np.float32)
-    top_k, top_p = ([0, 5, 300, 999, -1, 0, 40, 0], [1.0, 1.0, 0.99, 1.0, 0.5, 0.9, 0.6, 1.0]) if filters else (0, 1.0)
+    top_k, top_p = (0, 1.0)
+    if filters:  # deep cutoffs (300, 999, 0.99) included
+        top_k, top_p = [0, 5, 300, 999, -1, 0, 40, 0], [1.0, 1.0, 0.99, 1.0, 0.5, 0.9, 0.6, 1.0]
     md = make_md(rows, vocab, temperature=np.where(np.arange(rows) == 7, 0.0, 0.8), top_k=top_k, top_p=top_p,
                  step=np.arange(rows), min_p=0.01)
     variant = sampler_variant(jax.device_get(md), False, vocab, step_may_branch=False)
