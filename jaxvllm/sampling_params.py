@@ -6,11 +6,28 @@ field's name and its allowed range before the request reaches the engine.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 
 # Most top logprobs a request may ask for (vLLM's default max_logprobs); the sampler
 # always computes this many, so one compiled variant serves every k.
 MAX_LOGPROBS = 20
+# Counts and token ids travel to the device as int32 (seeds as two uint32 halves).
+INT32_MAX = 2**31 - 1
+
+
+def is_int(x) -> bool:
+    """An integer that is not a bool (JSON true is no token id or count)."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def is_real(x) -> bool:
+    """A finite int or float that is not a bool."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def is_token_ids(ids) -> bool:
+    return isinstance(ids, list) and all(is_int(t) and 0 <= t <= INT32_MAX for t in ids)
 
 
 @dataclass
@@ -29,7 +46,14 @@ class StructuredOutputsParams:
         if len(given) != 1:
             raise ValueError(f"structured_outputs must set exactly one of json, regex, choice, grammar, "
                              f"json_object; got {given or 'none'}.")
-        if self.choice is not None and any(not isinstance(c, str) or not c for c in self.choice):
+        types = {"json": (str, dict), "regex": str, "choice": list, "grammar": str, "json_object": bool}
+        for name, allowed in types.items():
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, allowed):
+                kind = " or ".join(t.__name__ for t in (allowed if isinstance(allowed, tuple) else (allowed,)))
+                raise ValueError(f"structured_outputs.{name} must be a {kind}, got {type(value).__name__}.")
+        if self.choice is not None and (not self.choice or any(not isinstance(c, str) or not c
+                                                               for c in self.choice)):
             raise ValueError(f"structured_outputs.choice must be non-empty strings, got {self.choice!r}.")
 
 
@@ -75,60 +99,60 @@ class SamplingParams:
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
         if self.logit_bias is not None:  # JSON keys arrive as strings; vLLM clamps to +-100
-            try:
-                self.logit_bias = {int(t): min(100.0, max(-100.0, float(b)))
-                                   for t, b in self.logit_bias.items()}
-            except (TypeError, ValueError, AttributeError):
-                raise ValueError(f"logit_bias must map token ids to floats, got {self.logit_bias!r}.")
+            self.logit_bias = _parse_logit_bias(self.logit_bias)
         self._verify()
 
     def _verify(self) -> None:
         def bad(name: str, allowed: str) -> ValueError:
-            return ValueError(f"{name} must be {allowed}, got {getattr(self, name)!r}.")
+            value = repr(getattr(self, name))
+            return ValueError(f"{name} must be {allowed}, got {value[:100]}{'...' if len(value) > 100 else ''}.")
 
-        if not isinstance(self.n, int) or self.n < 1:
-            raise bad("n", "at least 1")
-        if not self.temperature >= 0.0:
-            raise bad("temperature", "non-negative")
-        if not 0.0 < self.top_p <= 1.0:
+        def int_in(name: str, low: int, high: int = INT32_MAX) -> bool:
+            value = getattr(self, name)
+            return is_int(value) and low <= value <= high
+
+        if not int_in("n", 1):
+            raise bad("n", f"an integer in [1, {INT32_MAX}]")
+        if not (is_real(self.temperature) and self.temperature >= 0.0):
+            raise bad("temperature", "a finite non-negative number")
+        if not (is_real(self.top_p) and 0.0 < self.top_p <= 1.0):
             raise bad("top_p", "in (0, 1]")
-        if not isinstance(self.top_k, int) or self.top_k < -1:
-            raise bad("top_k", "-1, 0 (disable) or a positive integer")
-        if not 0.0 <= self.min_p <= 1.0:
+        if not int_in("top_k", -1):
+            raise bad("top_k", f"-1, 0 (disable) or a positive integer up to {INT32_MAX}")
+        if not (is_real(self.min_p) and 0.0 <= self.min_p <= 1.0):
             raise bad("min_p", "in [0, 1]")
-        if self.seed is not None and not (isinstance(self.seed, int) and 0 <= self.seed < 2**63):
+        if self.seed is not None and not int_in("seed", 0, 2**63 - 1):
             raise bad("seed", "an integer in [0, 2**63)")
-        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
-            raise bad("max_tokens", "at least 1")
-        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
-            raise bad("min_tokens", "non-negative")
+        if self.max_tokens is not None and not int_in("max_tokens", 1):
+            raise bad("max_tokens", f"an integer in [1, {INT32_MAX}]")
+        if not int_in("min_tokens", 0):
+            raise bad("min_tokens", f"an integer in [0, {INT32_MAX}]")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(
                 f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, "
                 f"got {self.min_tokens}.")
-        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
-            raise bad("stop_token_ids", "a list of non-negative token ids")
+        if not is_token_ids(self.stop_token_ids):
+            raise bad("stop_token_ids", "a list of token ids")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise bad("stop", "a list of non-empty strings")
-        if not -2.0 <= self.presence_penalty <= 2.0:
-            raise bad("presence_penalty", "in [-2, 2]")
-        if not -2.0 <= self.frequency_penalty <= 2.0:
-            raise bad("frequency_penalty", "in [-2, 2]")
-        if not self.repetition_penalty > 0.0:
-            raise bad("repetition_penalty", "greater than 0")
-        if self.logit_bias is not None and any(t < 0 for t in self.logit_bias):
-            raise bad("logit_bias", "keyed by non-negative token ids")
-        if self.allowed_token_ids is not None and (
-                not self.allowed_token_ids
-                or any(not isinstance(t, int) or t < 0 for t in self.allowed_token_ids)):
-            raise bad("allowed_token_ids", "a non-empty list of non-negative token ids")
-        if self.bad_words is not None and any(not isinstance(w, str) or not w.strip()
-                                              for w in self.bad_words):
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not (is_real(getattr(self, name)) and -2.0 <= getattr(self, name) <= 2.0):
+                raise bad(name, "in [-2, 2]")
+        if not (is_real(self.repetition_penalty) and self.repetition_penalty > 0.0):
+            raise bad("repetition_penalty", "a finite number greater than 0")
+        if self.allowed_token_ids is not None and not (self.allowed_token_ids
+                                                       and is_token_ids(self.allowed_token_ids)):
+            raise bad("allowed_token_ids", "a non-empty list of token ids")
+        if self.bad_words is not None and (not isinstance(self.bad_words, list) or any(
+                not isinstance(w, str) or not w.strip() for w in self.bad_words)):
             raise bad("bad_words", "a list of non-empty strings")
         for name in ("logprobs", "prompt_logprobs"):
-            k = getattr(self, name)
-            if k is not None and (not isinstance(k, int) or not 0 <= k <= MAX_LOGPROBS):
+            if getattr(self, name) is not None and not int_in(name, 0, MAX_LOGPROBS):
                 raise bad(name, f"None or an integer in [0, {MAX_LOGPROBS}]")
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens",
+                     "spaces_between_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise bad(name, "true or false")
 
     @property
     def bad_words_token_ids(self) -> list[list[int]]:
@@ -151,6 +175,20 @@ class SamplingParams:
     def sampling_type_greedy(self) -> bool:
         """Greedy decoding: temperature 0 (vLLM treats tiny temperatures the same way)."""
         return self.temperature < 1e-5
+
+
+def _parse_logit_bias(bias) -> dict[int, float]:
+    """{token id: bias} from ints or digit strings to finite numbers, clamped to [-100, 100]."""
+    def token(t):
+        return int(t) if isinstance(t, str) and t.lstrip("-").isdigit() else t
+
+    if isinstance(bias, dict):
+        out = {token(t): v for t, v in bias.items()}
+        if all(is_int(t) and 0 <= t <= INT32_MAX and is_real(v) for t, v in out.items()):
+            return {t: min(100.0, max(-100.0, float(v))) for t, v in out.items()}
+    shown = repr(bias)
+    raise ValueError(f"logit_bias must map token ids to finite numbers, got "
+                     f"{shown[:100]}{'...' if len(shown) > 100 else ''}.")
 
 
 @dataclass

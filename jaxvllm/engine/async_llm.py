@@ -61,14 +61,16 @@ class AsyncLLM:
         parent = ParentRequest.from_params(request_id, sampling_params)
         children = (parent.child_requests() if parent is not None
                     else [(request_id, sampling_params)])
+        # Tokenizing and compiling a grammar can take long for large inputs: not on the loop.
+        processed = await asyncio.to_thread(lambda: [
+            self.processor.process_inputs(child_id, prompt, params, priority=priority)
+            for child_id, params in children])
         requests, child_ids = [], []
         try:
-            for index, (child_id, params) in enumerate(children):
-                request, prompt_text = self.processor.process_inputs(child_id, prompt, params,
-                                                                     priority=priority)
+            for index, (request, prompt_text) in enumerate(processed):
                 self.output_processor.add_request(request, prompt_text, collector, parent, index)
                 requests.append(request)
-                child_ids.append(child_id)
+                child_ids.append(request.request_id)
         except BaseException:
             self.output_processor.abort_requests(child_ids)
             raise

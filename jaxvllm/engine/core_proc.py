@@ -74,14 +74,7 @@ class EngineCoreProc(EngineCore):
 
     def _handle_client_request(self, kind: EngineCoreRequestType, payload: bytes) -> None:
         if kind == EngineCoreRequestType.ADD:
-            request = decode(EngineCoreRequest, payload)
-            try:
-                self.add_request(request)
-            except ValueError as e:  # e.g. a duplicate id: fail this request only, visibly
-                logger.warning("Rejected request %s: %s", request.request_id, e)
-                self.output_queue.put(EngineCoreOutputs(
-                    outputs=[EngineCoreOutput(request.request_id, [], FinishReason.ABORT)],
-                    timestamp=time.monotonic()))
+            self._add_request_or_fail_it(payload)
         elif kind == EngineCoreRequestType.ABORT:
             self.abort_requests(msgpack.unpackb(payload))
         elif kind == EngineCoreRequestType.UTILITY:
@@ -93,6 +86,20 @@ class EngineCoreProc(EngineCore):
             except Exception as e:  # reported to the caller; the engine keeps serving
                 out = UtilityOutput(call.call_id, failure_message=f"{type(e).__name__}: {e}")
             self.output_queue.put(EngineCoreOutputs(utility_output=out, timestamp=time.monotonic()))
+
+    def _add_request_or_fail_it(self, payload: bytes) -> None:
+        """A request the engine cannot take (undecodable, duplicate id, a grammar that does
+        not compile, ...) finishes with an error of its own; the loop and the others go on."""
+        try:
+            request = decode(EngineCoreRequest, payload)
+            self.add_request(request)
+        except Exception as e:
+            request_id = _request_id_of(payload)
+            logger.warning("Rejected request %s: %s: %s", request_id, type(e).__name__, e)
+            if request_id is not None:
+                self.output_queue.put(EngineCoreOutputs(outputs=[EngineCoreOutput(
+                    request_id, [], FinishReason.ERROR, error=f"The engine rejected the request: {e}")],
+                    timestamp=time.monotonic()))
 
     # ---- socket threads -----------------------------------------------------------
     def _process_input_socket(self, address: str) -> None:
@@ -122,6 +129,14 @@ class EngineCoreProc(EngineCore):
         super().shutdown()  # workers and multi-host followers get their clean stop
         self.output_queue.put(_SHUTDOWN)
         self.output_thread.join(timeout=5)
+
+
+def _request_id_of(payload: bytes) -> str | None:
+    try:
+        request_id = msgpack.unpackb(payload, raw=False).get("request_id")
+    except Exception:
+        return None
+    return request_id if isinstance(request_id, str) else None
 
 
 def _die_with_parent() -> None:

@@ -19,6 +19,7 @@ from jaxvllm.distributed.multihost import SchedulerOutputBroadcaster
 from jaxvllm.executor.multiproc import MultiprocExecutor
 from jaxvllm.engine.messages import EngineCoreOutput, EngineCoreRequest
 from jaxvllm.models.loader import load_tokenizer
+from jaxvllm.sampling_params import is_int
 from jaxvllm.worker.worker import Worker
 
 logger = logging.getLogger(__name__)
@@ -61,12 +62,23 @@ class EngineCore:
             num_swap_blocks=num_swap_blocks, model_name=config.model or model_path,
             structured_output_manager=StructuredOutputManager(lambda: load_tokenizer(model_path),
                                                               hf_config.vocab_size))
+        self.vocab_size = hf_config.vocab_size
         self.step_num = 0
         self.profiling = False
 
     def add_request(self, request: EngineCoreRequest) -> None:
+        """Raises ValueError for a request this engine cannot hold; the front end checks the
+        same limits, but the engine protects itself from any client of its socket."""
         if request.request_id in self.scheduler.requests:
             raise ValueError(f"Request id {request.request_id!r} is already running.")
+        ids, vocab = request.prompt_token_ids, self.vocab_size
+        if not ids or len(ids) >= self.config.scheduler.max_model_len:
+            raise ValueError(f"prompt_token_ids must hold 1 to {self.config.scheduler.max_model_len - 1} "
+                             f"tokens, got {len(ids)}.")
+        if not all(is_int(t) and 0 <= t < vocab for t in ids):
+            raise ValueError(f"prompt_token_ids must lie in [0, {vocab}).")
+        if not (is_int(request.priority) and -2**63 <= request.priority < 2**63):
+            raise ValueError("priority must be a 64-bit integer.")
         self.scheduler.add_request(Request(
             request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
             sampling_params=request.sampling_params, eos_token_id=request.eos_token_id,

@@ -12,3 +12,6 @@ class EngineDeadError(RuntimeError):
 
 class EngineGenerateError(RuntimeError):
     """A request failed inside the engine while others kept running."""
+
+    def __init__(self, message: str):
+        super().__init__(message)

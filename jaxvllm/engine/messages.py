@@ -24,6 +24,7 @@ class FinishReason(enum.IntEnum):
     STOP = 0
     LENGTH = 1
     ABORT = 2
+    ERROR = 3  # the engine could not serve this request (the others go on); see `error`
 
     def __str__(self) -> str:
         return self.name.lower()
@@ -60,6 +61,7 @@ class EngineCoreOutput:
     # Only for requests that asked for them (SamplingParams.logprobs / prompt_logprobs).
     new_logprobs: LogprobsLists | None = None
     new_prompt_logprobs: LogprobsLists | None = None
+    error: str | None = None  # with FinishReason.ERROR: what went wrong, for the client
 
     @property
     def finished(self) -> bool:

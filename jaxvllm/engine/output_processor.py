@@ -11,16 +11,20 @@ RequestOutputCollector that its generator awaits.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass, field
 
 from jaxvllm.engine.detokenizer import IncrementalDetokenizer
+from jaxvllm.engine.exceptions import EngineGenerateError
 from jaxvllm.engine.logprobs import LogprobsProcessor
 from jaxvllm.engine.messages import EngineCoreOutput, EngineCoreRequest, FinishReason
 from jaxvllm.engine.parallel_sampling import ParentRequest
 from jaxvllm.metrics.stats import IterationStats, RequestStateStats
 from jaxvllm.outputs import CompletionOutput, RequestOutput
 from jaxvllm.sampling_params import RequestOutputKind
+
+logger = logging.getLogger(__name__)
 
 
 class RequestOutputCollector:
@@ -122,36 +126,61 @@ class OutputProcessor:
     def process_outputs(self, outputs: list[EngineCoreOutput], iteration_stats: IterationStats | None = None
                         ) -> tuple[list[RequestOutput], list[str]]:
         """Returns the RequestOutputs to hand out now (those with a queue go into it
-        instead) and the ids to abort in the engine core."""
+        instead) and the ids to abort in the engine core. A request whose output cannot
+        be processed (or that the engine failed) ends with an error; the others go on."""
         request_outputs, reqs_to_abort = [], []
         now = time.time()
         for out in outputs:
             state = self.request_states.get(out.request_id)
             if state is None:
                 continue  # aborted meanwhile
-            finish_reason, stop_reason = out.finish_reason, out.stop_reason
-            state.output_token_ids.extend(out.new_token_ids)
-            state.logprobs.update(out.new_logprobs, out.new_prompt_logprobs)
-            stop_terminated = finish_reason == FinishReason.STOP
-            stop_str = state.detokenizer.update(out.new_token_ids, stop_terminated)
-            if stop_str is not None and finish_reason is None:
-                finish_reason, stop_reason = FinishReason.STOP, stop_str
+            if out.finish_reason == FinishReason.ERROR and state.queue is not None:
+                self._fail(state, EngineGenerateError(out.error or "The engine failed this request."))
+                continue
+            try:
+                output, abort = self._process_output(state, out, now, iteration_stats)
+            except Exception as e:  # e.g. a detokenizer fault: this request's, not the engine's
+                logger.exception("Processing the output of request %s failed.", out.request_id)
+                self._fail(state, EngineGenerateError(f"Processing this request's output failed "
+                                                      f"({type(e).__name__})."))
                 reqs_to_abort.append(out.request_id)
-            finished = finish_reason is not None
-            if iteration_stats is not None:
-                n_prompt = len(state.prompt_token_ids)
-                state.stats.update(len(out.new_token_ids), now, n_prompt, iteration_stats)
-                if finished:
-                    state.stats.finish(str(finish_reason), now, n_prompt, iteration_stats)
-            output = self._make_output(state, out.new_token_ids, finish_reason, stop_reason)
+                continue
+            if abort:
+                reqs_to_abort.append(out.request_id)
             if output is not None:
                 if state.queue is not None:
                     state.queue.put(output)
                 else:
                     request_outputs.append(output)
-            if finished:
-                del self.request_states[out.request_id]
+            if out.finished or abort:
+                self.request_states.pop(out.request_id, None)
         return request_outputs, reqs_to_abort
+
+    def _process_output(self, state: RequestState, out: EngineCoreOutput, now: float,
+                        iteration_stats: IterationStats | None) -> tuple[RequestOutput | None, bool]:
+        """One request's new tokens: detokenized, stop strings applied. Returns its output
+        (None when its kind holds it back) and whether a stop string ended it."""
+        finish_reason, stop_reason = out.finish_reason, out.stop_reason
+        state.output_token_ids.extend(out.new_token_ids)
+        state.logprobs.update(out.new_logprobs, out.new_prompt_logprobs)
+        stop_terminated = finish_reason == FinishReason.STOP
+        stop_str = state.detokenizer.update(out.new_token_ids, stop_terminated)
+        abort = stop_str is not None and finish_reason is None
+        if abort:
+            finish_reason, stop_reason = FinishReason.STOP, stop_str
+        if iteration_stats is not None:
+            n_prompt = len(state.prompt_token_ids)
+            state.stats.update(len(out.new_token_ids), now, n_prompt, iteration_stats)
+            if finish_reason is not None:
+                state.stats.finish(str(finish_reason), now, n_prompt, iteration_stats)
+        return self._make_output(state, out.new_token_ids, finish_reason, stop_reason), abort
+
+    def _fail(self, state: RequestState, error: Exception) -> None:
+        """End one request with an error: its generator raises it (a sync caller, which has
+        no queue, gets finish_reason "error" instead)."""
+        self.request_states.pop(state.request_id, None)
+        if state.queue is not None:
+            state.queue.put(error)
 
     def _make_output(self, state: RequestState, new_token_ids: list[int],
                      finish_reason: FinishReason | None, stop_reason) -> RequestOutput | None:

@@ -12,7 +12,7 @@ import time
 from jaxvllm.config import EngineConfig
 from jaxvllm.core.structured_output import grammar_for
 from jaxvllm.engine.messages import EngineCoreRequest
-from jaxvllm.sampling_params import SamplingParams
+from jaxvllm.sampling_params import SamplingParams, is_int
 
 
 def eos_token_id(tokenizer, hf_config) -> int | None:
@@ -38,6 +38,8 @@ class Processor:
                        arrival_time: float | None = None, priority: int = 0
                        ) -> tuple[EngineCoreRequest, str | None]:
         """Returns the request and the prompt text (None when given as token ids)."""
+        if not (is_int(priority) and -2**63 <= priority < 2**63):
+            raise ValueError(f"priority must be a 64-bit integer, got {priority!r}.")
         if priority != 0 and self.scheduling_policy != "priority":
             raise ValueError(f"Got priority {priority} but the scheduling policy is "
                              f"{self.scheduling_policy!r}; set scheduling_policy='priority'.")
@@ -45,7 +47,7 @@ class Processor:
         text, token_ids = self._tokenize(prompt)
         if not token_ids:
             raise ValueError("The prompt must not be empty.")
-        bad = [t for t in token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        bad = [t for t in token_ids if not is_int(t) or not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"prompt_token_ids must lie in [0, {self.vocab_size}); got {bad[:5]}.")
         if len(token_ids) >= self.max_model_len:

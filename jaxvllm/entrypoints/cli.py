@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import os
 import sys
 
 from jaxvllm.config import EngineArgs
+from jaxvllm.entrypoints.openai.server_args import ServerArgs
 from jaxvllm.sampling_params import SamplingParams
 
 
@@ -53,14 +53,12 @@ def _add_serve_parser(sub) -> None:
                        help="Model path (the default model when omitted); same as --model.")
     serve.add_argument("--host", default="127.0.0.1", help="Bind address (0.0.0.0 exposes it).")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--api-key", default=os.environ.get("JAXVLLM_API_KEY"),
-                       help="Require 'Authorization: Bearer KEY' on /v1 (or $JAXVLLM_API_KEY).")
-    serve.add_argument("--served-model-name", default=None, help="The model id clients send.")
-    serve.add_argument("--max-request-bytes", type=int, default=8 << 20,
-                       help="Larger request bodies are refused with HTTP 413.")
     serve.add_argument("--uvicorn-log-level", default="info")
     serve.add_argument("--seed", type=int, default=None,
                        help="Engine seed: requests without a seed draw theirs from it.")
+    serve.add_argument("--served-model-name", default=None,
+                       help="The model id clients send (default: the model's file or folder name).")
+    ServerArgs.add_cli_args(serve)
     _add_engine_flags(serve)
 
 
@@ -71,6 +69,7 @@ def _serve(ns: argparse.Namespace) -> int:
     if ns.model_tag is not None:
         ns.model = ns.model_tag
     try:
+        server_args = ServerArgs.from_cli_args(ns)
         args = _engine_args(ns)
         if ns.seed is not None:
             args = dataclasses.replace(args, seed=ns.seed)
@@ -81,10 +80,8 @@ def _serve(ns: argparse.Namespace) -> int:
         from jaxvllm.distributed.multihost import run_follower
         run_follower(args)
         return 0
-    asyncio.run(serve(args, host=ns.host, port=ns.port, api_key=ns.api_key,
-                      served_model_name=ns.served_model_name,
-                      max_request_bytes=ns.max_request_bytes, log_level=ns.uvicorn_log_level))
-    return 0
+    return asyncio.run(serve(args, server_args, host=ns.host, port=ns.port,
+                             served_model_name=ns.served_model_name, log_level=ns.uvicorn_log_level))
 
 
 def main(argv: list[str] | None = None) -> int:

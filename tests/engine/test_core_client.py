@@ -127,7 +127,7 @@ def test_async_engine_death_fails_requests_fast(async_engine):
 
 def test_engine_rejection_is_reported_not_dropped(async_engine):
     """A request the core refuses (here a duplicate id sent around the front end's own
-    check) comes back finished with ABORT instead of leaving its caller waiting."""
+    check) comes back finished with ERROR and a message instead of leaving its caller waiting."""
     async def main():
         request, _ = async_engine.processor.process_inputs(
             "dup", PROMPTS[0], SamplingParams(max_tokens=50, ignore_eos=True))
@@ -137,7 +137,32 @@ def test_engine_rejection_is_reported_not_dropped(async_engine):
         rejected = []
         while not rejected:  # the first copy's tokens may come before the rejection
             outputs = await asyncio.wait_for(client.get_output_async(), 30)
-            rejected = [o for o in outputs.outputs if o.finish_reason == FinishReason.ABORT]
+            rejected = [o for o in outputs.outputs if o.finish_reason == FinishReason.ERROR]
         assert [o.request_id for o in rejected] == ["dup"] and rejected[0].new_token_ids == []
+        assert "already running" in rejected[0].error
         await client.abort_requests_async(["dup"])
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("field,value", [("top_k", 2**31), ("temperature", float("inf")),
+                                         ("seed", 2**64 - 1), ("n", True)])
+def test_a_request_the_engine_cannot_hold_fails_alone(async_engine, field, value):
+    """Values that once overflowed the sampler's int32 rows and killed the busy loop, sent
+    around the front end's validation: that request ends with an error of its own and a
+    normal request right after is served by the same engine process."""
+    async def main():
+        request, _ = async_engine.processor.process_inputs(
+            f"bad-{field}", PROMPTS[0], SamplingParams(max_tokens=4))
+        setattr(request.sampling_params, field, value)
+        client = async_engine.engine_core
+        pid = client.engine_core_pid
+        await client.add_request_async(request)
+        outputs = await asyncio.wait_for(client.get_output_async(), 30)
+        (bad,) = outputs.outputs
+        assert bad.request_id == f"bad-{field}" and bad.finish_reason == FinishReason.ERROR
+        assert field in bad.error
+        outs = [o async for o in async_engine.generate(PROMPTS[1], SamplingParams(max_tokens=3),
+                                                        f"ok-{field}")]
+        assert len(outs[-1].outputs[0].token_ids) == 3 and client.engine_core_pid == pid
+        assert not async_engine.errored
     asyncio.run(main())

@@ -1,28 +1,34 @@
 """The OpenAI-compatible HTTP server (`jaxvllm serve`): FastAPI routes over one AsyncLLM.
 
-Bodies are parsed here rather than by FastAPI so that every way a body can be wrong
-(not UTF-8, not JSON, wrong types, too large) gets the same OpenAI-shaped 400 naming
-the field. Non-streaming handlers are cancelled when the client disconnects (streams are
-cancelled by Starlette), and cancelling aborts the engine requests.
+Bodies are parsed by request_body.py rather than by FastAPI so that every way a body can
+be wrong gets the same OpenAI-shaped 400 naming the field. Non-streaming handlers are
+cancelled when the client disconnects (streams are cancelled by Starlette), and
+cancelling aborts the engine requests. When the engine process dies the server fails
+what is in flight and exits non-zero, so that its supervisor restarts it.
 """
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
+import os
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import jaxvllm
 from jaxvllm.engine.exceptions import EngineDeadError
-from jaxvllm.entrypoints.openai.errors import APIError, error_response, from_validation_error
+from jaxvllm.entrypoints.openai.chat_template_sandbox import ChatTemplateSandbox
+from jaxvllm.entrypoints.openai.chat_utils import ChatRenderer
+from jaxvllm.entrypoints.openai.connection_limits import (install_accept_error_handler,
+                                                          protocol_class, raise_fd_limit)
+from jaxvllm.entrypoints.openai.errors import APIError, error_response
 from jaxvllm.entrypoints.openai.middleware import ServerMiddleware
 from jaxvllm.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest,
                                                  DetokenizeRequest, TokenizeRequest)
+from jaxvllm.entrypoints.openai.request_body import parse_body
+from jaxvllm.entrypoints.openai.server_args import ServerArgs
 from jaxvllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from jaxvllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from jaxvllm.entrypoints.openai.serving_engine import OpenAIServing
@@ -30,27 +36,6 @@ from jaxvllm.entrypoints.openai.serving_tokenization import OpenAIServingTokeniz
 from jaxvllm.metrics.prometheus import PrometheusStatLogger
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_MAX_REQUEST_BYTES = 8 << 20
-
-
-async def parse_body(raw: Request, model: type[BaseModel]):
-    body = await raw.body()
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise APIError(f"The request body is not valid UTF-8 (invalid byte at offset {e.start}).") from e
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise APIError(f"The request body is not valid JSON: {e.msg} (line {e.lineno}, "
-                       f"column {e.colno}).") from e
-    if not isinstance(obj, dict):
-        raise APIError(f"The request body must be a JSON object, got {type(obj).__name__}.")
-    try:
-        return model.model_validate(obj)
-    except ValidationError as e:
-        raise from_validation_error(e, model.field_hints) from e
 
 
 async def _wait_for_disconnect(raw: Request) -> None:
@@ -73,16 +58,23 @@ async def cancel_on_disconnect(raw: Request, coro):
     return handler.result()
 
 
-def build_app(engine, model_name: str, api_key: str | None = None,
-              max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> FastAPI:
+def build_app(engine, model_name: str, server_args: ServerArgs) -> FastAPI:
     metrics = PrometheusStatLogger(model_name)
     engine.add_stat_logger(metrics)
-    completion = OpenAIServingCompletion(engine, model_name, metrics)
-    chat = OpenAIServingChat(engine, model_name, metrics)
-    tokenization = OpenAIServingTokenization(engine, model_name, metrics)
+    sandbox = (ChatTemplateSandbox(server_args.chat_template_timeout_s, server_args.max_request_bytes)
+               if server_args.trust_request_chat_template else None)
+    renderer = ChatRenderer(engine.get_tokenizer(), sandbox)
+    completion = OpenAIServingCompletion(engine, model_name, server_args, metrics)
+    chat = OpenAIServingChat(engine, model_name, server_args, metrics, renderer)
+    tokenization = OpenAIServingTokenization(engine, model_name, server_args, metrics, renderer)
 
-    app = FastAPI(title="jaxvllm OpenAI-compatible server", version=jaxvllm.__version__)
-    app.add_middleware(ServerMiddleware, api_key=api_key, max_request_bytes=max_request_bytes)
+    docs = {} if not server_args.disable_fastapi_docs else dict(docs_url=None, redoc_url=None,
+                                                                 openapi_url=None)
+    app = FastAPI(title="jaxvllm OpenAI-compatible server", version=jaxvllm.__version__, **docs)
+    app.add_middleware(ServerMiddleware, api_key=server_args.api_key,
+                       max_request_bytes=server_args.max_request_bytes)
+    if sandbox is not None:
+        app.router.on_shutdown.append(sandbox.close)
 
     @app.exception_handler(APIError)
     async def _api_error(_, e: APIError):
@@ -93,9 +85,9 @@ def build_app(engine, model_name: str, api_key: str | None = None,
         return error_response(str(e.detail), e.status_code)
 
     @app.exception_handler(Exception)
-    async def _internal_error(_, e: Exception):
+    async def _internal_error(_, e: Exception):  # the client gets no Python internals
         logger.exception("Unhandled error")
-        return error_response(f"{type(e).__name__}: {e}", 500)
+        return error_response("The server failed to complete this request; see its log.", 500)
 
     @app.get("/health")
     async def health():
@@ -113,7 +105,7 @@ def build_app(engine, model_name: str, api_key: str | None = None,
     async def models():
         return {"object": "list", "data": [{
             "id": model_name, "object": "model", "created": OpenAIServing.created(),
-            "owned_by": "jaxvllm", "root": engine.model_name, "parent": None,
+            "owned_by": "jaxvllm", "root": model_name, "parent": None,
             "max_model_len": completion.max_model_len}]}
 
     @app.get("/metrics")
@@ -139,11 +131,11 @@ def build_app(engine, model_name: str, api_key: str | None = None,
 
     @app.post("/tokenize")
     async def tokenize(raw: Request):
-        return tokenization.tokenize(await parse_body(raw, TokenizeRequest))
+        return await tokenization.tokenize(await parse_body(raw, TokenizeRequest))
 
     @app.post("/detokenize")
     async def detokenize(raw: Request):
-        return tokenization.detokenize(await parse_body(raw, DetokenizeRequest))
+        return await tokenization.detokenize(await parse_body(raw, DetokenizeRequest))
 
     @app.get("/tokenizer_info")
     async def tokenizer_info():
@@ -168,22 +160,42 @@ def build_app(engine, model_name: str, api_key: str | None = None,
     return app
 
 
-async def serve(engine_args, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-                served_model_name: str | None = None,
-                max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, log_level: str = "info") -> None:
+async def serve(engine_args, server_args: ServerArgs, host: str = "127.0.0.1", port: int = 8000,
+                served_model_name: str | None = None, log_level: str = "info") -> int:
+    """Serve until stopped (0) or until the engine process dies (1)."""
     import uvicorn
 
     from jaxvllm.engine.async_llm import AsyncLLM
     from jaxvllm.models.loader import DEFAULT_MODEL
 
+    fd_limit = raise_fd_limit()
+    install_accept_error_handler(asyncio.get_running_loop())
     engine = AsyncLLM.from_engine_args(engine_args)
     try:
-        name = served_model_name or engine_args.model or DEFAULT_MODEL
-        app = build_app(engine, name, api_key, max_request_bytes)
+        name = served_model_name or os.path.basename((engine_args.model or DEFAULT_MODEL).rstrip("/"))
+        app = build_app(engine, name, server_args)
         logger.info("Serving %s on http://%s:%d (engine core pid %s)", name, host, port,
                     engine.engine_core_pid)
+        # Connections beyond the descriptors left get 503 instead of failing accept().
+        limit = min(server_args.max_concurrent_connections, max(fd_limit - 64, 16))
         config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                                timeout_graceful_shutdown=5)
-        await uvicorn.Server(config).serve()
+                                timeout_graceful_shutdown=5, limit_concurrency=limit,
+                                timeout_keep_alive=server_args.keep_alive_timeout_s,
+                                http=protocol_class(server_args.header_timeout_s))
+        server = uvicorn.Server(config)
+        watchdog = asyncio.create_task(_stop_when_engine_dies(engine, server))
+        await server.serve()
+        watchdog.cancel()
+        return 1 if engine.errored else 0
     finally:
         engine.shutdown()
+
+
+async def _stop_when_engine_dies(engine, server, poll_s: float = 0.2, grace_s: float = 1.0) -> None:
+    """vLLM's behaviour: a dead engine takes the server down with it (exit code 1), after a
+    moment in which the requests in flight receive their error."""
+    while not engine.errored:
+        await asyncio.sleep(poll_s)
+    logger.error("The engine core died; the server stops so that it can be restarted.")
+    await asyncio.sleep(grace_s)
+    server.should_exit = True

@@ -1,5 +1,6 @@
 """One ASGI middleware for what every request goes through before its handler:
-the API key (on /v1, as vLLM does), the request-size limit, and echoing `x-request-id`.
+the API key (on every path but the probes in OPEN_PATHS), the request-size limit, and
+echoing `x-request-id`.
 
 Pure ASGI rather than BaseHTTPMiddleware, which would buffer streamed responses and
 hide client disconnects from the handlers."""
@@ -8,6 +9,10 @@ from __future__ import annotations
 import secrets
 
 from jaxvllm.entrypoints.openai.errors import APIError, error_response
+
+# Liveness, version and metrics probes answer without a key (load balancers and
+# Prometheus scrape them); everything that does work needs it.
+OPEN_PATHS = frozenset({"/health", "/version", "/metrics"})
 
 
 class ServerMiddleware:
@@ -27,7 +32,7 @@ class ServerMiddleware:
                 message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id)]
             await send(message)
 
-        if self.api_key and scope["path"].startswith("/v1") and not self._authorized(headers):
+        if self.api_key and scope["path"] not in OPEN_PATHS and not self._authorized(headers):
             response = error_response("Missing or invalid API key: send the header "
                                       "'Authorization: Bearer <key>'.", 401)
             return await response(scope, receive, send_with_id)

@@ -1,7 +1,8 @@
 """Request bodies of the OpenAI-compatible API, with OpenAI's and vLLM's field names.
 
 Unknown fields are ignored (clients in the wild send many); known fields are type-checked
-by pydantic (-> HTTP 400 naming the field) and range-checked by SamplingParams.
+by pydantic in strict mode, as OpenAI's API checks them (`true` is no count and `"5"` no
+number; -> HTTP 400 naming the field), and range-checked by SamplingParams.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ _SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
 
 
 class OpenAIBaseModel(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     # Messages for union-typed fields, clearer than pydantic's one-per-member list.
     field_hints: ClassVar[dict[str, str]] = {
         "prompt": "must be a string, a list of strings, a list of token ids or a list of "
@@ -159,6 +160,7 @@ class ChatCompletionRequest(SamplingRequestBase):
     max_completion_tokens: int | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    chat_template: str | None = None  # honoured only with --trust-request-chat-template
     chat_template_kwargs: dict[str, Any] | None = None
 
 
@@ -169,6 +171,9 @@ class TokenizeRequest(OpenAIBaseModel):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     return_token_strs: bool = False
 
 

@@ -1,5 +1,6 @@
-"""POST /v1/chat/completions: the conversation goes through the model's chat template,
-then one engine request sampled n times; a JSON response or an SSE stream of deltas."""
+"""POST /v1/chat/completions: the conversation goes through the chat template
+(chat_utils.py), then one engine request sampled n times; a JSON response or an SSE
+stream of deltas."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -13,41 +14,6 @@ from jaxvllm.entrypoints.openai.serving_completion import sse
 from jaxvllm.entrypoints.openai.serving_engine import OpenAIServing, engine_error, usage
 from jaxvllm.sampling_params import RequestOutputKind
 
-ROLES = ("system", "developer", "user", "assistant", "tool")
-
-
-def conversation(messages) -> list[dict]:
-    """Plain {"role", "content"} dicts; content parts are joined (text parts only)."""
-    out = []
-    for i, m in enumerate(messages):
-        if m.role not in ROLES:
-            raise APIError(f"messages[{i}].role must be one of {', '.join(ROLES)}; got {m.role!r}.",
-                           400, f"messages[{i}].role")
-        content = m.content
-        if isinstance(content, list):
-            for j, part in enumerate(content):
-                if part.type != "text" or part.text is None:
-                    raise APIError(f"messages[{i}].content[{j}]: only content parts of type 'text' "
-                                   f"are supported; got type {part.type!r}.", 400,
-                                   f"messages[{i}].content[{j}].type")
-            content = "\n".join(part.text for part in content)
-        out.append({"role": m.role, "content": content or ""} | ({"name": m.name} if m.name else {}))
-    return out
-
-
-def apply_chat_template(tokenizer, messages, add_generation_prompt: bool = True,
-                        continue_final_message: bool = False, kwargs: dict | None = None
-                        ) -> list[int]:
-    try:
-        return list(tokenizer.apply_chat_template(
-            conversation(messages), tokenize=True, return_dict=False,
-            add_generation_prompt=add_generation_prompt and not continue_final_message,
-            continue_final_message=continue_final_message, **(kwargs or {})))
-    except APIError:
-        raise
-    except Exception as e:  # jinja errors: the template refused this conversation
-        raise APIError(f"The chat template could not render messages: {e}", 400, "messages") from e
-
 
 class OpenAIServingChat(OpenAIServing):
     async def create_chat_completion(self, request: ChatCompletionRequest, request_id: str):
@@ -58,8 +24,10 @@ class OpenAIServingChat(OpenAIServing):
         if request.top_logprobs is not None and not request.logprobs:
             raise APIError("top_logprobs requires logprobs to be true.", 400, "top_logprobs")
         self.check_logprobs(request.top_logprobs, "top_logprobs")
-        ids = apply_chat_template(self.tokenizer, request.messages, request.add_generation_prompt,
-                                  request.continue_final_message, request.chat_template_kwargs)
+        self.check_fan_out(request.n)
+        ids = await self.chat_renderer.render(
+            request.messages, request.add_generation_prompt, request.continue_final_message,
+            request.chat_template_kwargs, request.chat_template)
         self.validate_prompt(ids, "messages")
         budget, budget_param = self.requested_budget(request)
         params = self.sampling_params(

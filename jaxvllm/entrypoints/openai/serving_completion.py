@@ -2,6 +2,7 @@
 into one response or one SSE stream. Choice i*n + j is sample j of prompt i (OpenAI's order)."""
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import defaultdict
 
@@ -20,18 +21,23 @@ def sse(obj) -> str:
 
 
 class OpenAIServingCompletion(OpenAIServing):
-    def _prompts(self, request: CompletionRequest) -> list[tuple[str, list[int], str]]:
-        """(text, token ids, field path) per prompt, for every prompt form clients send."""
+    async def _prompts(self, request: CompletionRequest) -> list[tuple[str, list[int], str]]:
+        """(text, token ids, field path) per prompt, for every prompt form clients send;
+        tokenized off the event loop."""
         p = request.prompt
         if isinstance(p, str) or (p and isinstance(p[0], int)) or not p:
             p = [p]
+        self.check_fan_out(request.n, len(p))
         out = []
         for i, one in enumerate(p):
             param = "prompt" if len(p) == 1 else f"prompt[{i}]"
             if isinstance(one, str):
-                ids = self.tokenizer.encode(one, add_special_tokens=request.add_special_tokens)
+                ids = await asyncio.to_thread(self.tokenizer.encode, one,
+                                              add_special_tokens=request.add_special_tokens)
             else:
-                ids, one = list(one), self.tokenizer.decode(one) if one else ""
+                ids = list(one)
+                self.validate_prompt(ids, param)
+                one = await asyncio.to_thread(self.tokenizer.decode, ids)
             self.validate_prompt(ids, param)
             out.append((one, ids, param))
         return out
@@ -46,7 +52,7 @@ class OpenAIServingCompletion(OpenAIServing):
         if request.best_of is not None and request.best_of != request.n:
             raise APIError("best_of is not supported; use n.", 400, "best_of")
         self.check_logprobs(request.logprobs, "logprobs")
-        prompts = self._prompts(request)
+        prompts = await self._prompts(request)
         budget, budget_param = self.requested_budget(request)
         if request.use_beam_search:
             return JSONResponse(await self._beam_search(request, request_id, prompts, budget,

@@ -4,25 +4,32 @@ aborting whatever is left when the client goes away."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from typing import AsyncIterator
 
 from fastapi import Request
 
-from jaxvllm.engine.exceptions import EngineDeadError
+from jaxvllm.engine.exceptions import EngineDeadError, EngineGenerateError
+from jaxvllm.entrypoints.openai.chat_utils import ChatRenderer
 from jaxvllm.entrypoints.openai.errors import APIError, param_of_value_error
 from jaxvllm.entrypoints.openai.protocol import SamplingRequestBase
+from jaxvllm.entrypoints.openai.server_args import ServerArgs
 from jaxvllm.outputs import RequestOutput
 from jaxvllm.sampling_params import SamplingParams
 
 MAX_LOGPROBS = 20  # OpenAI's limit on top logprobs
+logger = logging.getLogger(__name__)
 
 
 class OpenAIServing:
-    def __init__(self, engine, model_name: str, metrics=None):
+    def __init__(self, engine, model_name: str, server_args: ServerArgs, metrics=None,
+                 chat_renderer: ChatRenderer | None = None):
         self.engine = engine
         self.model_name = model_name
+        self.server_args = server_args
+        self.chat_renderer = chat_renderer
         self.tokenizer = engine.get_tokenizer()
         self.max_model_len = engine.vllm_config.scheduler.max_model_len
         self.vocab_size = engine.model_config.vocab_size
@@ -38,6 +45,15 @@ class OpenAIServing:
         if model and model != self.model_name:
             raise APIError(f"The model `{model}` does not exist; this server serves "
                            f"`{self.model_name}`.", 404, "model")
+
+    def check_fan_out(self, n: int, num_prompts: int = 1) -> None:
+        """The deployment's caps on samples per prompt and prompts per request."""
+        limits = self.server_args
+        if isinstance(n, int) and n > limits.max_n:
+            raise APIError(f"n must be at most {limits.max_n} on this server, got {n}.", 400, "n")
+        if num_prompts > limits.max_prompts_per_request:
+            raise APIError(f"prompt may hold at most {limits.max_prompts_per_request} prompts on "
+                           f"this server, got {num_prompts}.", 400, "prompt")
 
     @staticmethod
     def request_id(raw_request: Request, prefix: str) -> str:
@@ -145,7 +161,11 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 
 def engine_error(e: Exception) -> APIError:
-    """Failures inside the engine are the server's fault (500), not the client's."""
+    """Failures inside the engine are the server's fault (500), not the client's; the
+    client reads what happened, never Python's internals (those go to the log)."""
     if isinstance(e, APIError):
         return e
-    return APIError(f"{type(e).__name__}: {e}", 500)
+    if isinstance(e, (EngineDeadError, EngineGenerateError)):
+        return APIError(str(e), 500)
+    logger.error("Request failed: %s: %s", type(e).__name__, e)
+    return APIError("The server failed to complete this request; see its log.", 500)

@@ -4,32 +4,37 @@ Clients (benchmarks, evaluation harnesses) use them to count tokens exactly as t
 server will, chat template included."""
 from __future__ import annotations
 
+import asyncio
+
 from jaxvllm.entrypoints.openai.errors import APIError
 from jaxvllm.entrypoints.openai.protocol import DetokenizeRequest, TokenizeRequest
-from jaxvllm.entrypoints.openai.serving_chat import apply_chat_template
 from jaxvllm.entrypoints.openai.serving_engine import OpenAIServing
 
 
 class OpenAIServingTokenization(OpenAIServing):
-    def tokenize(self, request: TokenizeRequest) -> dict:
+    async def tokenize(self, request: TokenizeRequest) -> dict:
+        """Off the event loop, as every tokenization of a client's text is."""
         self.check_model(request.model)
         if (request.prompt is None) == (request.messages is None):
             raise APIError("Give exactly one of prompt or messages.", 400, "prompt")
         if request.messages is not None:
-            ids = apply_chat_template(self.tokenizer, request.messages, request.add_generation_prompt)
+            ids = await self.chat_renderer.render(
+                request.messages, request.add_generation_prompt, request.continue_final_message,
+                request.chat_template_kwargs, request.chat_template)
         else:
-            ids = self.tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens)
+            ids = await asyncio.to_thread(self.tokenizer.encode, request.prompt,
+                                          add_special_tokens=request.add_special_tokens)
         out = {"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids}
         if request.return_token_strs:
             out["token_strs"] = self.tokenizer.convert_ids_to_tokens(ids)
         return out
 
-    def detokenize(self, request: DetokenizeRequest) -> dict:
+    async def detokenize(self, request: DetokenizeRequest) -> dict:
         self.check_model(request.model)
         bad = [t for t in request.tokens if not 0 <= t < len(self.tokenizer)]
         if bad:
             raise APIError(f"tokens must lie in [0, {len(self.tokenizer)}); got {bad[:5]}.", 400, "tokens")
-        return {"prompt": self.tokenizer.decode(request.tokens)}
+        return {"prompt": await asyncio.to_thread(self.tokenizer.decode, request.tokens)}
 
     def tokenizer_info(self) -> dict:
         tok = self.tokenizer

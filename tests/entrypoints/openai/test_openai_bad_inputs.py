@@ -66,8 +66,10 @@ CASES = [
      "messages[0].content[0].type"),
     ("chat: top_logprobs without logprobs", CHAT, chat(top_logprobs=2), AUTH, 400, "top_logprobs"),
     ("chat: n of the wrong type", CHAT, chat(n="two"), AUTH, 400, "n"),
-    ("tokenize: neither prompt nor messages", "/tokenize", b'{}', {}, 400, "prompt"),
-    ("detokenize: token id out of range", "/detokenize", b'{"tokens": [-1]}', {}, 400, "tokens"),
+    ("chat: a template of its own, not trusted", CHAT, chat(chat_template="{{ messages }}"), AUTH,
+     400, "chat_template"),
+    ("tokenize: neither prompt nor messages", "/tokenize", b"{}", AUTH, 400, "prompt"),
+    ("detokenize: token id out of range", "/detokenize", b'{"tokens": [-1]}', AUTH, 400, "tokens"),
 ]
 
 
