@@ -1,7 +1,9 @@
 """What keeps idle or slow connections from using up the server: a deadline for each
 request head (uvicorn closes idle keep-alive connections, but not one that never finishes
-its headers), the process's file-descriptor limit raised to its hard limit, and one log
-line a minute instead of a traceback per failed accept() when descriptors run out."""
+its headers), connections past the limit closed as they are accepted (uvicorn's own limit
+answers 503 only once a request arrives, so idle sockets could still take every file
+descriptor), the file-descriptor limit raised to its hard limit, and one log line a minute
+instead of a traceback per failed accept() should descriptors run out all the same."""
 from __future__ import annotations
 
 import asyncio
@@ -23,6 +25,9 @@ class HeaderTimeoutH11Protocol(H11Protocol):
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
+        if self.limit_concurrency is not None and len(self.connections) > self.limit_concurrency:
+            transport.close()
+            return
         self._header_deadline = self.loop.call_later(self.header_timeout_s, self._on_header_timeout)
 
     def data_received(self, data: bytes) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import threading
 import time
 
@@ -208,16 +209,47 @@ def test_open_probes_need_no_key_and_the_model_path_stays_private(server):
     assert [m["id"] for m in models] == ["tiny"] and "/" not in json.dumps(models)
 
 
-def test_idle_connections_are_closed_after_the_header_timeout(tmp_path_factory, request):
-    """A connection that never finishes its request head is closed by the server."""
-    import socket
-
-    srv = shared_server(request.config, "hostile-timeouts", lambda: [
-        str(tiny_model(tmp_path_factory)), *TINY_ENGINE_FLAGS, "--header-timeout", "1"])
-    host, port = "127.0.0.1", srv.port
-    with socket.create_connection((host, port), timeout=10) as slow:
-        slow.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
+def test_idle_connections_cannot_take_the_server(tmp_path_factory, request):
+    """Sockets that never finish a request head: past --max-concurrent-connections they are
+    closed as they come, the rest after --header-timeout; the server then answers again,
+    and its log did not fill up meanwhile."""
+    srv = shared_server(request.config, "hostile-connections", lambda: [
+        str(tiny_model(tmp_path_factory)), *TINY_ENGINE_FLAGS, "--header-timeout", "1",
+        "--max-concurrent-connections", "32"])
+    log_before = len(srv.log_text())
+    idle = []
+    try:
+        for _ in range(200):
+            s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
+            idle.append(s)
         start = time.monotonic()
-        assert slow.recv(1024) == b""  # closed by the server
+        for s in idle:  # every one is closed by the server, none outlives the timeout
+            try:
+                assert s.recv(1024) == b""
+            except ConnectionResetError:  # closed with the unread head still queued
+                pass
         assert time.monotonic() - start < 5
+    finally:
+        for s in idle:
+            s.close()
     assert httpx.get(srv.url + "/health", timeout=5).status_code == 200
+    assert len(srv.log_text()) - log_before < 20_000
+
+
+def test_failed_accepts_log_once_a_minute(caplog):
+    import asyncio
+
+    from jaxvllm.entrypoints.openai.connection_limits import install_accept_error_handler
+
+    loop = asyncio.new_event_loop()
+    try:
+        install_accept_error_handler(loop)
+        with caplog.at_level("WARNING"):
+            for _ in range(100):
+                loop.call_exception_handler({"message": "socket.accept() out of system resource",
+                                             "exception": OSError(24, "Too many open files")})
+    finally:
+        loop.close()
+    records = [r for r in caplog.records if "Cannot accept connections" in r.getMessage()]
+    assert len(records) == 1 and records[0].exc_info is None
