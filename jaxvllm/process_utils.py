@@ -1,4 +1,11 @@
-"""Child processes watched from more than one thread (the engine process, executor workers).
+"""Child processes: started from any script, watched from more than one thread (the engine
+process, executor workers).
+
+`start_spawned` starts a "spawn" process (a fresh interpreter: jax and threads do not
+survive fork) without the spawn method's habit of re-running the parent's main script in
+the child, which is what makes a script without an `if __name__ == "__main__":` guard
+start its own engine again (and fail in the bootstrapping phase). Our children's targets
+live in the package and need nothing from that script.
 
 multiprocessing is not thread-safe here: when two threads call waitpid for the same child,
 one gets its exit status and the other ECHILD, which `Process.poll` reads as "still running",
@@ -7,12 +14,48 @@ lock and sets the exit code before releasing it; waiting on a sentinel happens o
 """
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import multiprocessing.connection
+import os
+import signal
+import sys
 import threading
 import time
+import types
 
 _REAP_LOCK = threading.Lock()
+_START_LOCK = threading.Lock()
+_SPAWN = multiprocessing.get_context("spawn")
+
+
+def spawn_process(target, name: str, args: tuple = (), daemon: bool | None = None
+                  ) -> multiprocessing.Process:
+    return _SPAWN.Process(target=target, name=name, args=args, daemon=daemon)
+
+
+def start_spawned(proc: multiprocessing.Process) -> None:
+    """Start a spawn_process while `__main__` looks empty, so that the child does not import
+    the parent's main script (multiprocessing reads `sys.modules["__main__"]` only here)."""
+    with _START_LOCK:
+        main = sys.modules["__main__"]
+        sys.modules["__main__"] = types.ModuleType("__main__")
+        try:
+            proc.start()
+        finally:
+            sys.modules["__main__"] = main
+
+
+def init_child_process(parent_pid: int) -> bool:
+    """A child's first call. Linux SIGKILLs it when its parent dies, so that no engine or
+    worker outlives the front end; a terminal's Ctrl-C (SIGINT to the whole process group)
+    is left to the parent, which stops its children in order. False: the parent is gone."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return os.getppid() == parent_pid  # else the parent died before prctl took effect
 
 
 def wait_for_exit(proc: multiprocessing.Process, timeout: float | None = None) -> bool:

@@ -128,6 +128,14 @@ class AsyncLLM:
             self._errored_with = e if isinstance(e, EngineDeadError) else EngineDeadError(str(e))
             self.output_processor.propagate_error(self._errored_with)
 
+    def get_num_unfinished_requests(self) -> int:
+        return self.output_processor.get_num_unfinished_requests()
+
+    def fail_all_requests(self, error: Exception) -> None:
+        """End every request in flight with `error` (its generator raises it and aborts it in
+        the engine); the engine goes on serving new ones."""
+        self.output_processor.propagate_error(error)
+
     # ---- state and utilities ------------------------------------------------------
     @property
     def errored(self) -> bool:

@@ -32,7 +32,8 @@ from jaxvllm.engine.exceptions import EngineDeadError
 from jaxvllm.engine.messages import (EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType,
                                      UtilityRequest)
 from jaxvllm.engine.serial_utils import decode, encode
-from jaxvllm.process_utils import has_exited, stop_processes, wait_for_exit
+from jaxvllm.process_utils import (has_exited, spawn_process, start_spawned, stop_processes,
+                                   wait_for_exit)
 
 logger = logging.getLogger(__name__)
 _SEND_TIMEOUT_MS = 5000
@@ -64,9 +65,8 @@ class _EngineProcess:
     def __init__(self, args: EngineArgs, on_death):
         base = os.path.join(tempfile.gettempdir(), f"jaxvllm-{uuid.uuid4().hex[:12]}")
         self.input_address, self.output_address = f"ipc://{base}-in", f"ipc://{base}-out"
-        ctx = multiprocessing.get_context("spawn")  # jax and threads do not survive fork
-        reader, writer = ctx.Pipe(duplex=False)
-        self.proc = ctx.Process(target=run_engine_core, name="EngineCore", args=(
+        reader, writer = multiprocessing.Pipe(duplex=False)
+        self.proc = spawn_process(run_engine_core, "EngineCore", args=(
             encode(args), self.input_address, self.output_address, writer, os.getpid()))
         self.on_death = on_death
         self.stopping = threading.Event()
@@ -75,15 +75,23 @@ class _EngineProcess:
         self.config: EngineConfig | None = None  # resolved by the engine process
 
     def start_and_wait_ready(self) -> None:
-        self.proc.start()
+        """ValueError for a bad argument or model (one line to report); RuntimeError if the
+        engine failed otherwise. Interrupted (Ctrl-C), the engine process ends at once."""
+        start_spawned(self.proc)
         self._writer.close()
-        while not self._reader.poll(0.5):
-            if has_exited(self.proc):
-                raise RuntimeError(f"The engine core process exited with code {self.proc.exitcode} "
-                                   "during start-up; see its log above.")
-        msg = msgpack.unpackb(self._reader.recv_bytes())
+        try:
+            while not self._reader.poll(0.1):
+                if has_exited(self.proc):
+                    raise RuntimeError(f"The engine core process exited with code "
+                                       f"{self.proc.exitcode} during start-up; see its log above.")
+            msg = msgpack.unpackb(self._reader.recv_bytes())
+        except BaseException:
+            self.shutdown()
+            raise
         if msg["status"] != "READY":
             wait_for_exit(self.proc, 10)
+            if msg.get("invalid_argument"):
+                raise ValueError(msg["error"])
             raise RuntimeError(f"The engine core failed to start: {msg.get('error')}")
         self.config = decode(EngineConfig, msg["config"])
         threading.Thread(target=self._monitor, daemon=True, name="EngineCoreMonitor").start()

@@ -9,9 +9,7 @@ dataclass (serial_utils); nothing is unpickled.
 """
 from __future__ import annotations
 
-import ctypes
 import logging
-import os
 import queue
 import signal
 import threading
@@ -26,6 +24,7 @@ from jaxvllm.engine.messages import (EngineCoreOutput, EngineCoreOutputs, Engine
                                      EngineCoreRequestType, FinishReason, UtilityOutput,
                                      UtilityRequest)
 from jaxvllm.engine.serial_utils import decode, encode
+from jaxvllm.process_utils import init_child_process
 
 logger = logging.getLogger(__name__)
 
@@ -139,30 +138,22 @@ def _request_id_of(payload: bytes) -> str | None:
     return request_id if isinstance(request_id, str) else None
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent dies, so that no engine outlives
-    the front end that started it (elsewhere the parent's shutdown handles it)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 def run_engine_core(args_bytes: bytes, input_address: str, output_address: str,
                     ready_pipe, parent_pid: int) -> None:
     """Entry point of the engine process (started with the spawn method). The engine
     config is resolved here, where the devices are, and sent back with READY; the front
-    end never initializes a device backend of its own (on a TPU it could not share it)."""
-    _die_with_parent()
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+    end never initializes a device backend of its own (on a TPU it could not share it).
+    A bad argument or model path is sent back as one line for the front end to report."""
+    if not init_child_process(parent_pid):
         return
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    # jaxvllm's own INFO lines; other libraries' only from WARNING (jax logs its probe of
+    # every missing backend, "Unable to initialize backend 'tpu'", at INFO).
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("jaxvllm").setLevel(logging.INFO)
 
     def on_signal(signum, frame):
         raise SystemExit(0)
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     engine = None
     try:
         import jax
@@ -170,24 +161,36 @@ def run_engine_core(args_bytes: bytes, input_address: str, output_address: str,
         from jaxvllm.config import EngineArgs
         from jaxvllm.distributed.multihost import initialize_distributed
         from jaxvllm.models.loader import load_hf_config, resolve_model
-        args = decode(EngineArgs, args_bytes)
-        model_path = resolve_model(args.model)
-        hf_config = load_hf_config(model_path)
-        initialize_distributed(args)  # multi-host: before the backend starts
-        config = args.create_engine_config(hf_config, jax.default_backend())
+        try:
+            args = decode(EngineArgs, args_bytes)
+            model_path = resolve_model(args.model)
+            hf_config = load_hf_config(model_path)
+            initialize_distributed(args)  # multi-host: before the backend starts
+            config = args.create_engine_config(hf_config, jax.default_backend())
+        except (ValueError, FileNotFoundError) as e:
+            _send_failure(ready_pipe, e, invalid_argument=True)
+            raise SystemExit(2) from None
         engine = EngineCoreProc(config, model_path, hf_config, input_address, output_address)
+        # Until now SIGTERM ended the process at once, even inside a compile (a Python
+        # handler would wait for it); from here on it stops the busy loop cleanly.
+        signal.signal(signal.SIGTERM, on_signal)
         ready_pipe.send_bytes(msgpack.packb({"status": "READY", "config": encode(config)}))
         engine.run_busy_loop()
     except SystemExit:
         pass
     except BaseException as e:
         logger.exception("EngineCore failed.")
-        try:
-            ready_pipe.send_bytes(msgpack.packb({"status": "FAILED",
-                                                 "error": f"{type(e).__name__}: {e}"}))
-        except (OSError, ValueError):
-            pass
+        _send_failure(ready_pipe, e)
         raise SystemExit(1)
     finally:
         if engine is not None:
             engine.shutdown()
+
+
+def _send_failure(ready_pipe, error: BaseException, invalid_argument: bool = False) -> None:
+    message = str(error) if invalid_argument else f"{type(error).__name__}: {error}"
+    try:
+        ready_pipe.send_bytes(msgpack.packb({"status": "FAILED", "error": message,
+                                             "invalid_argument": invalid_argument}))
+    except (OSError, ValueError):
+        pass

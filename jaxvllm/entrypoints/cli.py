@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import signal
 import sys
 
 from jaxvllm.config import EngineArgs
@@ -80,8 +81,23 @@ def _serve(ns: argparse.Namespace) -> int:
         from jaxvllm.distributed.multihost import run_follower
         run_follower(args)
         return 0
-    return asyncio.run(serve(args, server_args, host=ns.host, port=ns.port,
-                             served_model_name=ns.served_model_name, log_level=ns.uvicorn_log_level))
+    # Until the server takes over its signals, both stop start-up at once (asyncio.run's
+    # own Ctrl-C handler would only cancel the task, and start-up does not yield to it).
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
+    try:
+        return asyncio.run(serve(args, server_args, host=ns.host, port=ns.port,
+                                 served_model_name=ns.served_model_name,
+                                 log_level=ns.uvicorn_log_level))
+    except (ValueError, FileNotFoundError) as e:  # a bad model or argument, found at start-up
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # stopped during start-up: the engine process is gone already
+        return 0
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -79,14 +79,17 @@ class LLM:
     def chat(self, messages, sampling_params=None, use_tqdm: bool = True,
              add_generation_prompt: bool = True, chat_template_kwargs: dict | None = None
              ) -> list[RequestOutput]:
-        """messages: one conversation (a list of {"role", "content"} dicts) or a list of them."""
+        """messages: one conversation (a list of {"role", "content"} dicts) or a list of them.
+        Each output's `prompt` is the conversation as the chat template rendered it."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         tokenizer = self.get_tokenizer()
-        prompts = [
-            {"prompt_token_ids": list(tokenizer.apply_chat_template(
-                conv, tokenize=True, add_generation_prompt=add_generation_prompt, return_dict=False,
-                **(chat_template_kwargs or {})))}
-            for conv in conversations]
+        prompts = []
+        for conv in conversations:
+            text = tokenizer.apply_chat_template(conv, tokenize=False,
+                                                 add_generation_prompt=add_generation_prompt,
+                                                 **(chat_template_kwargs or {}))
+            prompts.append({"prompt": text,
+                            "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)})
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:

@@ -30,7 +30,8 @@ import zmq
 from jaxvllm.config import EngineConfig
 from jaxvllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from jaxvllm.engine.serial_utils import decode, encode
-from jaxvllm.process_utils import has_exited, stop_processes, wait_for_exit
+from jaxvllm.process_utils import (has_exited, init_child_process, spawn_process, start_spawned,
+                                   stop_processes, wait_for_exit)
 
 logger = logging.getLogger(__name__)
 # The Worker methods served, with the types their arguments and results are decoded into.
@@ -68,13 +69,11 @@ class MultiprocExecutor:
             self.responses.append(sock)
         with socket_free_port() as port:
             coordinator = f"127.0.0.1:{port}"
-        spawn = multiprocessing.get_context("spawn")
-        self.procs = [spawn.Process(target=_worker_main, name=f"JaxvllmWorker-{rank}", daemon=True,
-                                    args=(encode(config), model_path, rank, self.world_size, coordinator,
-                                          f"ipc://{base}-rpc", f"ipc://{base}-resp{rank}", os.getpid()))
-                      for rank in range(self.world_size)]
+        self.procs = [spawn_process(_worker_main, f"JaxvllmWorker-{rank}", daemon=True, args=(
+            encode(config), model_path, rank, self.world_size, coordinator, f"ipc://{base}-rpc",
+            f"ipc://{base}-resp{rank}", os.getpid())) for rank in range(self.world_size)]
         for p in self.procs:
-            p.start()
+            start_spawned(p)
         self._finalizer = weakref.finalize(self, stop_processes, self.procs, shutdown_grace_s, 1.0)
         threading.Thread(target=self._monitor, daemon=True, name="WorkerMonitor").start()
         self._wait_for_subscribers()
@@ -185,9 +184,7 @@ def _worker_main(config_bytes: bytes, model_path: str, rank: int, world_size: in
                  rpc_address: str, response_address: str, parent_pid: int) -> None:
     """A worker process: one device, joined into the mesh; builds the Worker, then serves
     calls until told to shut down."""
-    from jaxvllm.engine.core_proc import _die_with_parent
-    _die_with_parent()
-    if os.getppid() != parent_pid:
+    if not init_child_process(parent_pid):
         return
     # One device per worker: the rank-th GPU; on a CPU, one CPU device (not the parent's
     # simulated count).

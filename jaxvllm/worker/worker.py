@@ -112,7 +112,7 @@ class Worker:
     @staticmethod
     def _advise_huge_pages(ranges) -> None:
         collapsed = advise_huge_pages(ranges)
-        logger.info("Huge pages: %.0f MiB of weights and KV cache.", collapsed / 2**20)
+        logger.debug("Huge pages: %.0f MiB of weights and KV cache.", collapsed / 2**20)
 
     # ---- what an executor calls (in process, or by collective_rpc in a worker process) ----
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:

@@ -24,6 +24,7 @@ from jaxvllm.entrypoints.openai.chat_utils import ChatRenderer
 from jaxvllm.entrypoints.openai.connection_limits import (install_accept_error_handler,
                                                           protocol_class, raise_fd_limit)
 from jaxvllm.entrypoints.openai.errors import APIError, error_response
+from jaxvllm.entrypoints.openai.graceful_shutdown import GracefulServer
 from jaxvllm.entrypoints.openai.middleware import ServerMiddleware
 from jaxvllm.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest,
                                                  DetokenizeRequest, TokenizeRequest)
@@ -71,6 +72,7 @@ def build_app(engine, model_name: str, server_args: ServerArgs) -> FastAPI:
     docs = {} if not server_args.disable_fastapi_docs else dict(docs_url=None, redoc_url=None,
                                                                  openapi_url=None)
     app = FastAPI(title="jaxvllm OpenAI-compatible server", version=jaxvllm.__version__, **docs)
+    app.state.draining = False  # set on SIGINT/SIGTERM (graceful_shutdown.py)
     app.add_middleware(ServerMiddleware, api_key=server_args.api_key,
                        max_request_bytes=server_args.max_request_bytes)
     if sandbox is not None:
@@ -182,7 +184,7 @@ async def serve(engine_args, server_args: ServerArgs, host: str = "127.0.0.1", p
                                 timeout_graceful_shutdown=5, limit_concurrency=limit,
                                 timeout_keep_alive=server_args.keep_alive_timeout_s,
                                 http=protocol_class(server_args.header_timeout_s))
-        server = uvicorn.Server(config)
+        server = GracefulServer(config, engine, server_args.shutdown_timeout_s)
         watchdog = asyncio.create_task(_stop_when_engine_dies(engine, server))
         await server.serve()
         watchdog.cancel()

@@ -11,8 +11,11 @@ from __future__ import annotations
 import asyncio
 import json
 import multiprocessing
+import os
 import resource
 import threading
+
+from jaxvllm.process_utils import init_child_process, spawn_process, start_spawned
 
 _MEMORY_LIMIT = 1 << 30  # bytes of address space the rendering process may add
 
@@ -45,8 +48,10 @@ def _render(template: str, context: dict, max_chars: int) -> str:
     return "".join(pieces)
 
 
-def _serve_renders(conn) -> None:
+def _serve_renders(conn, parent_pid: int) -> None:
     """The rendering process: one (template, context, max_chars) in, ("ok"|"error", text) out."""
+    if not init_child_process(parent_pid):
+        return
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     with open("/proc/self/statm") as f:
         limit = int(f.read().split()[0]) * resource.getpagesize() + _MEMORY_LIMIT
@@ -77,11 +82,10 @@ class ChatTemplateSandbox:
     def _ensure_process(self):
         with self._start_lock:
             if self._proc is None or not self._proc.is_alive():
-                ctx = multiprocessing.get_context("spawn")
-                self._conn, child = ctx.Pipe()
-                self._proc = ctx.Process(target=_serve_renders, args=(child,), daemon=True,
-                                         name="ChatTemplateSandbox")
-                self._proc.start()
+                self._conn, child = multiprocessing.Pipe()
+                self._proc = spawn_process(_serve_renders, "ChatTemplateSandbox",
+                                           (child, os.getpid()), daemon=True)
+                start_spawned(self._proc)
                 child.close()
         return self._conn
 

@@ -1,6 +1,6 @@
 """One ASGI middleware for what every request goes through before its handler:
-the API key (on every path but the probes in OPEN_PATHS), the request-size limit, and
-echoing `x-request-id`.
+503 while the server drains for shutdown, the API key (on every path but the probes in
+OPEN_PATHS), the request-size limit, and echoing `x-request-id`.
 
 Pure ASGI rather than BaseHTTPMiddleware, which would buffer streamed responses and
 hide client disconnects from the handlers."""
@@ -32,6 +32,9 @@ class ServerMiddleware:
                 message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id)]
             await send(message)
 
+        if scope["app"].state.draining and scope["path"] not in ("/metrics", "/version"):
+            response = error_response("The server is shutting down.", 503)
+            return await response(scope, receive, send_with_id)
         if self.api_key and scope["path"] not in OPEN_PATHS and not self._authorized(headers):
             response = error_response("Missing or invalid API key: send the header "
                                       "'Authorization: Bearer <key>'.", 401)

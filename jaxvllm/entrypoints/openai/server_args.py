@@ -27,13 +27,15 @@ class ServerArgs:
     trust_request_chat_template: bool = False
     chat_template_timeout_s: float = 2.0
     disable_fastapi_docs: bool = False
+    # On SIGINT/SIGTERM, requests in flight get this long to finish before they are ended.
+    shutdown_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         for name in ("max_request_bytes", "max_n", "max_prompts_per_request",
                      "max_concurrent_connections", "keep_alive_timeout_s"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}.")
-        for name in ("header_timeout_s", "chat_template_timeout_s"):
+        for name in ("header_timeout_s", "chat_template_timeout_s", "shutdown_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}.")
 
@@ -70,6 +72,10 @@ class ServerArgs:
                                  "(default: %(default)s).")
         parser.add_argument("--disable-fastapi-docs", action="store_true",
                             help="Serve no /docs, /redoc or /openapi.json.")
+        parser.add_argument("--shutdown-timeout", dest="shutdown_timeout_s", type=float,
+                            default=d.shutdown_timeout_s,
+                            help="On SIGINT/SIGTERM, seconds requests in flight get to finish "
+                                 "(default: %(default)s).")
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> "ServerArgs":

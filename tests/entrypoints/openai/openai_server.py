@@ -8,6 +8,7 @@ The tiny server uses a random-weight Llama with the default model's full vocabul
 tokenizer, so text prompts and the chat template work while a step costs milliseconds."""
 from __future__ import annotations
 
+import glob
 import os
 import re
 import socket
@@ -35,7 +36,10 @@ def free_port() -> int:
 
 
 class RemoteServer:
-    def __init__(self, args: list[str], timeout: float = 300.0):
+    """`jaxvllm serve` in a process group of its own (its pid is the group id), as a
+    terminal or a supervisor starts it."""
+
+    def __init__(self, args: list[str], timeout: float = 300.0, wait_ready: bool = True):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", prefix="jaxvllm-serve-", suffix=".log",
@@ -43,8 +47,10 @@ class RemoteServer:
         cmd = [sys.executable, "-m", "jaxvllm.entrypoints.cli", "serve", *args,
                "--host", "127.0.0.1", "--port", str(self.port), "--uvicorn-log-level", "warning"]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env=os.environ | {"PYTHONUNBUFFERED": "1"})
-        self._wait_ready(timeout)
+                                     env=os.environ | {"PYTHONUNBUFFERED": "1"},
+                                     start_new_session=True)
+        if wait_ready:
+            self._wait_ready(timeout)
 
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -59,6 +65,19 @@ class RemoteServer:
             time.sleep(0.5)
         self.stop()
         raise TimeoutError(f"jaxvllm serve did not become healthy:\n{self.log_text()}")
+
+    def group_pids(self) -> list[int]:
+        """Processes still in the server's process group, from the process table."""
+        pids = []
+        for stat in glob.glob("/proc/[0-9]*/stat"):
+            try:
+                with open(stat) as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == self.proc.pid and fields[0] != "Z":  # pgrp; zombies are gone
+                pids.append(int(stat.split("/")[2]))
+        return pids
 
     def log_text(self) -> str:
         with open(self.log.name) as f:
