@@ -3,7 +3,11 @@ resolved, validated configs the engine runs with. Defaults live here, and those 
 by device in the platform (jaxvllm/platforms)."""
 from __future__ import annotations
 
+import ast
 import dataclasses
+import functools
+import inspect
+import textwrap
 from dataclasses import dataclass, field, fields
 
 import yaml
@@ -13,37 +17,69 @@ from jaxvllm.platforms import get_platform
 
 @dataclass
 class EngineArgs:
+    """The engine's arguments, with vLLM's names. Each one's docstring is its --help text;
+    "the platform's" defaults come from jaxvllm/platforms (CPU, CUDA, TPU)."""
     model: str | None = None
+    """A .gguf file, a Hugging Face directory (config.json + *.safetensors), an Orbax
+    checkpoint from `jaxvllm convert`, or a Hugging Face Hub id (org/name, or
+    org/name/file.gguf); None: the default SmolLM2-135M-Instruct."""
+    revision: str | None = None
+    """A branch, tag or commit, for a model named by Hugging Face Hub id."""
+    download_dir: str | None = None
+    """Where Hub models are downloaded (default: the Hugging Face cache)."""
     dtype: str = "auto"
+    """Weights and activations: auto (the platform's: float32 on CPU, bfloat16 on GPU/TPU),
+    float32, bfloat16 or float16."""
     max_model_len: int | None = None
-    block_size: int | None = None  # tokens per KV page; None: the platform's default
+    """Longest prompt plus output, in tokens (default: the model's, capped on CPU)."""
+    block_size: int | None = None
+    """Tokens per KV cache page (default: the platform's)."""
     max_num_seqs: int | None = None
+    """Most requests in one step (default: the platform's)."""
     max_num_batched_tokens: int | None = None
+    """Token budget of one step; longer prompts are prefilled in chunks (default: the platform's)."""
     hbm_utilization: float = 0.9
-    gpu_memory_utilization: float | None = None  # vLLM's name for hbm_utilization
+    """Fraction of device memory for weights, activations and KV cache, where the device reports it."""
+    gpu_memory_utilization: float | None = None
+    """vLLM's name for hbm_utilization."""
     kv_cache_memory_bytes: int | None = None
+    """KV cache size in bytes (default: from hbm_utilization, or the platform's on CPU)."""
     num_gpu_blocks_override: int | None = None
+    """Exactly this many KV cache pages."""
     seed: int = 0
+    """Seed from which requests without a seed draw theirs."""
     skip_warmup: bool = False
+    """Compile each shape on first use instead of at start-up."""
     attention_backend: str = "auto"
+    """auto (the platform's kernel), reference (XLA), native (C++ on CPU), pallas,
+    pallas-tpu or pallas-gpu (interpret mode on a CPU)."""
     enable_prefix_caching: bool = True
-    long_prefill_token_threshold: int = 0  # 0: a prefill chunk is bounded by the budget only
-    scheduling_policy: str = "fcfs"        # or "priority": lower `priority` first
-    preemption_mode: str = "recompute"     # or "swap": preempted KV goes to host memory
-    swap_space: float = 4.0                # GiB of host memory per engine for "swap"
-    profile_dir: str | None = None         # where start_profile() writes jax.profiler traces
-    check_recompilation: bool = False      # raise if any program compiles after warm-up
-    tensor_parallel_size: int = 1          # devices the weights, heads and KV cache are split over
-    # Multi-host (jax.distributed): hosts in the slice, this host's rank, the coordinator
-    # (host 0) address. nnodes=1 on one host; on a TPU VM slice master_addr may be left unset
-    # (jax finds the coordinator from the TPU metadata).
+    """Share the KV pages of common prompt prefixes between requests."""
+    long_prefill_token_threshold: int = 0
+    """Most prompt tokens one request takes per step; 0: bounded by the step's budget only."""
+    scheduling_policy: str = "fcfs"
+    """fcfs, or priority (lower `priority` first)."""
+    preemption_mode: str = "recompute"
+    """What a preempted request loses: recompute (its pages), or swap (to host memory)."""
+    swap_space: float = 4.0
+    """GiB of host memory for preemption_mode=swap."""
+    profile_dir: str | None = None
+    """Where start_profile() writes jax.profiler traces."""
+    check_recompilation: bool = False
+    """Raise if any program compiles after warm-up."""
+    tensor_parallel_size: int = 1
+    """Devices the weights, heads and KV cache are split over."""
     nnodes: int = 1
+    """Hosts in a multi-host slice (jax.distributed)."""
     node_rank: int = 0
+    """This host's rank in the slice; only rank 0 schedules."""
     master_addr: str | None = None
+    """Address of host 0, the coordinator (on a TPU VM slice jax may find it itself)."""
     master_port: int = 29501
-    # "uni": this process drives all local devices; "mp": tensor_parallel_size worker
-    # processes, one device each (a crashing worker fails requests cleanly).
+    """Coordinator port; the schedule broadcast uses the next one."""
     distributed_executor_backend: str = "uni"
+    """uni: this process drives all local devices; mp: one worker process per device (a
+    crashing worker fails requests cleanly)."""
 
     @classmethod
     def from_file(cls, path: str, **overrides) -> "EngineArgs":
@@ -105,6 +141,18 @@ class EngineArgs:
                                   distributed_executor_backend=self.distributed_executor_backend))
         config.verify()
         return config
+
+
+@functools.cache
+def attribute_docs(cls) -> dict[str, str]:
+    """Each field's docstring (the string literal under it, as vLLM documents its configs):
+    the CLI's help text, written once beside the field."""
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    return {node.target.id: " ".join(doc.value.value.split())
+            for node, doc in zip(body, body[1:])
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+            and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant)
+            and isinstance(doc.value.value, str)}
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@
 #       [--hosts IP0,IP1,...] [--timeout 1800] [--dry-run]
 #
 # --hosts skips the `gcloud ... describe` lookup of the slice's host IPs; --dry-run prints
-# the command for each host instead of running anything.
+# the command for each host instead of running anything (without --hosts: the lookup, and a
+# plan for one placeholder host).
 set -euo pipefail
 
 usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
@@ -53,8 +54,13 @@ run() {  # print (dry run) or execute one command
   if [[ $DRY_RUN == 1 ]]; then show "$@"; else "$@"; fi
 }
 
-if [[ -z "$HOSTS" ]]; then
-  HOSTS=$("${GCLOUD[@]}" describe "$TPU" "${LOC[@]}" --format='value(networkEndpoints[].ipAddress)')
+DESCRIBE=("${GCLOUD[@]}" describe "$TPU" "${LOC[@]}" --format='value(networkEndpoints[].ipAddress)')
+if [[ -z "$HOSTS" && $DRY_RUN == 1 ]]; then  # a dry run calls nothing: one placeholder host
+  echo "# the slice's host IPs (pass --hosts to plan for several hosts):"
+  show "${DESCRIBE[@]}"
+  HOSTS="HOST0_IP"
+elif [[ -z "$HOSTS" ]]; then
+  HOSTS=$("${DESCRIBE[@]}")
 fi
 IFS=',; ' read -r -a HOST_IPS <<< "$HOSTS"
 N=${#HOST_IPS[@]}

@@ -96,7 +96,7 @@ def run_follower(args: EngineArgs) -> None:
     from jaxvllm.worker.worker import Worker
 
     initialize_distributed(args)
-    model_path = resolve_model(args.model)
+    model_path = resolve_model(args.model, args.revision, args.download_dir)
     hf_config = load_hf_config(model_path)
     config = args.create_engine_config(hf_config, jax.default_backend())
     receiver = SchedulerOutputReceiver(config.parallel)

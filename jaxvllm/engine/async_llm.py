@@ -8,6 +8,7 @@ async iterator over that collector. Leaving the iterator early aborts the reques
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from typing import AsyncIterator
 
@@ -28,10 +29,11 @@ logger = logging.getLogger(__name__)
 
 class AsyncLLM:
     def __init__(self, args: EngineArgs, stat_loggers=None):
-        model_path = resolve_model(args.model)
+        model_path = resolve_model(args.model, args.revision, args.download_dir)
         self.model_config = hf_config = load_hf_config(model_path)
         self.tokenizer = tokenizer = load_tokenizer(model_path)
-        self.engine_core = AsyncMPClient(args)  # loads the model and warms up: blocks
+        # The engine process loads what was resolved here (a Hub id is fetched once).
+        self.engine_core = AsyncMPClient(dataclasses.replace(args, model=model_path))
         self.vllm_config: EngineConfig = self.engine_core.config
         self.model_name = args.model or model_path
         self.processor = Processor(self.vllm_config, tokenizer, hf_config.vocab_size,

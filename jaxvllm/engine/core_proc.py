@@ -163,7 +163,7 @@ def run_engine_core(args_bytes: bytes, input_address: str, output_address: str,
         from jaxvllm.models.loader import load_hf_config, resolve_model
         try:
             args = decode(EngineArgs, args_bytes)
-            model_path = resolve_model(args.model)
+            model_path = resolve_model(args.model, args.revision, args.download_dir)
             hf_config = load_hf_config(model_path)
             initialize_distributed(args)  # multi-host: before the backend starts
             config = args.create_engine_config(hf_config, jax.default_backend())

@@ -6,6 +6,7 @@ process behind ZMQ, as it does for AsyncLLM.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import jax
@@ -25,7 +26,8 @@ from jaxvllm.sampling_params import SamplingParams
 
 class LLMEngine:
     def __init__(self, args: EngineArgs, multiprocess_mode: bool = False):
-        model_path = resolve_model(args.model)
+        model_path = resolve_model(args.model, args.revision, args.download_dir)
+        args = dataclasses.replace(args, model=model_path)  # the engine process loads the same
         self.hf_config = hf_config = load_hf_config(model_path)
         self.tokenizer = tokenizer = load_tokenizer(model_path)
         if multiprocess_mode:

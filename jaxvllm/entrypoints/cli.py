@@ -13,23 +13,30 @@ import logging
 import signal
 import sys
 
-from jaxvllm.config import EngineArgs
+import jaxvllm
+from jaxvllm import vllm_compat
+from jaxvllm.config import EngineArgs, attribute_docs
 from jaxvllm.entrypoints.openai.server_args import ServerArgs
 from jaxvllm.sampling_params import SamplingParams
 
 
 def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML preset of engine arguments (configs/*.yaml).")
+    docs = attribute_docs(EngineArgs)
     for f in dataclasses.fields(EngineArgs):
         if f.name == "seed":  # --seed is the requests' sampling seed here
             continue
         flag = "--" + f.name.replace("_", "-")
         kind = str(f.type).split(" |")[0]  # annotations are strings here
+        default = "" if f.default is None else f" (default: {f.default})"  # else the doc says
+        help = (docs[f.name] + default).replace("%", "%%")
         if kind == "bool":
             # --enable-prefix-caching defaults to on: --no-enable-prefix-caching turns it off.
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help)
         else:
-            parser.add_argument(flag, type={"int": int, "float": float}.get(kind, str), default=None)
+            parser.add_argument(flag, type={"int": int, "float": float}.get(kind, str), default=None,
+                                help=help)
+    vllm_compat.add_cli_args(parser)
 
 
 def _add_sampling_flags(parser: argparse.ArgumentParser) -> None:
@@ -41,6 +48,7 @@ def _add_sampling_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _engine_args(ns: argparse.Namespace) -> EngineArgs:
+    vllm_compat.check_cli_args(ns)
     given = {f.name: getattr(ns, f.name) for f in dataclasses.fields(EngineArgs)
              if f.name != "seed" and getattr(ns, f.name) is not None}
     if ns.config:
@@ -102,6 +110,7 @@ def _interrupt(signum, frame):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="jaxvllm")
+    parser.add_argument("--version", action="version", version=f"jaxvllm {jaxvllm.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="Complete one or more prompts.")
     gen.add_argument("prompts", nargs="+")
@@ -140,15 +149,19 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if ns.command == "chat":
-        conv = ([{"role": "system", "content": ns.system}] if ns.system else [])
-        outputs = llm.chat(conv + [{"role": "user", "content": ns.message}], params)
-        print(outputs[0].outputs[0].text)
-        return 0
-    if ns.chat:
-        outputs = llm.chat([[{"role": "user", "content": p}] for p in ns.prompts], params)
-    else:
-        outputs = llm.generate(ns.prompts, params)
+    try:
+        if ns.command == "chat":
+            conv = ([{"role": "system", "content": ns.system}] if ns.system else [])
+            outputs = llm.chat(conv + [{"role": "user", "content": ns.message}], params)
+            print(outputs[0].outputs[0].text)
+            return 0
+        if ns.chat:
+            outputs = llm.chat([[{"role": "user", "content": p}] for p in ns.prompts], params)
+        else:
+            outputs = llm.generate(ns.prompts, params)
+    except ValueError as e:  # a prompt the model cannot take
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     for prompt, out in zip(ns.prompts, outputs):
         print(f"\n### Prompt: {prompt}\n### Completion: {out.outputs[0].text}")
     return 0

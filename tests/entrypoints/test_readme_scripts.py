@@ -47,3 +47,20 @@ def test_python_api_example_runs_as_a_script(tmp_path, multiprocessing):
 def test_async_llm_example_runs_as_a_script(tmp_path):
     out = run_script(tmp_path, readme_block("Streaming from Python: AsyncLLM"))
     assert len(out.strip()) > 10
+
+
+def test_chat_fills_the_rendered_prompt(tmp_path):
+    """vLLM's LLM.chat returns the conversation as the chat template rendered it."""
+    from conftest import write_tiny_llama
+    from jaxvllm import LLM, SamplingParams
+    from jaxvllm.models.loader import default_model_path, load_tokenizer
+
+    tokenizer = load_tokenizer(default_model_path())
+    write_tiny_llama(tmp_path, vocab_size=len(tokenizer))
+    tokenizer.save_pretrained(tmp_path)
+    llm = LLM(str(tmp_path), max_model_len=128, num_gpu_blocks_override=32, skip_warmup=True)
+    conv = [{"role": "user", "content": "Name a colour."}]
+    out = llm.chat(conv, SamplingParams(max_tokens=2), use_tqdm=False)[0]
+    assert out.prompt == tokenizer.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
+    assert out.prompt_token_ids == tokenizer.apply_chat_template(conv, add_generation_prompt=True,
+                                                                 return_dict=False)

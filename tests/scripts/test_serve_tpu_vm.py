@@ -71,3 +71,19 @@ def test_presets_are_valid_engine_arguments(preset):
     import transformers
     config = args.create_engine_config(transformers.LlamaConfig(num_key_value_heads=8, max_position_embeddings=8192), "tpu")
     assert config.parallel.tensor_parallel_size == 8
+
+
+def test_dry_run_without_hosts_calls_no_gcloud(tmp_path):
+    """A `gcloud` first on PATH that records being called: a dry run must never call it."""
+    called = tmp_path / "called"
+    fake = tmp_path / "gcloud"
+    fake.write_text(f"#!/bin/sh\necho \"$@\" >> {called}\necho 10.0.0.1\n")
+    fake.chmod(0o755)
+    proc = subprocess.run(["bash", SCRIPT, "--dry-run", "--tpu", "t1", "--zone", "z1",
+                           "--config", "configs/tpu-v5e-8.yaml"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=30, env=os.environ | {"PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    assert proc.returncode == 0, proc.stderr
+    assert not called.exists(), called.read_text()
+    cmds = commands(proc.stdout)
+    assert cmds[0][:5] == ["gcloud", "compute", "tpus", "tpu-vm", "describe"]
+    assert any("jaxvllm serve" in " ".join(c) for c in cmds)

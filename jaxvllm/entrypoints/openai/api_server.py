@@ -201,3 +201,10 @@ async def _stop_when_engine_dies(engine, server, poll_s: float = 0.2, grace_s: f
     logger.error("The engine core died; the server stops so that it can be restarted.")
     await asyncio.sleep(grace_s)
     server.should_exit = True
+
+
+if __name__ == "__main__":  # vLLM's `python -m vllm.entrypoints.openai.api_server`
+    import sys
+
+    from jaxvllm.entrypoints.cli import main
+    sys.exit(main(["serve", *sys.argv[1:]]))
