@@ -26,8 +26,7 @@ import zmq
 import zmq.asyncio
 
 from jaxvllm.config import EngineArgs, EngineConfig
-from jaxvllm.engine.core_proc import run_engine_core
-from jaxvllm.engine.engine_core import EngineCore
+from jaxvllm.engine.engine_process import run_engine_core
 from jaxvllm.engine.exceptions import EngineDeadError
 from jaxvllm.engine.messages import (EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType,
                                      UtilityRequest)
@@ -41,6 +40,7 @@ _SEND_TIMEOUT_MS = 5000
 
 class InprocClient:
     def __init__(self, config: EngineConfig, model_path: str, hf_config):
+        from jaxvllm.engine.engine_core import EngineCore  # jax: only where the core runs here
         self.engine_core = EngineCore(config, model_path, hf_config)
 
     def get_output(self) -> EngineCoreOutputs:

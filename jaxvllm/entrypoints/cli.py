@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import signal
 import sys
 
@@ -131,7 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("jaxvllm").setLevel(logging.INFO)
     if ns.command == "serve":
-        return _serve(ns)
+        code = _serve(ns)
+        # Everything is stopped and flushed: skip the interpreter's teardown of torch and
+        # transformers (a second or more), so that a stop is as quick as it says.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     if ns.command == "convert":
         from jaxvllm.entrypoints.convert import convert
         try:
