@@ -31,6 +31,7 @@ def run_script(tmp_path, code: str, **env) -> str:
     assert "Traceback" not in done.stdout, done.stdout[-3000:]
     last_line = done.stdout.rstrip("\n").splitlines()[-1]
     assert not LOG_RECORD.search(last_line), f"logged after the output: {last_line!r}"
+    assert "Unable to initialize backend" not in done.stdout  # jax's probes of absent devices
     return done.stdout
 
 
