@@ -17,8 +17,9 @@ from jaxvllm.core.stats import SchedulerStats
 from jaxvllm.core.structured_output import StructuredOutputManager
 from jaxvllm.distributed.multihost import SchedulerOutputBroadcaster
 from jaxvllm.executor.multiproc import MultiprocExecutor
-from jaxvllm.engine.messages import EngineCoreOutput, EngineCoreRequest
+from jaxvllm.engine.messages import EngineCoreRequest
 from jaxvllm.models.loader import load_tokenizer
+from jaxvllm.outputs import EngineCoreOutput
 from jaxvllm.sampling_params import is_int
 from jaxvllm.worker.worker import Worker
 

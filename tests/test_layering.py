@@ -1,0 +1,58 @@
+"""The layers' import rules (docs/design.md), read from the source with ast, so that a
+violation fails here instead of surfacing later as an import cycle or a slow front end."""
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "jaxvllm"
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module a file imports, at the top or inside a function, relative imports resolved."""
+    package = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1])
+    modules = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            modules.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            modules.add(base)
+            modules.update(f"{base}.{alias.name}" for alias in node.names)
+    return modules
+
+
+def violations(layer: str, forbidden: tuple[str, ...]) -> list[str]:
+    found = []
+    for path in sorted((PACKAGE / layer).rglob("*.py")):
+        for module in sorted(imported_modules(path)):
+            if any(module == f or module.startswith(f + ".") for f in forbidden):
+                found.append(f"{path.relative_to(PACKAGE.parent)} imports {module}")
+    return found
+
+
+@pytest.mark.parametrize("layer, forbidden", [
+    ("core", ("jaxvllm.engine", "jaxvllm.worker", "jaxvllm.executor", "jax", "flax")),  # host only
+    ("worker", ("jaxvllm.engine", "jaxvllm.executor")),  # sees only SchedulerOutput
+])
+def test_layer_imports(layer, forbidden):
+    assert violations(layer, forbidden) == []
+
+
+def test_imported_modules_sees_nested_and_relative_imports(tmp_path, monkeypatch):
+    pkg = tmp_path / "jaxvllm" / "core"
+    pkg.mkdir(parents=True)
+    source = pkg / "x.py"
+    source.write_text("def f():\n    from jaxvllm.engine.messages import A\nfrom ..engine import b\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "jaxvllm")
+    assert {"jaxvllm.engine.messages", "jaxvllm.engine"} <= imported_modules(source)
+    assert violations("core", ("jaxvllm.engine",)) == [
+        "jaxvllm/core/x.py imports jaxvllm.engine", "jaxvllm/core/x.py imports jaxvllm.engine.b",
+        "jaxvllm/core/x.py imports jaxvllm.engine.messages",
+        "jaxvllm/core/x.py imports jaxvllm.engine.messages.A"]
