@@ -17,7 +17,7 @@ import zmq
 
 from jaxvllm.config import EngineArgs, ParallelConfig
 from jaxvllm.core.sched_output import SchedulerOutput
-from jaxvllm.engine.serial_utils import decode, encode
+from jaxvllm.serial_utils import decode, encode
 
 logger = logging.getLogger(__name__)
 _NUM_BLOCKS, _STEP, _STOP = b"B", b"S", b"X"

@@ -21,8 +21,8 @@ from jaxvllm.config import EngineConfig
 from jaxvllm.engine.engine_core import EngineCore
 from jaxvllm.engine.messages import (EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType,
                                      UtilityOutput, UtilityRequest)
-from jaxvllm.engine.serial_utils import decode, encode
 from jaxvllm.outputs import EngineCoreOutput, FinishReason
+from jaxvllm.serial_utils import decode, encode
 
 logger = logging.getLogger(__name__)
 

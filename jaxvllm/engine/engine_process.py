@@ -8,8 +8,8 @@ import signal
 
 import msgpack
 
-from jaxvllm.engine.serial_utils import decode, encode
 from jaxvllm.process_utils import init_child_process
+from jaxvllm.serial_utils import decode, encode
 
 logger = logging.getLogger(__name__)
 

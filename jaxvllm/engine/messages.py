@@ -1,7 +1,7 @@
 """Plain dataclasses exchanged between the front end and the EngineCore.
 
 They hold only builtins and other such dataclasses so that they cross the process
-boundary as msgpack (engine/serial_utils.py). The per-request output that the scheduler
+boundary as msgpack (jaxvllm/serial_utils.py). The per-request output that the scheduler
 builds, EngineCoreOutput, lives in jaxvllm/outputs.py, since core imports nothing from engine.
 """
 from __future__ import annotations

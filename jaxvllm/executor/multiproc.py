@@ -29,10 +29,10 @@ import zmq
 
 from jaxvllm.config import EngineConfig
 from jaxvllm.core.sched_output import SchedulerOutput
-from jaxvllm.engine.serial_utils import decode, encode
 from jaxvllm.outputs import ModelRunnerOutput
 from jaxvllm.process_utils import (has_exited, init_child_process, spawn_process, start_spawned,
                                    stop_processes, wait_for_exit)
+from jaxvllm.serial_utils import decode, encode
 
 logger = logging.getLogger(__name__)
 # The Worker methods served, with the types their arguments and results are decoded into.
