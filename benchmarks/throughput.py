@@ -37,7 +37,7 @@ EXPORT_DIR = Path(os.path.expanduser("~/.cache/jaxvllm/peers/smollm2-135m-instru
 def run_jaxvllm(w: Workload, ns) -> dict:
     llm = LLM(ns.model, config=str(ROOT / "configs/cpu-dev.yaml"), max_num_seqs=ns.max_num_seqs,
               max_model_len=ns.max_model_len, max_num_batched_tokens=ns.max_num_batched_tokens)
-    runner = llm.llm_engine.engine_core.model_runner
+    runner = llm.llm_engine.engine_core.model_executor.driver_worker.model_runner
     compiles_after_warmup = runner.num_compilations
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in w.output_lens]
     prompts = [{"prompt_token_ids": p} for p in w.prompts]

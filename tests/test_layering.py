@@ -40,6 +40,7 @@ def violations(layer: str, forbidden: tuple[str, ...]) -> list[str]:
 @pytest.mark.parametrize("layer, forbidden", [
     ("core", ("jaxvllm.engine", "jaxvllm.worker", "jaxvllm.executor", "jax", "flax")),  # host only
     ("worker", ("jaxvllm.engine", "jaxvllm.executor")),  # sees only SchedulerOutput
+    ("executor", ("jaxvllm.engine",)),  # the engine drives executors, not the reverse
 ])
 def test_layer_imports(layer, forbidden):
     assert violations(layer, forbidden) == []

@@ -2,7 +2,7 @@
 jax.distributed into one mesh, driven by `collective_rpc(method, args)` over ZMQ.
 
 The engine's own process drives all local devices by default (JAX's way on one host: the
-Worker in process). With distributed_executor_backend="mp" the devices are driven by
+Worker in process, executor/uniproc.py). With distributed_executor_backend="mp" the devices are driven by
 `tensor_parallel_size` worker processes instead, so that a crashing worker (driver fault,
 OOM kill) fails the engine's requests with a clear error instead of taking the front end
 down or hanging it:
@@ -83,10 +83,9 @@ class MultiprocExecutor:
     def determine_num_blocks(self) -> int:
         return min(self.collective_rpc("determine_num_blocks"))
 
-    def initialize_cache(self, num_blocks: int, num_swap_blocks: int = 0) -> "MultiprocExecutor":
+    def initialize_cache(self, num_blocks: int, num_swap_blocks: int = 0) -> None:
         """num_swap_blocks is always 0 here (EngineConfig.verify refuses swap with "mp")."""
         self.collective_rpc("initialize_cache", (num_blocks,))
-        return self  # the runner the EngineCore steps
 
     def execute_model(self, scheduler_output) -> ModelRunnerOutput:
         return self.collective_rpc("execute_model", (scheduler_output,))[0]
