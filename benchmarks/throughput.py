@@ -135,7 +135,8 @@ def main() -> None:
     ns = p.parse_args()
     peers = [x for x in ns.peers.split(",") if x]
 
-    from jaxvllm.models.loader import load_tokenizer, resolve_model
+    from jaxvllm.transformers_utils.model_path import resolve_model
+    from jaxvllm.transformers_utils.tokenizer import load_tokenizer
     w = make_workload(load_tokenizer(resolve_model(ns.model)), ns.num_requests, tuple(ns.input_len),
                       tuple(ns.output_len), ns.seed)
     print(f"Workload: {w.describe()}", flush=True)

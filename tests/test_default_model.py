@@ -12,8 +12,8 @@ import torch
 
 from conftest import run_prefill
 from jaxvllm import LLM, SamplingParams
-from jaxvllm.models.loader import default_model_path
 from jaxvllm.sampling_params import StructuredOutputsParams
+from jaxvllm.transformers_utils.model_path import default_model_path
 
 pytestmark = pytest.mark.slow
 

@@ -3,6 +3,8 @@ violation fails here instead of surfacing later as an import cycle or a slow fro
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -41,9 +43,21 @@ def violations(layer: str, forbidden: tuple[str, ...]) -> list[str]:
     ("core", ("jaxvllm.engine", "jaxvllm.worker", "jaxvllm.executor", "jax", "flax")),  # host only
     ("worker", ("jaxvllm.engine", "jaxvllm.executor")),  # sees only SchedulerOutput
     ("executor", ("jaxvllm.engine",)),  # the engine drives executors, not the reverse
+    ("engine", ("jaxvllm.models",)),  # config and tokenizer come from transformers_utils
+    ("transformers_utils", ("jax", "flax")),  # the front end loads them
 ])
 def test_layer_imports(layer, forbidden):
     assert violations(layer, forbidden) == []
+
+
+def test_async_llm_loads_no_model_loader_worker_or_jax():
+    """The server's process tokenizes and streams; the model lives in the engine's process."""
+    script = ("import json, sys, jaxvllm.engine.async_llm; print(json.dumps(sorted(m for m in sys.modules "
+              "if m.split('.')[0] == 'jax' or m.startswith(('jaxvllm.models.loader', "
+              "'jaxvllm.models.model_loader', 'jaxvllm.worker', 'jaxvllm.executor')))))")
+    out = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True,
+                         timeout=120).stdout
+    assert json.loads(out.splitlines()[-1]) == []
 
 
 def test_imported_modules_sees_nested_and_relative_imports(tmp_path, monkeypatch):

@@ -20,9 +20,9 @@ from jaxvllm.distributed.multihost import SchedulerOutputBroadcaster
 from jaxvllm.engine.messages import EngineCoreRequest
 from jaxvllm.executor.multiproc import MultiprocExecutor
 from jaxvllm.executor.uniproc import UniProcExecutor
-from jaxvllm.models.loader import load_tokenizer
 from jaxvllm.outputs import EngineCoreOutput
 from jaxvllm.sampling_params import is_int
+from jaxvllm.transformers_utils.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
 

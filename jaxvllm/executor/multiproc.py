@@ -194,7 +194,7 @@ def _worker_main(config_bytes: bytes, model_path: str, rank: int, world_size: in
                                        if not f.startswith("--xla_force_host_platform_device_count"))
     import jax
 
-    from jaxvllm.models.loader import load_hf_config
+    from jaxvllm.transformers_utils.config import load_hf_config
     from jaxvllm.worker.worker import Worker
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
