@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from jaxvllm.core.request import Request  # noqa: E402
-from jaxvllm.core.sched_output import ModelRunnerOutput  # noqa: E402
 from jaxvllm.core.scheduler import Scheduler  # noqa: E402
+from jaxvllm.outputs import ModelRunnerOutput  # noqa: E402
 from jaxvllm.sampling_params import SamplingParams  # noqa: E402
 
 BLOCK, PROMPT, LONG_PROMPT = 16, 128, 512

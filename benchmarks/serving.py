@@ -79,7 +79,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def load_tokenizer(path: str | None):
     if path is None:
-        from jaxvllm.models.loader import default_model_path, load_tokenizer as load
+        from jaxvllm.transformers_utils.model_path import default_model_path
+        from jaxvllm.transformers_utils.tokenizer import load_tokenizer as load
         return load(default_model_path())
     from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(path)

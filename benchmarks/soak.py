@@ -321,7 +321,8 @@ def write_tiny_model(path: Path) -> None:
     import transformers
     from safetensors.numpy import save_file
 
-    from jaxvllm.models.loader import default_model_path, load_tokenizer
+    from jaxvllm.transformers_utils.model_path import default_model_path
+    from jaxvllm.transformers_utils.tokenizer import load_tokenizer
 
     vocab, hidden, inter, layers, heads, kv_heads = 49152, 64, 128, 2, 4, 2
     cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,

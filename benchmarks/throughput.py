@@ -37,7 +37,7 @@ EXPORT_DIR = Path(os.path.expanduser("~/.cache/jaxvllm/peers/smollm2-135m-instru
 def run_jaxvllm(w: Workload, ns) -> dict:
     llm = LLM(ns.model, config=str(ROOT / "configs/cpu-dev.yaml"), max_num_seqs=ns.max_num_seqs,
               max_model_len=ns.max_model_len, max_num_batched_tokens=ns.max_num_batched_tokens)
-    runner = llm.llm_engine.engine_core.model_runner
+    runner = llm.llm_engine.engine_core.model_executor.driver_worker.model_runner
     compiles_after_warmup = runner.num_compilations
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in w.output_lens]
     prompts = [{"prompt_token_ids": p} for p in w.prompts]
@@ -135,7 +135,8 @@ def main() -> None:
     ns = p.parse_args()
     peers = [x for x in ns.peers.split(",") if x]
 
-    from jaxvllm.models.loader import load_tokenizer, resolve_model
+    from jaxvllm.transformers_utils.model_path import resolve_model
+    from jaxvllm.transformers_utils.tokenizer import load_tokenizer
     w = make_workload(load_tokenizer(resolve_model(ns.model)), ns.num_requests, tuple(ns.input_len),
                       tuple(ns.output_len), ns.seed)
     print(f"Workload: {w.describe()}", flush=True)

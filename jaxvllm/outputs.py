@@ -1,7 +1,62 @@
-"""What `LLM.generate` returns, with vLLM's class and field names."""
+"""What each layer returns, with vLLM's class and field names (vLLM's `vllm/v1/outputs.py`):
+the worker's `ModelRunnerOutput` to the scheduler, the scheduler's `EngineCoreOutput` to the
+front end, and `RequestOutput` to the user. A leaf module, so that core, worker and engine
+all import their messages from here and never from each other.
+"""
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
+
+
+class FinishReason(enum.IntEnum):
+    """Why a request ended; core/request.py maps each finished RequestStatus to one."""
+    STOP = 0
+    LENGTH = 1
+    ABORT = 2
+    ERROR = 3  # the engine could not serve this request (the others go on); see `error`
+
+    def __str__(self) -> str:
+        return self.name.lower()
+
+
+@dataclass
+class LogprobsLists:
+    """Logprobs of some positions (vLLM's name): row i holds position i's token first,
+    then the top-k candidates in descending order; its rank among all tokens (1 = the
+    most likely) is in sampled_token_ranks."""
+    logprob_token_ids: list[list[int]]
+    logprobs: list[list[float]]
+    sampled_token_ranks: list[int]
+
+
+@dataclass
+class ModelRunnerOutput:
+    """The worker's answer to one SchedulerOutput: the token each scheduled request sampled."""
+    req_ids: list[str]
+    # One list per request: the sampled token, or empty for a partial prefill chunk.
+    sampled_token_ids: list[list[int]]
+    # Per request, for those that asked (else None); None altogether when nobody did.
+    logprobs: list[LogprobsLists | None] | None = None
+    # A request's prompt logprobs, sent with its first sampled token.
+    prompt_logprobs: dict[str, LogprobsLists] = field(default_factory=dict)
+
+
+@dataclass(slots=True)  # one per request per step: kept cheap to build
+class EngineCoreOutput:
+    """What the scheduler reports for one request after a step."""
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+    # Only for requests that asked for them (SamplingParams.logprobs / prompt_logprobs).
+    new_logprobs: LogprobsLists | None = None
+    new_prompt_logprobs: LogprobsLists | None = None
+    error: str | None = None  # with FinishReason.ERROR: what went wrong, for the client
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
 
 
 @dataclass

@@ -71,7 +71,8 @@ def run_prefill(model, token_ids: list[int], num_blocks: int = 16, layer_loop=No
 def tiny_model_dir(tmp_path_factory):
     """A tiny random Llama with the default model's tokenizer (its first 256 ids are the
     vocabulary; tests prompt it with token ids)."""
-    from jaxvllm.models.loader import default_model_path, load_tokenizer
+    from jaxvllm.transformers_utils.model_path import default_model_path
+    from jaxvllm.transformers_utils.tokenizer import load_tokenizer
 
     path = tmp_path_factory.mktemp("tiny-llama")
     write_tiny_llama(path)

@@ -12,8 +12,8 @@ import torch
 
 from conftest import run_prefill
 from jaxvllm import LLM, SamplingParams
-from jaxvllm.models.loader import default_model_path
 from jaxvllm.sampling_params import StructuredOutputsParams
+from jaxvllm.transformers_utils.model_path import default_model_path
 
 pytestmark = pytest.mark.slow
 
@@ -107,7 +107,7 @@ def test_greedy_matches_transformers_under_pressure(prompts, hf_greedy, engine_k
 
 def test_prefill_logits_match_transformers(llm, prompts, hf_model):
     prompt = prompts[4]
-    ours = run_prefill(llm.llm_engine.engine_core.worker.model, prompt, num_blocks=16)
+    ours = run_prefill(llm.llm_engine.engine_core.model_executor.driver_worker.model, prompt, num_blocks=16)
     with torch.no_grad():
         theirs = hf_model(torch.tensor([prompt])).logits[0].numpy()
     rel = np.linalg.norm(ours - theirs) / np.linalg.norm(theirs)

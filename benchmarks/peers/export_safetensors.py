@@ -10,7 +10,10 @@ import os
 
 from safetensors.numpy import save_file
 
-from jaxvllm.models.loader import load_hf_config, load_tokenizer, load_weights, resolve_model
+from jaxvllm.models.loader import load_weights
+from jaxvllm.transformers_utils.config import load_hf_config
+from jaxvllm.transformers_utils.model_path import resolve_model
+from jaxvllm.transformers_utils.tokenizer import load_tokenizer
 
 
 def export(model: str | None, out_dir: str) -> str:

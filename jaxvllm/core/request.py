@@ -5,6 +5,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from jaxvllm.outputs import FinishReason
 from jaxvllm.sampling_params import SamplingParams
 
 
@@ -24,15 +25,16 @@ class RequestStatus(enum.IntEnum):
         return status > RequestStatus.SWAPPED
 
     @staticmethod
-    def get_finished_reason(status: "RequestStatus") -> str | None:
-        return _FINISHED_REASONS.get(status)
+    def get_finished_reason(status: "RequestStatus") -> FinishReason | None:
+        return _FINISHED_REASON_MAP.get(status)
 
 
-_FINISHED_REASONS = {
-    RequestStatus.FINISHED_STOPPED: "stop",
-    RequestStatus.FINISHED_LENGTH_CAPPED: "length",
-    RequestStatus.FINISHED_ABORTED: "abort",
-    RequestStatus.FINISHED_IGNORED: "length",
+# The one place a finished status becomes what the front end and the user see.
+_FINISHED_REASON_MAP = {
+    RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
+    RequestStatus.FINISHED_LENGTH_CAPPED: FinishReason.LENGTH,
+    RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
+    RequestStatus.FINISHED_IGNORED: FinishReason.LENGTH,
 }
 
 
@@ -77,5 +79,5 @@ class Request:
     def is_finished(self) -> bool:
         return RequestStatus.is_finished(self.status)
 
-    def get_finished_reason(self) -> str | None:
+    def get_finished_reason(self) -> FinishReason | None:
         return RequestStatus.get_finished_reason(self.status)

@@ -1,14 +1,13 @@
-"""The two typed objects that cross the scheduler/worker boundary.
+"""`SchedulerOutput`: what the scheduler sends the worker each step.
 
-`SchedulerOutput` goes to the worker: full data for requests it has not seen (new ones and
-ones resumed after preemption, with the blocks to copy in for a swapped one), only diffs for requests it already holds.
-`ModelRunnerOutput` comes back: the token each scheduled request sampled.
+Full data for requests it has not seen (new ones and ones resumed after preemption, with the
+blocks to copy in for a swapped one), only diffs for requests it already holds. What comes
+back, `ModelRunnerOutput`, is in jaxvllm/outputs.py.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from jaxvllm.engine.messages import LogprobsLists
 from jaxvllm.sampling_params import SamplingParams
 
 
@@ -53,13 +52,3 @@ class SchedulerOutput:
     # that samples this step (core/structured_output.py).
     grammar_bitmask: dict[str, list[int]] = field(default_factory=dict)
 
-
-@dataclass
-class ModelRunnerOutput:
-    req_ids: list[str]
-    # One list per request: the sampled token, or empty for a partial prefill chunk.
-    sampled_token_ids: list[list[int]]
-    # Per request, for those that asked (else None); None altogether when nobody did.
-    logprobs: list[LogprobsLists | None] | None = None
-    # A request's prompt logprobs, sent with its first sampled token.
-    prompt_logprobs: dict[str, LogprobsLists] = field(default_factory=dict)

@@ -20,19 +20,11 @@ from jaxvllm.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from jaxvllm.core.request import Request, RequestStatus
 from jaxvllm.core.request_queue import create_request_queue
 from jaxvllm.core.sched_utils import check_stop, owes_prompt_logprobs
-from jaxvllm.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
-                                       SchedulerOutput)
+from jaxvllm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
 from jaxvllm.core.stats import SchedulerStats
 from jaxvllm.core.structured_output import StructuredOutputManager
 from jaxvllm.core.swap_space import SwapSpace
-from jaxvllm.engine.messages import EngineCoreOutput, FinishReason
-
-_FINISH_REASON = {
-    RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
-    RequestStatus.FINISHED_LENGTH_CAPPED: FinishReason.LENGTH,
-    RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
-    RequestStatus.FINISHED_IGNORED: FinishReason.LENGTH,
-}
+from jaxvllm.outputs import EngineCoreOutput, ModelRunnerOutput
 
 
 class Scheduler:
@@ -275,7 +267,7 @@ class Scheduler:
             outputs.append(EngineCoreOutput(
                 request_id=req_id,
                 new_token_ids=sampled,
-                finish_reason=_FINISH_REASON[request.status] if finished else None,
+                finish_reason=request.get_finished_reason() if finished else None,
                 stop_reason=request.stop_reason,
                 new_logprobs=logprobs[i] if logprobs is not None else None,
                 new_prompt_logprobs=prompt_logprobs.get(req_id) if prompt_logprobs else None,

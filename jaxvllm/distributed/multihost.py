@@ -17,7 +17,7 @@ import zmq
 
 from jaxvllm.config import EngineArgs, ParallelConfig
 from jaxvllm.core.sched_output import SchedulerOutput
-from jaxvllm.engine.serial_utils import decode, encode
+from jaxvllm.serial_utils import decode, encode
 
 logger = logging.getLogger(__name__)
 _NUM_BLOCKS, _STEP, _STOP = b"B", b"S", b"X"
@@ -92,7 +92,8 @@ class SchedulerOutputReceiver:
 def run_follower(args: EngineArgs) -> None:
     """The whole life of a node_rank > 0 process: build the same worker, take the KV cache
     size from process 0, then run each broadcast step until process 0 stops."""
-    from jaxvllm.models.loader import load_hf_config, resolve_model
+    from jaxvllm.transformers_utils.config import load_hf_config
+    from jaxvllm.transformers_utils.model_path import resolve_model
     from jaxvllm.worker.worker import Worker
 
     initialize_distributed(args)

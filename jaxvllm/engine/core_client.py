@@ -30,9 +30,9 @@ from jaxvllm.engine.engine_process import run_engine_core
 from jaxvllm.engine.exceptions import EngineDeadError
 from jaxvllm.engine.messages import (EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType,
                                      UtilityRequest)
-from jaxvllm.engine.serial_utils import decode, encode
 from jaxvllm.process_utils import (has_exited, spawn_process, start_spawned, stop_processes,
                                    wait_for_exit)
+from jaxvllm.serial_utils import decode, encode
 
 logger = logging.getLogger(__name__)
 _SEND_TIMEOUT_MS = 5000

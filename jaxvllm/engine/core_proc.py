@@ -19,10 +19,10 @@ import zmq
 
 from jaxvllm.config import EngineConfig
 from jaxvllm.engine.engine_core import EngineCore
-from jaxvllm.engine.messages import (EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest,
-                                     EngineCoreRequestType, FinishReason, UtilityOutput,
-                                     UtilityRequest)
-from jaxvllm.engine.serial_utils import decode, encode
+from jaxvllm.engine.messages import (EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType,
+                                     UtilityOutput, UtilityRequest)
+from jaxvllm.outputs import EngineCoreOutput, FinishReason
+from jaxvllm.serial_utils import decode, encode
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,8 @@
 """EngineCore: the busy loop's body. Schedule, execute, update; nothing else.
 
-It owns the scheduler (host) and the worker (device) and sees requests only as
-EngineCoreRequests, so the same core can later run in its own process behind ZMQ.
+It owns the scheduler (host) and an executor (device: the Worker in this process, or
+worker processes), and sees requests only as EngineCoreRequests, so the same core runs in
+process or in its own process behind ZMQ.
 """
 from __future__ import annotations
 
@@ -16,11 +17,12 @@ from jaxvllm.core.scheduler import Scheduler
 from jaxvllm.core.stats import SchedulerStats
 from jaxvllm.core.structured_output import StructuredOutputManager
 from jaxvllm.distributed.multihost import SchedulerOutputBroadcaster
+from jaxvllm.engine.messages import EngineCoreRequest
 from jaxvllm.executor.multiproc import MultiprocExecutor
-from jaxvllm.engine.messages import EngineCoreOutput, EngineCoreRequest
-from jaxvllm.models.loader import load_tokenizer
+from jaxvllm.executor.uniproc import UniProcExecutor
+from jaxvllm.outputs import EngineCoreOutput
 from jaxvllm.sampling_params import is_int
-from jaxvllm.worker.worker import Worker
+from jaxvllm.transformers_utils.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -31,12 +33,12 @@ class EngineCore:
         if config.parallel.node_rank > 0:
             raise ValueError("The EngineCore runs on node_rank 0 only; other hosts run "
                              "jaxvllm.distributed.multihost.run_follower.")
-        # The Worker in this process drives all local devices (JAX's way on one host); the
-        # "mp" executor puts it in worker processes behind collective_rpc, with the same methods.
-        self.worker = (MultiprocExecutor(config, model_path, hf_config)
-                       if config.parallel.distributed_executor_backend == "mp"
-                       else Worker(config, model_path, hf_config))
-        num_blocks = self.worker.determine_num_blocks()
+        # UniProcExecutor: the Worker in this process drives all local devices (JAX's way on
+        # one host); the "mp" executor puts it in worker processes, with the same methods.
+        executor_class = (MultiprocExecutor if config.parallel.distributed_executor_backend == "mp"
+                          else UniProcExecutor)
+        self.model_executor = executor_class(config, model_path, hf_config)
+        num_blocks = self.model_executor.determine_num_blocks()
         bs, max_len = config.cache.block_size, config.scheduler.max_model_len
         if (num_blocks - 1) * bs < max_len:
             raise ValueError(
@@ -45,14 +47,14 @@ class EngineCore:
                 f"(kv_cache_memory_bytes, num_gpu_blocks_override) or lower max_model_len.")
         sched = config.scheduler
         # Host slots for swap preemption, sized like the device blocks they hold.
-        num_swap_blocks = (int(config.cache.swap_space * 2**30) // self.worker.block_bytes
+        num_swap_blocks = (int(config.cache.swap_space * 2**30) // self.model_executor.block_bytes
                            if sched.preemption_mode == "swap" else 0)
         # Multi-host: the other processes replay this one's schedule on the global mesh.
         self.broadcaster = (SchedulerOutputBroadcaster(config.parallel)
                             if config.parallel.nnodes > 1 else None)
         if self.broadcaster is not None:
             self.broadcaster.send_num_blocks(num_blocks)
-        self.model_runner = self.worker.initialize_cache(num_blocks, num_swap_blocks)
+        self.model_executor.initialize_cache(num_blocks, num_swap_blocks)
         self.scheduler = Scheduler(
             max_num_seqs=sched.max_num_seqs, max_num_batched_tokens=sched.max_num_batched_tokens,
             max_model_len=max_len, num_blocks=num_blocks, block_size=bs,
@@ -93,7 +95,7 @@ class EngineCore:
 
     def get_stats(self) -> SchedulerStats:
         stats = self.scheduler.make_stats()
-        stats.num_compilations = self.model_runner.num_compilations
+        stats.num_compilations = self.model_executor.num_compilations
         return stats
 
     def has_unfinished_requests(self) -> bool:
@@ -109,13 +111,12 @@ class EngineCore:
                 scheduler_output = self.scheduler.schedule()
             if self.broadcaster is not None:
                 self.broadcaster.send(scheduler_output)
-            runner_output = self.model_runner.execute_model(scheduler_output)
+            runner_output = self.model_executor.execute_model(scheduler_output)
             with jax.profiler.TraceAnnotation("update_from_output"):
                 return self.scheduler.update_from_output(scheduler_output, runner_output)
 
     def shutdown(self) -> None:
-        if isinstance(self.worker, MultiprocExecutor):
-            self.worker.shutdown()
+        self.model_executor.shutdown()
         if self.broadcaster is not None:
             self.broadcaster.close()  # the followers' loops end
             self.broadcaster = None
@@ -136,6 +137,6 @@ class EngineCore:
     def stop_profile(self) -> None:
         if not self.profiling:
             raise ValueError("No profile is being captured; start one first.")
-        jax.block_until_ready(self.model_runner.kv_cache)  # the last step's device work
+        jax.block_until_ready(self.model_executor.kv_cache)  # the last step's device work
         jax.profiler.stop_trace()
         self.profiling = False

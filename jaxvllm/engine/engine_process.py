@@ -8,8 +8,8 @@ import signal
 
 import msgpack
 
-from jaxvllm.engine.serial_utils import decode, encode
 from jaxvllm.process_utils import init_child_process
+from jaxvllm.serial_utils import decode, encode
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +37,8 @@ def run_engine_core(args_bytes: bytes, input_address: str, output_address: str,
         from jaxvllm.config import EngineArgs
         from jaxvllm.distributed.multihost import initialize_distributed
         from jaxvllm.engine.core_proc import EngineCoreProc
-        from jaxvllm.models.loader import load_hf_config, resolve_model
+        from jaxvllm.transformers_utils.config import load_hf_config
+        from jaxvllm.transformers_utils.model_path import resolve_model
         try:
             args = decode(EngineArgs, args_bytes)
             model_path = resolve_model(args.model, args.revision, args.download_dir)

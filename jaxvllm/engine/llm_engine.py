@@ -19,9 +19,11 @@ from jaxvllm.engine.engine_core import EngineCore
 from jaxvllm.engine.output_processor import OutputProcessor
 from jaxvllm.engine.parallel_sampling import ParentRequest
 from jaxvllm.engine.processor import Processor, eos_token_id
-from jaxvllm.models.loader import load_hf_config, load_tokenizer, resolve_model
 from jaxvllm.outputs import RequestOutput
 from jaxvllm.sampling_params import SamplingParams
+from jaxvllm.transformers_utils.config import load_hf_config
+from jaxvllm.transformers_utils.model_path import resolve_model
+from jaxvllm.transformers_utils.tokenizer import load_tokenizer
 
 
 class LLMEngine:

@@ -7,8 +7,7 @@ the model, not the sampling settings. cumulative_logprob sums the chosen tokens'
 """
 from __future__ import annotations
 
-from jaxvllm.engine.messages import LogprobsLists
-from jaxvllm.outputs import Logprob, PromptLogprobs, SampleLogprobs
+from jaxvllm.outputs import Logprob, LogprobsLists, PromptLogprobs, SampleLogprobs
 from jaxvllm.sampling_params import SamplingParams
 
 

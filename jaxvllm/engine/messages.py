@@ -1,7 +1,8 @@
 """Plain dataclasses exchanged between the front end and the EngineCore.
 
 They hold only builtins and other such dataclasses so that they cross the process
-boundary as msgpack (engine/serial_utils.py).
+boundary as msgpack (jaxvllm/serial_utils.py). The per-request output that the scheduler
+builds, EngineCoreOutput, lives in jaxvllm/outputs.py, since core imports nothing from engine.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jaxvllm.core.stats import SchedulerStats
+from jaxvllm.outputs import EngineCoreOutput
 from jaxvllm.sampling_params import SamplingParams
 
 
@@ -18,16 +20,6 @@ class EngineCoreRequestType(bytes, enum.Enum):
     ADD = b"\x00"
     ABORT = b"\x01"
     UTILITY = b"\x02"
-
-
-class FinishReason(enum.IntEnum):
-    STOP = 0
-    LENGTH = 1
-    ABORT = 2
-    ERROR = 3  # the engine could not serve this request (the others go on); see `error`
-
-    def __str__(self) -> str:
-        return self.name.lower()
 
 
 @dataclass
@@ -40,32 +32,6 @@ class EngineCoreRequest:
     arrival_time: float
     priority: int = 0
     cache_salt: str | None = None
-
-
-@dataclass
-class LogprobsLists:
-    """Logprobs of some positions (vLLM's name): row i holds position i's token first,
-    then the top-k candidates in descending order; its rank among all tokens (1 = the
-    most likely) is in sampled_token_ranks."""
-    logprob_token_ids: list[list[int]]
-    logprobs: list[list[float]]
-    sampled_token_ranks: list[int]
-
-
-@dataclass(slots=True)  # one per request per step: kept cheap to build
-class EngineCoreOutput:
-    request_id: str
-    new_token_ids: list[int]
-    finish_reason: FinishReason | None = None
-    stop_reason: int | str | None = None
-    # Only for requests that asked for them (SamplingParams.logprobs / prompt_logprobs).
-    new_logprobs: LogprobsLists | None = None
-    new_prompt_logprobs: LogprobsLists | None = None
-    error: str | None = None  # with FinishReason.ERROR: what went wrong, for the client
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
 
 
 @dataclass

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from jaxvllm.engine.detokenizer import IncrementalDetokenizer
 from jaxvllm.engine.exceptions import EngineGenerateError
 from jaxvllm.engine.logprobs import LogprobsProcessor
-from jaxvllm.engine.messages import EngineCoreOutput, EngineCoreRequest, FinishReason
+from jaxvllm.engine.messages import EngineCoreRequest
 from jaxvllm.engine.parallel_sampling import ParentRequest
 from jaxvllm.metrics.stats import IterationStats, RequestStateStats
-from jaxvllm.outputs import CompletionOutput, RequestOutput
+from jaxvllm.outputs import CompletionOutput, EngineCoreOutput, FinishReason, RequestOutput
 from jaxvllm.sampling_params import RequestOutputKind
 
 logger = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 jax.distributed into one mesh, driven by `collective_rpc(method, args)` over ZMQ.
 
 The engine's own process drives all local devices by default (JAX's way on one host: the
-Worker in process). With distributed_executor_backend="mp" the devices are driven by
+Worker in process, executor/uniproc.py). With distributed_executor_backend="mp" the devices are driven by
 `tensor_parallel_size` worker processes instead, so that a crashing worker (driver fault,
 OOM kill) fails the engine's requests with a clear error instead of taking the front end
 down or hanging it:
@@ -28,10 +28,11 @@ import weakref
 import zmq
 
 from jaxvllm.config import EngineConfig
-from jaxvllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
-from jaxvllm.engine.serial_utils import decode, encode
+from jaxvllm.core.sched_output import SchedulerOutput
+from jaxvllm.outputs import ModelRunnerOutput
 from jaxvllm.process_utils import (has_exited, init_child_process, spawn_process, start_spawned,
                                    stop_processes, wait_for_exit)
+from jaxvllm.serial_utils import decode, encode
 
 logger = logging.getLogger(__name__)
 # The Worker methods served, with the types their arguments and results are decoded into.
@@ -82,10 +83,9 @@ class MultiprocExecutor:
     def determine_num_blocks(self) -> int:
         return min(self.collective_rpc("determine_num_blocks"))
 
-    def initialize_cache(self, num_blocks: int, num_swap_blocks: int = 0) -> "MultiprocExecutor":
+    def initialize_cache(self, num_blocks: int, num_swap_blocks: int = 0) -> None:
         """num_swap_blocks is always 0 here (EngineConfig.verify refuses swap with "mp")."""
         self.collective_rpc("initialize_cache", (num_blocks,))
-        return self  # the runner the EngineCore steps
 
     def execute_model(self, scheduler_output) -> ModelRunnerOutput:
         return self.collective_rpc("execute_model", (scheduler_output,))[0]
@@ -194,7 +194,7 @@ def _worker_main(config_bytes: bytes, model_path: str, rank: int, world_size: in
                                        if not f.startswith("--xla_force_host_platform_device_count"))
     import jax
 
-    from jaxvllm.models.loader import load_hf_config
+    from jaxvllm.transformers_utils.config import load_hf_config
     from jaxvllm.worker.worker import Worker
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jaxvllm.core.sched_output import SchedulerOutput
-from jaxvllm.engine.messages import LogprobsLists
+from jaxvllm.outputs import LogprobsLists
 from jaxvllm.sampling_params import SamplingParams
 
 

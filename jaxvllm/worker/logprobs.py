@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxvllm.engine.messages import LogprobsLists
+from jaxvllm.outputs import LogprobsLists
 
 
 def _rows(ids: np.ndarray, lps: np.ndarray, first_ids, first_lps, ranks, k: int) -> LogprobsLists:

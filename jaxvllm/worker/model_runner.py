@@ -24,8 +24,9 @@ from flax import nnx
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec as P
 
 from jaxvllm.config import EngineConfig
-from jaxvllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from jaxvllm.core.sched_output import SchedulerOutput
 from jaxvllm.layers.attention import AttentionMetadata
+from jaxvllm.outputs import ModelRunnerOutput
 from jaxvllm.platforms import Platform
 from jaxvllm.sampling_params import SamplingParams
 from jaxvllm.worker import penalties

@@ -13,11 +13,12 @@ import jax.numpy as jnp
 
 from jaxvllm import platforms
 from jaxvllm.config import EngineConfig
-from jaxvllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from jaxvllm.core.sched_output import SchedulerOutput
 from jaxvllm.distributed.mesh import make_mesh
 from jaxvllm.distributed.partition import kv_cache_sharding
 from jaxvllm.layers.attention import get_attention
 from jaxvllm.models.model_loader import get_model
+from jaxvllm.outputs import ModelRunnerOutput
 from jaxvllm.platforms.huge_pages import advise_huge_pages, huge_page_ranges
 from jaxvllm.worker.model_runner import ModelRunner
 

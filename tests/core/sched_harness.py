@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 
 from jaxvllm.core.kv_cache_manager import cdiv
 from jaxvllm.core.request import Request, RequestStatus
-from jaxvllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from jaxvllm.core.sched_output import SchedulerOutput
 from jaxvllm.core.scheduler import Scheduler
-from jaxvllm.engine.messages import FinishReason
+from jaxvllm.outputs import FinishReason, ModelRunnerOutput
 from jaxvllm.sampling_params import SamplingParams
 
 VOCAB = 8  # small, so eos and stop tokens turn up often in the random stream

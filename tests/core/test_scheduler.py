@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from jaxvllm.core.kv_cache_manager import cdiv
 from jaxvllm.core.request import Request, RequestStatus
 from jaxvllm.core.scheduler import Scheduler
-from jaxvllm.engine.messages import FinishReason
+from jaxvllm.outputs import FinishReason
 from jaxvllm.sampling_params import SamplingParams
 from sched_harness import (LENGTH, STOP, FakeWorker, Spec, check_final, hashed_tokens, run,
                            scenarios)
@@ -194,7 +194,7 @@ def test_abort_waiting_and_running_requests():
     sched.update_from_output(so, worker.execute_model(so))
     # b never reached the worker: aborting it reports nothing to the worker.
     sched.finish_requests(["b"], RequestStatus.FINISHED_ABORTED)
-    assert b.status == RequestStatus.FINISHED_ABORTED and b.get_finished_reason() == "abort"
+    assert b.status == RequestStatus.FINISHED_ABORTED and b.get_finished_reason() == FinishReason.ABORT
     # a is running: its blocks are freed at once, and the worker hears about it once.
     sched.finish_requests(["a", "unknown-id"], RequestStatus.FINISHED_ABORTED)
     assert sched.kv_cache_manager.block_pool.get_num_free_blocks() == 19

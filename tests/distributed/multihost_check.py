@@ -30,7 +30,7 @@ def main(rank: str, port: str, model: str, prompts: str, max_tokens: str) -> Non
     n = int(max_tokens)
     outputs = llm.generate([{"prompt_token_ids": p} for p in json.loads(prompts)],
                            SamplingParams(temperature=0, max_tokens=n, min_tokens=n), use_tqdm=False)
-    kv = llm.llm_engine.engine_core.model_runner.kv_cache
+    kv = llm.llm_engine.engine_core.model_executor.driver_worker.model_runner.kv_cache
     result = {"tokens": [o.outputs[0].token_ids for o in outputs], "process_count": jax.process_count(),
               "global_devices": jax.device_count(), "local_devices": jax.local_device_count(),
               "kv_cache_devices": len(kv.sharding.device_set)}

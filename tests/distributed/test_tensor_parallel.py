@@ -84,7 +84,8 @@ def test_tiny_model_tp2_tp4_match_tp1_and_are_sharded(tiny_tp):
 
 @pytest.mark.slow
 def test_default_model_tp2_tp4_match_tp1():
-    from jaxvllm.models.loader import default_model_path, load_tokenizer
+    from jaxvllm.transformers_utils.model_path import default_model_path
+    from jaxvllm.transformers_utils.tokenizer import load_tokenizer
     tok = load_tokenizer(default_model_path())
     prompts = [tok.encode(p) for p in ["The capital of France is", "def fibonacci(n):",
                                        "The three primary colors are"]]

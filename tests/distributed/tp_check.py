@@ -37,17 +37,17 @@ def main(model: str, tps: str, prompts: str, max_tokens: str, attention_backend:
         extended = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(
             temperature=0, max_tokens=n, min_tokens=n, repetition_penalty=1.3, logprobs=2),
             use_tqdm=False)
-        core = llm.llm_engine.engine_core
-        leaves = jax.tree_util.tree_flatten_with_path(core.model_runner.params)[0]
+        runner = llm.llm_engine.engine_core.model_executor.driver_worker.model_runner
+        leaves = jax.tree_util.tree_flatten_with_path(runner.params)[0]
         result[tp] = {
             "tokens": [o.outputs[0].token_ids for o in outputs],
             "extended": [[o.outputs[0].token_ids, o.outputs[0].cumulative_logprob] for o in extended],
             "weights": {param_name(path): {"shape": list(x.shape), "shards": shard_shapes(x)}
                         for path, x in leaves},
-            "kv_cache": {"shape": list(core.model_runner.kv_cache.shape),
-                         "shards": shard_shapes(core.model_runner.kv_cache)},
+            "kv_cache": {"shape": list(runner.kv_cache.shape),
+                         "shards": shard_shapes(runner.kv_cache)},
         }
-        del llm, core
+        del llm, runner
     print(json.dumps(result))
 
 

@@ -14,10 +14,10 @@ from jaxvllm.config import EngineArgs
 from jaxvllm.core.stats import SchedulerStats
 from jaxvllm.engine.async_llm import AsyncLLM
 from jaxvllm.engine.exceptions import EngineDeadError
-from jaxvllm.engine.messages import (EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest,
-                                     FinishReason, UtilityOutput)
-from jaxvllm.engine.serial_utils import decode, encode
+from jaxvllm.engine.messages import EngineCoreOutputs, EngineCoreRequest, UtilityOutput
+from jaxvllm.outputs import EngineCoreOutput, FinishReason
 from jaxvllm.sampling_params import RequestOutputKind
+from jaxvllm.serial_utils import decode, encode
 
 ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=256,
               num_gpu_blocks_override=128, skip_warmup=True)

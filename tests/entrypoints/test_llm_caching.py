@@ -83,7 +83,7 @@ def test_preemption_modes_give_identical_greedy_outputs(tiny_model_dir, referenc
 def test_compilations_fixed_with_swap_and_caching(tiny_model_dir, reference, fresh_executables):
     llm = make_llm(tiny_model_dir, skip_warmup=False, num_gpu_blocks_override=18,
                    preemption_mode="swap", swap_space=0.01)
-    runner = llm.llm_engine.engine_core.model_runner
+    runner = llm.llm_engine.engine_core.model_executor.driver_worker.model_runner
     after_warmup = runner.num_compilations
     assert after_warmup == (2 * len(runner.token_buckets) + 4 * len(runner.request_buckets) + 1
                             + 2 * len(runner.swapper.buckets))

@@ -64,7 +64,7 @@ def test_greedy_matches_transformers(tiny_model_dir, hf_greedy, engine_kwargs):
 def test_compilations_fixed_after_warmup(tiny_model_dir, fresh_executables):
     # check_recompilation: any program compiled by a step after warm-up raises there.
     llm = make_llm(tiny_model_dir, skip_warmup=False, max_num_batched_tokens=128, check_recompilation=True)
-    runner = llm.llm_engine.engine_core.model_runner
+    runner = llm.llm_engine.engine_core.model_executor.driver_worker.model_runner
     after_warmup = runner.num_compilations
     # tokens x (forward, prompt logprobs), requests x (greedy, random) x (plain, extended),
     # one row writer

@@ -54,7 +54,8 @@ def test_chat_fills_the_rendered_prompt(tmp_path):
     """vLLM's LLM.chat returns the conversation as the chat template rendered it."""
     from conftest import write_tiny_llama
     from jaxvllm import LLM, SamplingParams
-    from jaxvllm.models.loader import default_model_path, load_tokenizer
+    from jaxvllm.transformers_utils.model_path import default_model_path
+    from jaxvllm.transformers_utils.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(default_model_path())
     write_tiny_llama(tmp_path, vocab_size=len(tokenizer))

@@ -40,12 +40,12 @@ def test_mp_executor_matches_in_process(mp_llm, tiny_model_dir):
     ours = [o.outputs[0].token_ids for o in mp_llm.generate(PROMPTS, greedy, use_tqdm=False)]
     ref = LLM(str(tiny_model_dir), **ENGINE)
     assert ours == [o.outputs[0].token_ids for o in ref.generate(PROMPTS, greedy, use_tqdm=False)]
-    executor = mp_llm.llm_engine.engine_core.worker
+    executor = mp_llm.llm_engine.engine_core.model_executor
     assert executor.world_size == 2 and len(executor.collective_rpc("get_num_compilations")) == 2
 
 
 def test_killing_a_worker_fails_requests_cleanly(mp_llm):
-    executor = mp_llm.llm_engine.engine_core.worker
+    executor = mp_llm.llm_engine.engine_core.model_executor
     pids = [p.pid for p in executor.procs]
     killed_at = {}
 

@@ -124,7 +124,7 @@ def test_fused_weights_give_each_part_its_product():
 def test_worker_packs_only_for_the_native_backend(tiny_model_dir, backend, packed):
     llm = LLM(str(tiny_model_dir), max_num_seqs=2, max_num_batched_tokens=16, max_model_len=32,
               num_gpu_blocks_override=8, skip_warmup=True, attention_backend=backend)
-    worker = llm.llm_engine.engine_core.worker
+    worker = llm.llm_engine.engine_core.model_executor.driver_worker
     model = worker.model
     assert all(("wqkv" in layer and "w_gate_up" in layer and "wq" not in layer) == packed
                for layer in model.layers)

@@ -8,7 +8,8 @@ from flax import nnx
 from conftest import run_prefill, write_tiny_llama
 from jaxvllm.models.layer_loops import switched_layers, unrolled_layers
 from jaxvllm.models.llama import LlamaArgs, LlamaForCausalLM
-from jaxvllm.models.loader import load_hf_config, load_weights
+from jaxvllm.models.loader import load_weights
+from jaxvllm.transformers_utils.config import load_hf_config
 
 
 def test_unrolled_layers_match_switched_layers(tmp_path):

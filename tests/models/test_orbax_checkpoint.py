@@ -25,7 +25,7 @@ def orbax_dir(tiny_model_dir, tmp_path_factory):
 
 
 def _params(llm) -> dict:
-    flat = nnx.to_flat_state(llm.llm_engine.engine_core.model_runner.params)
+    flat = nnx.to_flat_state(llm.llm_engine.engine_core.model_executor.driver_worker.model_runner.params)
     return {path: np.asarray(v.get_value()) for path, v in flat}
 
 

@@ -18,7 +18,7 @@ PARAMS = [SamplingParams(temperature=0, max_tokens=8, min_tokens=8),
 
 def _generate(tiny_model_dir, **engine):
     llm = LLM(str(tiny_model_dir), **{**ENGINE, **engine})
-    runner = llm.llm_engine.engine_core.model_runner
+    runner = llm.llm_engine.engine_core.model_executor.driver_worker.model_runner
     compiled = runner.num_compilations
     outputs = [(o.outputs[0].token_ids, o.outputs[0].cumulative_logprob)
                for o in llm.generate(PROMPTS, PARAMS, use_tqdm=False)]

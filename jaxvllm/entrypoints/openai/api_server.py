@@ -168,7 +168,7 @@ async def serve(engine_args, server_args: ServerArgs, host: str = "127.0.0.1", p
     import uvicorn
 
     from jaxvllm.engine.async_llm import AsyncLLM
-    from jaxvllm.models.loader import DEFAULT_MODEL
+    from jaxvllm.transformers_utils.model_path import DEFAULT_MODEL
 
     fd_limit = raise_fd_limit()
     install_accept_error_handler(asyncio.get_running_loop())

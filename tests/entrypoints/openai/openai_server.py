@@ -131,7 +131,8 @@ def discard_server(key: str) -> None:
 
 def tiny_model(tmp_path_factory):
     """A random Llama with the default model's full vocabulary and tokenizer."""
-    from jaxvllm.models.loader import default_model_path, load_tokenizer
+    from jaxvllm.transformers_utils.model_path import default_model_path
+    from jaxvllm.transformers_utils.tokenizer import load_tokenizer
 
     path = tmp_path_factory.mktemp("tiny-llama-full-vocab")
     write_tiny_llama(path, vocab_size=49152)

@@ -34,7 +34,8 @@ def model(oai):
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from jaxvllm.models.loader import default_model_path, load_tokenizer
+    from jaxvllm.transformers_utils.model_path import default_model_path
+    from jaxvllm.transformers_utils.tokenizer import load_tokenizer
     return load_tokenizer(default_model_path())
 
 

@@ -1,4 +1,6 @@
-"""msgpack encoding of the engine's message dataclasses, with no pickle anywhere.
+"""msgpack encoding of the dataclasses that cross a process boundary (front end and engine,
+engine and workers, hosts), with no pickle anywhere. A leaf module, as vLLM's
+`vllm/v1/serial_utils.py`, so that the executor need not import the engine.
 
 A dataclass travels as a map of its fields; decoding is driven by the receiver's
 type annotations (`decode(EngineCoreOutputs, data)`), so a message can only ever
