@@ -7,14 +7,16 @@ import asyncio
 import pytest
 
 from jaxvllm.engine.exceptions import EngineGenerateError
-from jaxvllm.engine.messages import EngineCoreOutput, EngineCoreRequest, FinishReason
+from jaxvllm.engine.messages import EngineCoreRequest
 from jaxvllm.engine.output_processor import OutputProcessor, RequestOutputCollector
+from jaxvllm.outputs import EngineCoreOutput, FinishReason
 from jaxvllm.sampling_params import RequestOutputKind, SamplingParams
 
 
 @pytest.fixture(scope="module")
 def tok():
-    from jaxvllm.models.loader import default_model_path, load_tokenizer
+    from jaxvllm.transformers_utils.model_path import default_model_path
+    from jaxvllm.transformers_utils.tokenizer import load_tokenizer
     return load_tokenizer(default_model_path())
 
 
