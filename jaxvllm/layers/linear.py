@@ -1,10 +1,10 @@
 """The model's matmuls. A weight is [in, out], or, where the native CPU kernels run on one
-device, packed at load into the panels of jaxvllm/native/packed_matmul.py."""
+device, packed at load into the panels of jaxvllm/kernels/cpu/packed_matmul.py."""
 from __future__ import annotations
 
 import jax
 
-from jaxvllm.native.packed_matmul import can_pack, pack_weight, packed_matmul
+from jaxvllm.kernels.cpu.packed_matmul import can_pack, pack_weight, packed_matmul
 
 
 def linear(x: jax.Array, w: jax.Array, num_rows: jax.Array | None = None) -> jax.Array:

@@ -36,7 +36,7 @@ def test_engine_defaults_follow_the_platform(name, dtype, block_size, layer_loop
 def test_packed_matmul_only_with_the_native_kernels_on_one_cpu_device():
     cpu, tpu = get_platform("cpu"), get_platform("tpu")
     assert cpu.use_packed_matmul("native", 1)
-    assert not cpu.use_packed_matmul("native", 2) and not cpu.use_packed_matmul("reference", 1)
+    assert not cpu.use_packed_matmul("native", 2) and not cpu.use_packed_matmul("xla", 1)
     assert not tpu.use_packed_matmul("tpu", 1)
 
 

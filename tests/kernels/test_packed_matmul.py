@@ -1,4 +1,4 @@
-"""The native packed matmul (jaxvllm/native/packed_matmul.cc) against float64 numpy: shapes
+"""The native packed matmul (jaxvllm/kernels/cpu/packed_matmul.cc) against float64 numpy: shapes
 around its 12-row tiles, 192-row chunks and 32-column panels, the packing round trip, its use
 as the model calls it (jit, fori_loop, lax.switch over per-layer weights), its errors, and the
 worker packing weights only where the native kernels run on one device."""
@@ -13,8 +13,8 @@ from hypothesis import given, settings, strategies as st
 
 from jaxvllm import LLM
 from jaxvllm.layers.linear import linear, pack_linear_weights
-from jaxvllm.native import build as native_build
-from jaxvllm.native.packed_matmul import PANEL, pack_weight, packed_matmul
+from jaxvllm.kernels.cpu import build as native_build
+from jaxvllm.kernels.cpu.packed_matmul import PANEL, pack_weight, packed_matmul
 
 pytestmark = pytest.mark.skipif(not native_build.available(), reason="no C++ compiler: the kernel cannot build")
 
@@ -120,7 +120,7 @@ def test_fused_weights_give_each_part_its_product():
         np.testing.assert_allclose(got, x.astype(np.float64) @ w, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("backend,packed", [("native", True), ("reference", False)])
+@pytest.mark.parametrize("backend,packed", [("native", True), ("xla", False)])
 def test_worker_packs_only_for_the_native_backend(tiny_model_dir, backend, packed):
     llm = LLM(str(tiny_model_dir), max_num_seqs=2, max_num_batched_tokens=16, max_model_len=32,
               num_gpu_blocks_override=8, skip_warmup=True, attention_backend=backend)

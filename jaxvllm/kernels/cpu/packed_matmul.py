@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxvllm.native import build
+from jaxvllm.kernels.cpu import build
 
 PANEL = 32  # columns per panel: kPanel in packed_matmul.cc
 
