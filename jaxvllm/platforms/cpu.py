@@ -47,9 +47,13 @@ class CpuPlatform(Platform):
             return ragged_paged_attention
         return super().attention_impl(backend)
 
-    def use_packed_matmul(self, kernel: str, num_devices: int) -> bool:
-        # Packed weights are not sharded: one device only.
-        return kernel == "native" and num_devices == 1
+    def linear_method(self, attention_backend: str, num_devices: int):
+        """The native packed matmul beside the native attention, on one device (packed
+        weights are not sharded); else XLA's."""
+        if self.attention_kernel(attention_backend)[0] == "native" and num_devices == 1:
+            from jaxvllm.kernels.cpu.packed_matmul import PackedLinearMethod
+            return PackedLinearMethod()
+        return super().linear_method(attention_backend, num_devices)
 
     @property
     def layer_loop(self) -> Callable:

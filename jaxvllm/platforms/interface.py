@@ -70,9 +70,11 @@ class Platform:
     def load_native_kernels(self) -> None:
         raise ValueError(f"attention_backend='native' runs on the CPU only, not on {self.device_name!r}.")
 
-    def use_packed_matmul(self, kernel: str, num_devices: int) -> bool:
-        """Whether the layers' matmuls run the native packed kernel (weights packed at load)."""
-        return False
+    def linear_method(self, attention_backend: str, num_devices: int):
+        """How the model's matmuls run and store their weights (jaxvllm/layers/linear.py):
+        XLA's."""
+        from jaxvllm.layers.linear import UnquantizedLinearMethod
+        return UnquantizedLinearMethod()
 
     @property
     def layer_loop(self) -> Callable:
