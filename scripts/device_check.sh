@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One command for the first TPU or GPU machine: the Pallas kernels compiled for real against
-# the naive reference, then benchmarks/kernels.py (kernel vs the XLA kernel, bandwidth against
+# the naive oracle, then benchmarks/kernels.py (kernel vs the XLA kernel, bandwidth against
 # the measured copy bandwidth) with a device trace of its first case (decode 64 x 2k: the
 # kernel's own time against the XLA ops around it), then one decode step of the model traced
 # (benchmarks/model_step.py: wall time against device busy time). The kernel table is last.

@@ -17,8 +17,9 @@ contiguous 2-D tile and every matmul is [rows, head_dim] x [head_dim, kv_block].
 power-of-two tiles: head_dim and page_size must be powers of two.
 
 Checked on an H200 (jax 0.11.2, scripts/device_check.sh): float32 within 1e-5 and bfloat16
-within 2e-2 of the naive reference; bfloat16 decode of 256 x 2k-token sequences at ~77% of
-the measured copy bandwidth, 64 x 2k at ~52-58% (the block sizes below come from that run).
+within 2e-2 of the naive oracle (tests/kernels/naive_attention.py); bfloat16 decode of 256 x
+2k-token sequences at ~77% of the measured copy bandwidth, 64 x 2k at ~52-58% (the block
+sizes below come from that run).
 """
 from __future__ import annotations
 
