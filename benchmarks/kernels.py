@@ -1,4 +1,5 @@
-"""Ragged paged attention: the platform's Pallas kernel against the XLA reference.
+"""Ragged paged attention: the platform's Pallas kernel against the XLA kernel
+(jaxvllm/kernels/xla, the `xla` backend; `reference` in the table and JSON).
 
 Llama-3-8B-like attention (32 query / 8 KV heads, head_dim 128) over decode, prefill and
 mixed steps. For each case: kernel and reference time per call, the kernel's achieved
@@ -26,8 +27,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.trace_summary import format_rows, load_events, summarize  # noqa: E402
-from pallas_kernels import ragged_paged_attention_gpu, ragged_paged_attention_tpu  # noqa: E402
-from pallas_kernels.reference import ragged_paged_attention as reference  # noqa: E402
+from jaxvllm.kernels.pallas import ragged_paged_attention_gpu, ragged_paged_attention_tpu  # noqa: E402
+from jaxvllm.kernels.xla.ragged_paged_attention import ragged_paged_attention as reference  # noqa: E402
 
 NQ, NKV, HD = 32, 8, 128
 

@@ -51,7 +51,7 @@ class EngineArgs:
     skip_warmup: bool = False
     """Compile each shape on first use instead of at start-up."""
     attention_backend: str = "auto"
-    """auto (the platform's kernel), reference (XLA), native (C++ on CPU), pallas,
+    """auto (the platform's kernel), xla, native (C++ on CPU), pallas,
     pallas-tpu or pallas-gpu (interpret mode on a CPU)."""
     enable_prefix_caching: bool = True
     """Share the KV pages of common prompt prefixes between requests."""

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One command for the first TPU or GPU machine: the Pallas kernels compiled for real against
-# the naive reference, then benchmarks/kernels.py (kernel vs XLA reference, bandwidth against
+# the naive oracle, then benchmarks/kernels.py (kernel vs the XLA kernel, bandwidth against
 # the measured copy bandwidth) with a device trace of its first case (decode 64 x 2k: the
 # kernel's own time against the XLA ops around it), then one decode step of the model traced
 # (benchmarks/model_step.py: wall time against device busy time). The kernel table is last.
@@ -14,7 +14,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 "$PY" -c 'import jax; print("jax", jax.__version__, jax.devices())'
 echo "== kernel correctness on the device =="
-"$PY" -m pytest -q -p no:cacheprovider tests/pallas_kernels/test_ragged_paged_attention_kernels.py -k native 2>&1 \
+"$PY" -m pytest -q -p no:cacheprovider tests/kernels/test_pallas_attention.py -k native 2>&1 \
   | tee "$OUT/device_tests.log" | tail -25
 tests_rc=${PIPESTATUS[0]}
 echo "== benchmark =="

@@ -2,8 +2,9 @@
 host weights straight into their shards.
 
 Megatron-style tensor parallelism over the mesh's "model" axis:
-- q/k/v projections and the MLP's gate/up are column parallel (output features split, so
-  each device owns whole attention heads and a slice of the intermediate features);
+- the fused q/k/v projection and the MLP's fused gate/up are column parallel (split on
+  their KV-head and intermediate-feature axes, so each device owns whole groups of
+  attention heads and a slice of the intermediate features, both halves of it);
 - o_proj and down_proj are row parallel (input features split; XLA all-reduces their outputs);
 - the embedding and the LM head are vocabulary parallel;
 - the KV cache is split on its KV-head axis, so each device's attention reads only its heads.
@@ -22,18 +23,19 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxvllm.distributed.mesh import MODEL_AXIS as M
 
-# [in, out] layout; "layers.wq" stands for every layer's "layers.<i>.wq".
+# [in, *out] layout (models/llama.py); "layers.o_proj" stands for every layer's
+# "layers.<i>.o_proj".
 PARAM_SPECS: dict[str, tuple] = {
     "embed_tokens": (M, None),
     "lm_head": (None, M),
     "norm": (None,),
-    "layers.input_norm": (None,),
-    "layers.post_attn_norm": (None,),
-    "layers.wq": (None, M), "layers.wk": (None, M), "layers.wv": (None, M),
-    "layers.bq": (M,), "layers.bk": (M,), "layers.bv": (M,),
-    "layers.wo": (M, None),
-    "layers.w_gate": (None, M), "layers.w_up": (None, M),
-    "layers.w_down": (M, None),
+    "layers.input_layernorm": (None,),
+    "layers.post_attention_layernorm": (None,),
+    "layers.qkv_proj": (None, M, None, None),  # [hidden, kv heads, group + 2, head_dim]
+    "layers.qkv_bias": (M, None, None),
+    "layers.o_proj": (M, None),
+    "layers.gate_up_proj": (None, None, M),  # [hidden, 2, intermediate]
+    "layers.down_proj": (M, None),
 }
 # [layers, K/V, pages, page_size, kv_heads, head_dim]
 KV_CACHE_SPEC = P(None, None, None, None, M, None)
@@ -79,7 +81,7 @@ def place(mesh: Mesh, name: str, value: np.ndarray) -> jax.Array:
 
 
 def param_name(path) -> str:
-    """'layers.0.wq' for a jax tree path into the model's params (State or pure dict)."""
+    """'layers.0.qkv_proj' for a jax tree path into the model's params (State or pure dict)."""
     keys = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
     keys = [k for k in keys if k != "value"]  # nnx.Variable's own field
     return ".".join(keys)

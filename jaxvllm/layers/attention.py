@@ -1,10 +1,10 @@
 """Paged attention for the model: write this step's K/V into the cache, then attend.
 
-The kernel is chosen once here, as the platform resolves `attention_backend`
-(jaxvllm/platforms): `reference` (pure XLA, pallas_kernels/reference.py) is the ground truth
-and runs anywhere; `native` is the C++ CPU kernel (jaxvllm/native), which reads pages where
-they lie instead of gathering copies; `tpu` and `gpu` are the Pallas kernels (Mosaic, Triton),
-in interpret mode off their device, so either can be checked end to end on a CPU.
+The kernel is the platform's (jaxvllm/platforms resolves `attention_backend` and imports
+only the kernel it picks): `xla` (jax.numpy, jaxvllm/kernels/xla) runs anywhere; `native` is
+the C++ CPU kernel (jaxvllm/kernels/cpu), which reads pages where they lie instead of
+gathering copies; `pallas` is the Mosaic (TPU) or Triton (GPU) kernel (jaxvllm/kernels/pallas),
+in interpret mode off its device, so either can be checked end to end on a CPU.
 """
 from __future__ import annotations
 
@@ -18,10 +18,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 from jaxvllm.distributed.mesh import MODEL_AXIS
 from jaxvllm.distributed.partition import KV_CACHE_SPEC
-from jaxvllm.native.ragged_paged_attention import ragged_paged_attention as native_attention
 from jaxvllm.platforms import Platform
-from pallas_kernels import ragged_paged_attention_gpu, ragged_paged_attention_tpu
-from pallas_kernels.reference import ragged_paged_attention
 
 
 @struct.dataclass
@@ -44,14 +41,7 @@ def get_attention(backend: str, platform: Platform, mesh: Mesh | None = None) ->
     device writes and reads only its own KV heads with its own query heads, the kernels see
     ordinary unsharded arrays, and no collective is needed inside attention.
     """
-    kernel, interpret = platform.attention_kernel(backend)
-    if kernel == "reference":
-        impl = ragged_paged_attention
-    elif kernel == "native":
-        impl = native_attention
-    else:
-        module = ragged_paged_attention_tpu if kernel == "tpu" else ragged_paged_attention_gpu
-        impl = functools.partial(module.ragged_paged_attention, interpret=interpret)
+    impl = platform.attention_impl(backend)
 
     def local(q, k, v, kv_cache, layer, md: AttentionMetadata, sm_scale, sliding_window):
         kv_cache = write_kv(kv_cache, layer, k, v, md.slot_mapping)

@@ -1,39 +1,33 @@
-"""The model's matmuls. A weight is [in, out], or, where the native CPU kernels run on one
-device, packed at load into the panels of jaxvllm/native/packed_matmul.py."""
+"""The model's matmuls, and how their weights are stored (vLLM's LinearMethod).
+
+A linear weight is given as [in, *out]; the out axes keep heads and fused parts apart, so
+that tensor parallelism can split them (distributed/partition.py). The platform picks one
+linear method per model (jaxvllm/platforms): it fixes each weight's stored shape at
+construction, turns a loaded [in, *out] weight into that form once, and multiplies, giving
+the out features in a shape the caller reshapes to the one it needs (free with either
+method). This one is XLA's: weights stored as given. The CPU's packed native matmul keeps
+the same interface (PackedLinearMethod, jaxvllm/kernels/cpu/packed_matmul.py).
+"""
 from __future__ import annotations
 
 import jax
 
-from jaxvllm.native.packed_matmul import can_pack, pack_weight, packed_matmul
 
+class UnquantizedLinearMethod:
+    """x @ w in XLA, w stored [in, *out] as loaded."""
+    # A tied LM head is the embedding, transposed inside the matmul: no copy is kept.
+    copies_tied_head = False
 
-def linear(x: jax.Array, w: jax.Array, num_rows: jax.Array | None = None) -> jax.Array:
-    """x @ w. num_rows: how many leading rows of x are real (the rest is bucket padding);
-    the native kernel multiplies only those and returns zeros for the others (XLA computes all)."""
-    return packed_matmul(x, w, num_rows) if w.ndim == 3 else x @ w
+    def weight_shape(self, in_features: int, out_shape: tuple[int, ...]) -> tuple[int, ...]:
+        return (in_features, *out_shape)
 
+    def supports(self, in_features: int, out_shape: tuple[int, ...], dtype) -> bool:
+        return True
 
-def maybe_pack(w: jax.Array) -> jax.Array | None:
-    """The packed weight, or None where the kernel cannot take it (it stays [in, out], on XLA)."""
-    return pack_weight(w) if can_pack(w) else None
+    def process_weights_after_loading(self, w: jax.Array) -> jax.Array:
+        return w
 
-
-def pack_linear_weights(layers, names: tuple[str, ...], fused: dict[str, tuple[str, ...]]) -> int:
-    """Pack the named weights of each layer (nnx.Dict) that the kernel can take, and replace
-    each group of `fused` (weights that multiply the same input: {fused name: parts}) by one
-    packed weight of their columns side by side, so that one call reads the input once and
-    streams all of them. Returns how many packed weights the layers hold."""
-    packed = 0
-    for layer in layers:
-        for name, parts in fused.items():
-            weights = [layer[part].get_value() for part in parts]
-            if all(can_pack(w) for w in weights):
-                layer[name] = layer[parts[0]].replace(pack_weight(*weights))
-                for part in parts:
-                    del layer[part]
-                packed += 1
-        for name in names:
-            if name in layer and (p := maybe_pack(layer[name].get_value())) is not None:
-                layer[name].set_value(p)
-                packed += 1
-    return packed
+    def apply(self, x: jax.Array, w: jax.Array, num_rows: jax.Array | None = None) -> jax.Array:
+        """x [..., in] @ w -> [..., *out]. num_rows (how many leading rows of x are real) is
+        for kernels that skip bucket padding; XLA computes every row."""
+        return jax.lax.dot_general(x, w, (((x.ndim - 1,), (0,)), ((), ())))

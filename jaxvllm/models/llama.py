@@ -17,7 +17,7 @@ from flax import nnx
 
 from jaxvllm.distributed.mesh import MODEL_AXIS as M, constrain
 from jaxvllm.layers.attention import AttentionMetadata
-from jaxvllm.layers.linear import linear, maybe_pack, pack_linear_weights
+from jaxvllm.layers.linear import UnquantizedLinearMethod
 from jaxvllm.layers.rotary import apply_rotary, compute_inv_freq
 
 
@@ -70,68 +70,81 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     return weight * x32.astype(x.dtype)
 
 
-def attention_inputs(a: LlamaArgs, w: dict, h: jax.Array, *, positions: jax.Array,
+def attention_inputs(a: LlamaArgs, linear, w: dict, h: jax.Array, *, positions: jax.Array,
                      inv_freq: jax.Array, num_tokens: jax.Array):
-    """A layer's q, k, v [tokens, heads, head_dim] from the hidden states h, rotated.
+    """A layer's q, k, v [tokens, heads, head_dim] from the hidden states h, rotated: one
+    matmul, whose out axes are the KV heads, each with its group of query heads, its K and
+    its V (so that a tensor-parallel shard of KV heads holds whole groups).
     num_tokens: the real rows of h (the rest is bucket padding)."""
-    T, q_size, kv_size = h.shape[0], a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
-    x = rms_norm(h, w["input_norm"], a.rms_norm_eps)
-    if "wqkv" in w:
-        q, k, v = jnp.split(linear(x, w["wqkv"], num_tokens), [q_size, q_size + kv_size], axis=-1)
-    else:
-        q, k, v = (linear(x, w[n], num_tokens) for n in ("wq", "wk", "wv"))
+    T, group = h.shape[0], a.num_heads // a.num_kv_heads
+    x = rms_norm(h, w["input_layernorm"], a.rms_norm_eps)
+    qkv = linear(x, w["qkv_proj"], num_tokens).reshape(T, a.num_kv_heads, group + 2, a.head_dim)
     if a.attention_bias:
-        q, k, v = q + w["bq"], k + w["bk"], v + w["bv"]
+        qkv = qkv + w["qkv_bias"]
     # Heads stay on their tensor-parallel shard from projection to attention output.
-    q, k, v = (constrain(t.reshape(T, -1, a.head_dim), None, M, None) for t in (q, k, v))
+    qkv = constrain(qkv, None, M, None, None)
+    q = constrain(qkv[:, :, :group].reshape(T, a.num_heads, a.head_dim), None, M, None)
+    k, v = qkv[:, :, group], qkv[:, :, group + 1]
     return apply_rotary(q, positions, inv_freq), apply_rotary(k, positions, inv_freq), v
 
 
-def mlp_block(a: LlamaArgs, w: dict, h: jax.Array, o: jax.Array, *, num_tokens: jax.Array) -> jax.Array:
-    """The rest of a layer after attention: output projection, residual, MLP, residual."""
+def mlp_block(a: LlamaArgs, linear, w: dict, h: jax.Array, o: jax.Array, *,
+              num_tokens: jax.Array) -> jax.Array:
+    """The rest of a layer after attention: output projection, residual, MLP (gate and up in
+    one matmul), residual."""
+    T = h.shape[0]
     # All-reduced over the tensor-parallel shards: replicated.
-    h = constrain(h + linear(o.reshape(h.shape[0], -1), w["wo"], num_tokens), None, None)
-    x = rms_norm(h, w["post_attn_norm"], a.rms_norm_eps)
-    if "w_gate_up" in w:
-        gate, up = jnp.split(linear(x, w["w_gate_up"], num_tokens), 2, axis=-1)
-    else:
-        gate, up = linear(x, w["w_gate"], num_tokens), linear(x, w["w_up"], num_tokens)
-    up = constrain(jax.nn.silu(gate) * up, None, M)
-    return constrain(h + linear(up, w["w_down"], num_tokens), None, None)
+    h = constrain(h + linear(o.reshape(T, -1), w["o_proj"], num_tokens), None, None)
+    x = rms_norm(h, w["post_attention_layernorm"], a.rms_norm_eps)
+    gate_up = linear(x, w["gate_up_proj"], num_tokens).reshape(T, 2, a.intermediate_size)
+    up = constrain(jax.nn.silu(gate_up[:, 0]) * gate_up[:, 1], None, M)
+    return constrain(h + linear(up, w["down_proj"], num_tokens), None, None)
 
 
-LINEAR_WEIGHTS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
-# Packed for the native kernel, the projections of one input become one weight each.
-FUSED_WEIGHTS = {"wqkv": ("wq", "wk", "wv"), "w_gate_up": ("w_gate", "w_up")}
-
-
-def _layer_shapes(a: LlamaArgs) -> dict[str, tuple[int, ...]]:
-    """One decoder layer's weights, [in, out] so that activations multiply from the left."""
-    q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
-    shapes = {
-        "input_norm": (a.hidden_size,), "post_attn_norm": (a.hidden_size,),
-        "wq": (a.hidden_size, q), "wk": (a.hidden_size, kv), "wv": (a.hidden_size, kv),
-        "wo": (q, a.hidden_size),
-        "w_gate": (a.hidden_size, a.intermediate_size), "w_up": (a.hidden_size, a.intermediate_size),
-        "w_down": (a.intermediate_size, a.hidden_size),
+def linear_shapes(a: LlamaArgs) -> dict[str, tuple[int, tuple[int, ...]]]:
+    """Each matmul weight's (in features, out shape); the layers' weights stand for every
+    layer's. q/k/v and gate/up are fused (nano-vllm's packed_modules_mapping): one matmul
+    reads the input once."""
+    group = a.num_heads // a.num_kv_heads
+    return {
+        "qkv_proj": (a.hidden_size, (a.num_kv_heads, group + 2, a.head_dim)),
+        "o_proj": (a.num_heads * a.head_dim, (a.hidden_size,)),
+        "gate_up_proj": (a.hidden_size, (2, a.intermediate_size)),
+        "down_proj": (a.intermediate_size, (a.hidden_size,)),
+        "lm_head": (a.hidden_size, (a.vocab_size,)),
     }
+
+
+def _layer_shapes(a: LlamaArgs, linear_method) -> dict[str, tuple[int, ...]]:
+    """One decoder layer's weights, linears in the shape the linear method stores them."""
+    shapes = {name: linear_method.weight_shape(i, o) for name, (i, o) in linear_shapes(a).items()
+              if name != "lm_head"}
+    shapes.update(input_layernorm=(a.hidden_size,), post_attention_layernorm=(a.hidden_size,))
     if a.attention_bias:
-        shapes.update(bq=(q,), bk=(kv,), bv=(kv,))
+        shapes["qkv_bias"] = linear_shapes(a)["qkv_proj"][1]
     return shapes
 
 
 class LlamaForCausalLM(nnx.Module):
-    def __init__(self, args: LlamaArgs, *, dtype=jnp.float32):
+    linear_shapes = staticmethod(linear_shapes)
+
+    def __init__(self, args: LlamaArgs, *, dtype=jnp.float32, linear_method=None):
         """Weights are zeros (norms ones): the model is built under nnx.eval_shape and its
-        weights loaded next. (Random init traced ~10x slower, half a second of every start.)"""
+        weights loaded next. (Random init traced ~10x slower, half a second of every start.)
+        linear_method (jaxvllm/layers/linear.py; the platform's) fixes how the matmul weights
+        are stored and multiplied; default XLA's."""
         self.args = args
+        self.linear_method = linear_method or UnquantizedLinearMethod()
         self.embed_tokens = nnx.Param(jnp.zeros((args.vocab_size, args.hidden_size), dtype))
         self.layers = nnx.List([nnx.Dict({
             name: nnx.Param((jnp.ones if name.endswith("norm") else jnp.zeros)(shape, dtype))
-            for name, shape in _layer_shapes(args).items()}) for _ in range(args.num_layers)])
+            for name, shape in _layer_shapes(args, self.linear_method).items()})
+            for _ in range(args.num_layers)])
         self.norm = nnx.Param(jnp.ones((args.hidden_size,), dtype))
-        self.lm_head = None if args.tie_word_embeddings else nnx.Param(
-            jnp.zeros((args.hidden_size, args.vocab_size), dtype))
+        # A tied head is the embedding itself, unless the linear method keeps its own copy.
+        own_head = not args.tie_word_embeddings or self.linear_method.copies_tied_head
+        self.lm_head = nnx.Param(jnp.zeros(self.linear_method.weight_shape(*linear_shapes(args)["lm_head"]),
+                                           dtype)) if own_head else None
 
     def __call__(self, input_ids: jax.Array, kv_cache: jax.Array, md: AttentionMetadata,
                  attend, layer_loop) -> tuple[jax.Array, jax.Array]:
@@ -141,9 +154,10 @@ class LlamaForCausalLM(nnx.Module):
         a = self.args
         inv_freq = jnp.asarray(compute_inv_freq(a.head_dim, a.rope_theta, dict(a.rope_scaling or ())))
         num_tokens = md.cu_q_lens[md.num_seqs[0]]  # the rest of the token axis is padding
-        qkv = functools.partial(attention_inputs, a, positions=md.positions, inv_freq=inv_freq,
+        linear = self.linear_method.apply
+        qkv = functools.partial(attention_inputs, a, linear, positions=md.positions, inv_freq=inv_freq,
                                 num_tokens=num_tokens)
-        mlp = functools.partial(mlp_block, a, num_tokens=num_tokens)
+        mlp = functools.partial(mlp_block, a, linear, num_tokens=num_tokens)
 
         def attend_layer(q, k, v, kv_cache, layer):
             return attend(q, k, v, kv_cache, layer, md, a.head_dim ** -0.5, a.sliding_window)
@@ -153,68 +167,94 @@ class LlamaForCausalLM(nnx.Module):
         h, kv_cache = layer_loop(weights, qkv, attend_layer, mlp, h, kv_cache)
         return rms_norm(h, self.norm.get_value(), a.rms_norm_eps), kv_cache
 
+    def compute_logits(self, hidden: jax.Array, num_rows: jax.Array | None = None) -> jax.Array:
+        """Logits of hidden's rows; with num_rows, those past it (padding) may be zeros."""
+        head = self.embed_tokens.get_value().T if self.lm_head is None else self.lm_head.get_value()
+        logits = self.linear_method.apply(hidden, head, num_rows).astype(jnp.float32)
+        return constrain(logits, None, M)  # vocab parallel
+
     def load_hf_weights(self, weights: dict[str, np.ndarray], place=None) -> None:
         """place(name, host_array) -> jax.Array puts each weight on device (default: the
         default device); the tensor-parallel worker passes one that places shard by shard."""
-        _load_hf_weights(self, weights, place or (lambda name, value: jnp.asarray(value)))
+        place = place or (lambda name, value: jnp.asarray(value))
+        self.load_weights((name, place(name, value)) for name, value in _from_hf(self, weights))
 
-    def pack_linear_weights(self) -> int:
-        """Pack the decoder layers' matmul weights (q/k/v and gate/up fused) and the LM head
-        for the native CPU kernel (one device only: packed weights are not sharded). A tied
-        head gets a packed copy of the embedding: vocab × hidden floats more, for a faster
-        head at every step."""
-        packed = pack_linear_weights(self.layers, LINEAR_WEIGHTS, FUSED_WEIGHTS)
-        if (head := maybe_pack(self._head())) is not None:
-            self.lm_head = nnx.data(nnx.Param(head))  # was None (static) when tied
-            packed += 1
-        return packed
-
-    def _head(self) -> jax.Array:
-        return self.embed_tokens.get_value().T if self.lm_head is None else self.lm_head.get_value()
-
-    def compute_logits(self, hidden: jax.Array, num_rows: jax.Array | None = None) -> jax.Array:
-        """Logits of hidden's rows; with num_rows, those past it (padding) may be zeros."""
-        return constrain(linear(hidden, self._head(), num_rows).astype(jnp.float32), None, M)  # vocab parallel
-
-
-_HF_LAYER_NAMES = {
-    "input_layernorm.weight": "input_norm", "post_attention_layernorm.weight": "post_attn_norm",
-    "self_attn.q_proj.weight": "wq", "self_attn.k_proj.weight": "wk", "self_attn.v_proj.weight": "wv",
-    "self_attn.o_proj.weight": "wo", "mlp.gate_proj.weight": "w_gate", "mlp.up_proj.weight": "w_up",
-    "mlp.down_proj.weight": "w_down", "self_attn.q_proj.bias": "bq", "self_attn.k_proj.bias": "bk",
-    "self_attn.v_proj.bias": "bv",
-}
+    def load_weights(self, weights) -> None:
+        """(name, array) pairs of the model's weights as loaded (linears [in, *out], on
+        device), named as in the parameter tree ('layers.0.qkv_proj'); each linear is stored
+        as the linear method keeps it. A tied head the method keeps its own copy of comes
+        from the embedding."""
+        loaded = set()
+        for name, value in weights:
+            *layer, leaf = name.split(".")
+            if leaf in linear_shapes(self.args):
+                value = self.linear_method.process_weights_after_loading(value)
+            (self.layers[int(layer[1])][leaf] if layer else getattr(self, leaf)).set_value(value)
+            loaded.add(name)
+        if self.lm_head is not None and "lm_head" not in loaded:
+            self.lm_head.set_value(self.linear_method.process_weights_after_loading(
+                self.embed_tokens.get_value().T))
 
 
-def _load_hf_weights(model: LlamaForCausalLM, weights: dict[str, np.ndarray], place) -> None:
-    """Copy a Hugging Face state dict ([out, in] linear weights) into the model.
+def _from_hf(model: LlamaForCausalLM, weights: dict[str, np.ndarray]):
+    """(name, host array) of each weight from a Hugging Face state dict ([out, in] linear
+    weights), in the model's layout: linears [in, *out], q/k/v and gate/up fused.
 
     The model's head counts may be padded for tensor parallelism (distributed.partition.
     padded_heads): checkpoint heads fill the leading slots of each head axis, zeros the rest.
     """
     a = model.args
     dtype = model.embed_tokens.get_value().dtype
-    shapes = _layer_shapes(a)
+    shapes = {name: out for name, (_, out) in linear_shapes(a).items()}
+    group, d = a.num_heads // a.num_kv_heads, a.head_dim
+
+    def get(key):
+        if key not in weights:
+            raise ValueError(f"Checkpoint is missing tensor {key!r}.")
+        return weights[key]
+
+    def fit(key, w, shape):
+        """w zero-padded to shape (checkpoint values in the leading slots)."""
+        if w.ndim != len(shape) or any(n > m for n, m in zip(w.shape, shape)):
+            raise ValueError(f"Tensor {key!r} of shape {w.shape} does not fit the model config "
+                             f"({shape}).")
+        if w.shape == shape:
+            return w.astype(dtype, copy=False)
+        value = np.zeros(shape, dtype)
+        value[tuple(slice(0, n) for n in w.shape)] = w
+        return value
+
+    def heads(key, w, n):
+        """[n * head_dim, ...] -> [kv heads, n per KV head, head_dim, ...] (KV heads may be few)."""
+        if w.shape[0] % (n * d):
+            raise ValueError(f"Tensor {key!r} of shape {w.shape} does not fit the model config "
+                             f"({n} heads of {d} per KV head).")
+        return w.reshape(-1, n, d, *w.shape[1:])
+
     for i in range(a.num_layers):
-        for hf_suffix, name in _HF_LAYER_NAMES.items():
-            if name not in shapes:
-                continue
-            key = f"model.layers.{i}.{hf_suffix}"
-            if key not in weights:
-                raise ValueError(f"Checkpoint is missing tensor {key!r}.")
-            w = weights[key].T if weights[key].ndim == 2 else weights[key]
-            if any(n > m for n, m in zip(w.shape, shapes[name])):
-                raise ValueError(f"Tensor {key!r} of shape {weights[key].shape} does not fit the "
-                                 f"model config ({shapes[name]}, [in, out]).")
-            if w.shape == shapes[name]:
-                value = w.astype(dtype, copy=False)
-            else:
-                value = np.zeros(shapes[name], dtype)
-                value[tuple(slice(0, n) for n in w.shape)] = w
-            model.layers[i][name].set_value(place(f"layers.{i}.{name}", value))
-    # copy=False: each copy of a large weight costs start-up time (page faults included).
-    embed = weights["model.embed_tokens.weight"].astype(dtype, copy=False)
-    model.embed_tokens.set_value(place("embed_tokens", embed))
-    model.norm.set_value(place("norm", weights["model.norm.weight"].astype(dtype, copy=False)))
-    if model.lm_head is not None:
-        model.lm_head.set_value(place("lm_head", weights["lm_head.weight"].T.astype(dtype, copy=False)))
+        p = f"model.layers.{i}."
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            yield f"layers.{i}.{norm}", fit(p + norm, get(f"{p}{norm}.weight"), (a.hidden_size,))
+        for kind in ("weight", "bias") if a.attention_bias else ("weight",):
+            q, k, v = (get(f"{p}self_attn.{n}_proj.{kind}") for n in "qkv")
+            key = f"{p}self_attn.qkv_proj.{kind}"
+            if q.shape[0] != k.shape[0] // d * group * d:
+                raise ValueError(f"Tensor {key!r}: {q.shape[0] // d} query heads for {k.shape[0] // d} KV "
+                                 f"heads do not fit the model config (groups of {group}).")
+            qkv = np.concatenate([heads(key, q, group), heads(key, k, 1), heads(key, v, 1)], axis=1)
+            # [kv, group + 2, head_dim(, in)] -> [in, kv, group + 2, head_dim] for the weight.
+            qkv = qkv.transpose(3, 0, 1, 2) if kind == "weight" else qkv
+            shape = (a.hidden_size, *shapes["qkv_proj"]) if kind == "weight" else shapes["qkv_proj"]
+            yield f"layers.{i}.qkv_{'proj' if kind == 'weight' else 'bias'}", fit(key, qkv, shape)
+        yield f"layers.{i}.o_proj", fit(p + "self_attn.o_proj", get(p + "self_attn.o_proj.weight").T,
+                                        (a.num_heads * d, a.hidden_size))
+        gate_up = np.stack([get(p + "mlp.gate_proj.weight").T, get(p + "mlp.up_proj.weight").T], axis=1)
+        yield f"layers.{i}.gate_up_proj", fit(p + "mlp.gate_up_proj", gate_up,
+                                              (a.hidden_size, 2, a.intermediate_size))
+        yield f"layers.{i}.down_proj", fit(p + "mlp.down_proj", get(p + "mlp.down_proj.weight").T,
+                                           (a.intermediate_size, a.hidden_size))
+    # astype(copy=False): each copy of a large weight costs start-up time (page faults included).
+    yield "embed_tokens", get("model.embed_tokens.weight").astype(dtype, copy=False)
+    yield "norm", get("model.norm.weight").astype(dtype, copy=False)
+    if not a.tie_word_embeddings:
+        yield "lm_head", get("lm_head.weight").T.astype(dtype, copy=False)

@@ -13,6 +13,7 @@ from jax.sharding import Mesh
 
 from jaxvllm.config import EngineConfig
 from jaxvllm.distributed.partition import param_name, padded_heads, param_sharding, place
+from jaxvllm.layers.linear import UnquantizedLinearMethod
 from jaxvllm.models.loader import load_weights
 from jaxvllm.models.orbax_checkpoint import is_orbax_checkpoint, restore_params
 from jaxvllm.models.registry import get_model_class
@@ -21,9 +22,11 @@ logger = logging.getLogger(__name__)
 
 
 def get_model(config: EngineConfig, model_path: str, hf_config, mesh: Mesh, *,
-              pad_heads: bool = True) -> nnx.Module:
+              pad_heads: bool = True, linear_method=None) -> nnx.Module:
     """pad_heads: pad attention heads so they split evenly over the mesh (serving); off for
-    `convert`, which stores the checkpoint's own shapes."""
+    `convert`, which stores the checkpoint's own shapes. linear_method: the platform's
+    (jaxvllm/layers/linear.py; default XLA's), kept for the whole model: where it cannot take
+    every matmul weight of this model, XLA's runs them all."""
     model_cls, args_cls = get_model_class(hf_config)
     args = args_cls.from_hf_config(hf_config)
     dtype = jnp.dtype(config.dtype)
@@ -35,31 +38,33 @@ def get_model(config: EngineConfig, model_path: str, hf_config, mesh: Mesh, *,
                         "tensor_parallel_size=%d.", args.num_heads, args.num_kv_heads, num_heads,
                         num_kv_heads, mesh.size)
         padded = dataclasses.replace(args, num_heads=num_heads, num_kv_heads=num_kv_heads)
+    method = linear_method or UnquantizedLinearMethod()
+    if not all(method.supports(i, o, dtype) for i, o in model_cls.linear_shapes(padded).values()):
+        logger.info("%s cannot take every matmul weight of this model; XLA runs them.", type(method).__name__)
+        method = UnquantizedLinearMethod()
     # Abstract: no random init, and no device ever holds a whole tensor meant to be split.
-    model = nnx.eval_shape(lambda: model_cls(padded, dtype=dtype))
+    model = nnx.eval_shape(lambda: model_cls(padded, dtype=dtype, linear_method=method))
     if is_orbax_checkpoint(model_path):
         stored = nnx.eval_shape(lambda: model_cls(args, dtype=dtype))
-        _restore(model, nnx.to_pure_dict(nnx.state(stored)), model_path, mesh, dtype)
+        wanted = nnx.eval_shape(lambda: model_cls(padded, dtype=dtype))
+        model.load_weights(_restore(stored, wanted, model_path, mesh, dtype))
     else:
         model.load_hf_weights(load_weights(model_path), functools.partial(place, mesh))
     return model
 
 
-def _restore(model: nnx.Module, stored: dict, path: str, mesh: Mesh, dtype) -> None:
-    """Restore into the shardings of the stored (unpadded) shapes, then pad heads on device."""
+def _restore(stored: nnx.Module, wanted: nnx.Module, path: str, mesh: Mesh, dtype):
+    """(name, array) of each weight as loaded: restored into the shardings of the stored
+    (unpadded) shapes, then its heads padded on device to the wanted shapes."""
     target = jax.tree_util.tree_map_with_path(
         lambda p, x: jax.ShapeDtypeStruct(x.shape, dtype, sharding=param_sharding(param_name(p), x.shape, mesh)),
-        stored)
-    restored = restore_params(path, target)
-    state = nnx.state(model)
-    wanted = nnx.to_pure_dict(state)
-
-    def fit(p, x, want):
-        if x.shape == want.shape:
-            return x
-        pad = jax.jit(lambda x: jnp.pad(x, [(0, b - a) for a, b in zip(x.shape, want.shape)]),
-                      out_shardings=param_sharding(param_name(p), want.shape, mesh))
-        return pad(x)
-
-    nnx.replace_by_pure_dict(state, jax.tree_util.tree_map_with_path(fit, restored, wanted))
-    nnx.update(model, state)
+        nnx.to_pure_dict(nnx.state(stored)))
+    restored = jax.tree_util.tree_flatten_with_path(restore_params(path, target))[0]
+    shapes = jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(nnx.state(wanted)))[0]
+    for (p, x), (_, want) in zip(restored, shapes):
+        name = param_name(p)
+        if x.shape != want.shape:
+            pad = jax.jit(lambda x, shape=want.shape: jnp.pad(x, [(0, b - a) for a, b in zip(x.shape, shape)]),
+                          out_shardings=param_sharding(name, want.shape, mesh))
+            x = pad(x)
+        yield name, x

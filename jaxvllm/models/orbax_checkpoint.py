@@ -13,9 +13,10 @@ import os
 
 MARKER = "jaxvllm_checkpoint.json"
 PARAMS_DIR = "params"
-# How the weight tree is laid out; checkpoints of another layout (jaxvllm before per-layer
-# weights stacked them on a layer axis) are refused with a clear error, not a tree mismatch.
-PARAMS_LAYOUT = "per-layer"
+# How the weight tree is laid out; checkpoints of another layout (jaxvllm before q/k/v and
+# gate/up were fused: "per-layer"; before per-layer weights: stacked on a layer axis) are
+# refused with a clear error, not a tree mismatch.
+PARAMS_LAYOUT = "fused"
 
 
 def is_orbax_checkpoint(path: str) -> bool:

@@ -1,7 +1,7 @@
 """The CPU: where jaxvllm is developed and tested, and must stay fast.
 
 float32 (bfloat16 ran 3-5x slower in XLA here), small buckets and KV cache (warm-up is one
-compile per bucket), the native C++ kernels (jaxvllm/native) for attention and packed matmuls
+compile per bucket), the native C++ kernels (jaxvllm/kernels/cpu) for attention and packed matmuls
 where the CPU has AVX-512, the layers in a `fori_loop` + `lax.switch` (a conditional costs
 nothing here, and the attention compiles once instead of once per layer), and the caches that
 pay on a host: serialized step programs and huge pages.
@@ -27,23 +27,33 @@ class CpuPlatform(Platform):
     huge_pages = True
 
     def auto_attention_backend(self) -> str:
-        from jaxvllm.native import build
-        return "native" if self.has_avx512 and build.available() else "reference"
+        from jaxvllm.kernels.cpu import build
+        return "native" if self.has_avx512 and build.available() else "xla"
 
     @functools.cached_property
     def has_avx512(self) -> bool:
         """The native kernels' 16-float vectors and register tiles are written for 512-bit
         units; on an AVX2-only CPU their packed matmul ran ~20x slower than XLA's."""
-        from jaxvllm.native import build
+        from jaxvllm.kernels.cpu import build
         return "avx512f" in build.cpu_features().split()
 
     def load_native_kernels(self) -> None:
-        from jaxvllm.native import build
+        from jaxvllm.kernels.cpu import build
         build.load()  # a machine that cannot build them says why, here
 
-    def use_packed_matmul(self, kernel: str, num_devices: int) -> bool:
-        # Packed weights are not sharded: one device only.
-        return kernel == "native" and num_devices == 1
+    def attention_impl(self, backend: str) -> Callable:
+        if self.attention_kernel(backend)[0] == "native":
+            from jaxvllm.kernels.cpu.ragged_paged_attention import ragged_paged_attention
+            return ragged_paged_attention
+        return super().attention_impl(backend)
+
+    def linear_method(self, attention_backend: str, num_devices: int):
+        """The native packed matmul beside the native attention, on one device (packed
+        weights are not sharded); else XLA's."""
+        if self.attention_kernel(attention_backend)[0] == "native" and num_devices == 1:
+            from jaxvllm.kernels.cpu.packed_matmul import PackedLinearMethod
+            return PackedLinearMethod()
+        return super().linear_method(attention_backend, num_devices)
 
     @property
     def layer_loop(self) -> Callable:

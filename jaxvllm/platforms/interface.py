@@ -6,9 +6,10 @@ the defaults below in processes that never start a device.
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
-ATTENTION_BACKENDS = ("reference", "native", "pallas", "pallas-tpu", "pallas-gpu")
+ATTENTION_BACKENDS = ("xla", "native", "pallas", "pallas-tpu", "pallas-gpu")
 
 
 class Platform:
@@ -37,7 +38,7 @@ class Platform:
     huge_pages = False
 
     def attention_kernel(self, backend: str) -> tuple[str, bool]:
-        """(kernel, interpret) for an `attention_backend`: kernel is `reference`, `native`,
+        """(kernel, interpret) for an `attention_backend`: kernel is `xla`, `native`,
         `tpu` or `gpu`; `auto` picks this platform's fastest."""
         if backend not in ("auto",) + ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {('auto',) + ATTENTION_BACKENDS}, "
@@ -47,10 +48,21 @@ class Platform:
         if backend == "native":
             self.load_native_kernels()
             return "native", False
-        if backend == "reference":
-            return "reference", False
+        if backend == "xla":
+            return "xla", False
         kernel = backend.removeprefix("pallas-") if backend != "pallas" else self.pallas_kernel or "tpu"
         return kernel, kernel != self.pallas_kernel
+
+    def attention_impl(self, backend: str) -> Callable:
+        """The kernel function an `attention_backend` resolves to (the contract of
+        jaxvllm/kernels/xla/ragged_paged_attention.py), its module imported only here."""
+        kernel, interpret = self.attention_kernel(backend)
+        if kernel == "xla":
+            from jaxvllm.kernels.xla.ragged_paged_attention import ragged_paged_attention
+            return ragged_paged_attention
+        from jaxvllm.kernels.pallas import ragged_paged_attention_gpu, ragged_paged_attention_tpu
+        module = ragged_paged_attention_tpu if kernel == "tpu" else ragged_paged_attention_gpu
+        return functools.partial(module.ragged_paged_attention, interpret=interpret)
 
     def auto_attention_backend(self) -> str:
         return "pallas"
@@ -58,9 +70,11 @@ class Platform:
     def load_native_kernels(self) -> None:
         raise ValueError(f"attention_backend='native' runs on the CPU only, not on {self.device_name!r}.")
 
-    def use_packed_matmul(self, kernel: str, num_devices: int) -> bool:
-        """Whether the layers' matmuls run the native packed kernel (weights packed at load)."""
-        return False
+    def linear_method(self, attention_backend: str, num_devices: int):
+        """How the model's matmuls run and store their weights (jaxvllm/layers/linear.py):
+        XLA's."""
+        from jaxvllm.layers.linear import UnquantizedLinearMethod
+        return UnquantizedLinearMethod()
 
     @property
     def layer_loop(self) -> Callable:

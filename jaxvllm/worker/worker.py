@@ -44,14 +44,11 @@ class Worker:
         self.mesh = make_mesh(tp)
         self.device = self.mesh.devices.flat[0]
         self.dtype = jnp.dtype(config.dtype)
-        self.model = get_model(config, model_path, hf_config, self.mesh)
-        self.args = self.model.args
         platform = platforms.current_platform
+        self.model = get_model(config, model_path, hf_config, self.mesh,
+                               linear_method=platform.linear_method(config.attention_backend, self.mesh.size))
+        self.args = self.model.args
         self.attend = get_attention(config.attention_backend, platform, self.mesh)
-        kernel, _ = platform.attention_kernel(config.attention_backend)
-        if platform.use_packed_matmul(kernel, self.mesh.size):
-            # The native CPU kernels do the layers' matmuls too, on weights packed once here.
-            logger.info("Packed %d weights for the native CPU matmul.", self.model.pack_linear_weights())
 
     @property
     def kv_cache_shape_per_block(self) -> tuple[int, ...]:

@@ -72,8 +72,9 @@ def test_tiny_model_tp2_tp4_match_tp1_and_are_sharded(tiny_tp):
             assert tokens == ref_tokens and abs(cum - ref_cum) < 1e-4
     # TP=4 pads the tiny model's 2 KV heads (4 query heads) to 4 (8): 16-wide heads.
     w4 = r["4"]["weights"]
-    assert w4["layers.1.wq"] == {"shape": [64, 128], "shards": [[64, 32]] * 4}
-    assert w4["layers.1.wo"] == {"shape": [128, 64], "shards": [[32, 64]] * 4}
+    # q/k/v fused: [hidden, KV heads, group of 2 query heads + K + V, head_dim].
+    assert w4["layers.1.qkv_proj"] == {"shape": [64, 4, 4, 16], "shards": [[64, 1, 4, 16]] * 4}
+    assert w4["layers.1.o_proj"] == {"shape": [128, 64], "shards": [[32, 64]] * 4}
     assert w4["embed_tokens"] == {"shape": [256, 64], "shards": [[64, 64]] * 4}
     assert r["4"]["kv_cache"]["shards"] == [[2, 2, 64, 16, 1, 16]] * 4
     assert r["2"]["kv_cache"]["shards"] == [[2, 2, 64, 16, 1, 16]] * 2
@@ -97,8 +98,8 @@ def test_default_model_tp2_tp4_match_tp1():
     assert r["1"]["kv_cache"]["shards"] == [[30, 2, 64, 16, 3, 64]]
     assert r["2"]["kv_cache"]["shards"] == [[30, 2, 64, 16, 2, 64]] * 2
     assert r["4"]["kv_cache"]["shards"] == [[30, 2, 64, 16, 1, 64]] * 4
-    assert r["4"]["weights"]["layers.29.wq"]["shards"] == [[576, 192]] * 4
-    assert r["4"]["weights"]["layers.29.w_down"]["shards"] == [[384, 576]] * 4
+    assert r["4"]["weights"]["layers.29.qkv_proj"]["shards"] == [[576, 1, 5, 64]] * 4
+    assert r["4"]["weights"]["layers.29.down_proj"]["shards"] == [[384, 576]] * 4
     assert r["4"]["weights"]["embed_tokens"]["shards"] == [[12288, 576]] * 4
 
 

@@ -34,10 +34,15 @@ def test_engine_defaults_follow_the_platform(name, dtype, block_size, layer_loop
 
 
 def test_packed_matmul_only_with_the_native_kernels_on_one_cpu_device():
+    from jaxvllm.kernels.cpu import build
+    from jaxvllm.kernels.cpu.packed_matmul import PackedLinearMethod
     cpu, tpu = get_platform("cpu"), get_platform("tpu")
-    assert cpu.use_packed_matmul("native", 1)
-    assert not cpu.use_packed_matmul("native", 2) and not cpu.use_packed_matmul("reference", 1)
-    assert not tpu.use_packed_matmul("tpu", 1)
+    packed = lambda platform, backend, n: isinstance(platform.linear_method(backend, n), PackedLinearMethod)
+    if build.available():
+        assert packed(cpu, "native", 1)
+        assert not packed(cpu, "native", 2)
+    assert not packed(cpu, "xla", 1)
+    assert not packed(tpu, "pallas", 1)
 
 
 def test_device_memory_from_the_backend_or_none():

@@ -1,6 +1,6 @@
 // Ragged paged attention on the CPU, called from XLA through its FFI.
 //
-// Same contract as pallas_kernels/reference.py: queries on a flat token axis, sequence s owns
+// Same contract as kernels/xla/ragged_paged_attention.py: queries on a flat token axis, sequence s owns
 // tokens cu_q_lens[s]:cu_q_lens[s+1], the last of its kv_lens[s] tokens of context, whose K/V
 // are already in their pages. XLA on CPU can only reach pages by gathering copies of them;
 // this kernel reads each page where it lies, once per block of up to kQueryBlock query tokens

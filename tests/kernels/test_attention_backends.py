@@ -1,13 +1,13 @@
 """The Pallas and native kernels as the model's attention backend: backend selection per platform, and
 greedy tokens of the tiny Llama through LLM with the kernels (interpret mode on CPU) equal
-to the reference backend's, over prefill, chunked prefill and mixed decode steps."""
+to the xla backend's, over prefill, chunked prefill and mixed decode steps."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from jaxvllm import LLM, SamplingParams
-from jaxvllm.native import build as native_build
+from jaxvllm.kernels.cpu import build as native_build
 from jaxvllm.platforms import get_platform
 
 CPU_AUTO = get_platform("cpu").auto_attention_backend()
@@ -22,8 +22,8 @@ CPU_AUTO = get_platform("cpu").auto_attention_backend()
     ("pallas", "gpu", ("gpu", False)),
     ("pallas-gpu", "cpu", ("gpu", True)),
     ("pallas-tpu", "tpu", ("tpu", False)),
-    ("reference", "tpu", ("reference", False)),
-    ("reference", "cpu", ("reference", False)),
+    ("xla", "tpu", ("xla", False)),
+    ("xla", "cpu", ("xla", False)),
 ])
 def test_backend_selection(backend, platform, want):
     assert get_platform(platform).attention_kernel(backend) == want
@@ -50,11 +50,11 @@ def greedy(path, backend):
 
 
 @pytest.fixture(scope="module")
-def reference_tokens(tiny_model_dir):
-    return greedy(tiny_model_dir, "reference")
+def xla_tokens(tiny_model_dir):
+    return greedy(tiny_model_dir, "xla")
 
 
 @pytest.mark.parametrize("backend", ["pallas-tpu", "pallas-gpu", pytest.param("native", marks=pytest.mark.skipif(
     not native_build.available(), reason="no C++ compiler"))])
-def test_greedy_matches_reference_backend(tiny_model_dir, reference_tokens, backend):
-    assert greedy(tiny_model_dir, backend) == reference_tokens
+def test_greedy_matches_xla_backend(tiny_model_dir, xla_tokens, backend):
+    assert greedy(tiny_model_dir, backend) == xla_tokens

@@ -1,5 +1,5 @@
 """Both Pallas kernels (GPU/Triton and TPU/Mosaic) in interpret mode against the naive numpy
-reference of tests/layers/test_reference_attention.py, on its poisoned caches: every cache
+oracle of naive_attention.py, on its poisoned caches: every cache
 element no real token owns holds +-1e30, page tables are shuffled and padded with arbitrary
 page ids, so any read outside a sequence's own first kv_len rows would show.
 
@@ -8,9 +8,6 @@ blocks, share blocks between sequences and take several double-buffered KV block
 from __future__ import annotations
 
 import functools
-import sys
-from pathlib import Path
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,13 +15,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "layers"))
-from test_reference_attention import (DECODE, MIXED, PREFILL, assert_matches_naive, batches,  # noqa: E402
+from naive_attention import (DECODE, MIXED, PREFILL, assert_matches_naive, batches,  # noqa: E402
                                      build, naive)
 
 from jaxvllm.layers.attention import write_kv  # noqa: E402
-from pallas_kernels import ragged_paged_attention_gpu as gpu  # noqa: E402
-from pallas_kernels import ragged_paged_attention_tpu as tpu  # noqa: E402
+from jaxvllm.kernels.pallas import ragged_paged_attention_gpu as gpu  # noqa: E402
+from jaxvllm.kernels.pallas import ragged_paged_attention_tpu as tpu  # noqa: E402
 
 KERNELS = {
     "gpu": functools.partial(gpu.ragged_paged_attention, interpret=True, block_q=4, pages_per_block=2,
@@ -151,7 +147,7 @@ def test_tpu_strict_interpreter(dtype, nq, nkv, window, cap, tol):
 NATIVE = {"tpu": tpu, "gpu": gpu, "cuda": gpu, "rocm": gpu}.get(jax.devices()[0].platform)
 
 
-# The cases compiled for a device, at the kernels' default block sizes (test_native_lowering.py
+# The cases compiled for a device, at the kernels' default block sizes (test_pallas_lowering.py
 # lowers the same ones for TPU and CUDA on any machine).
 native_dtypes = pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 native_cases = pytest.mark.parametrize("seqs,nq,nkv,hd,ps,window,cap", [

@@ -1,6 +1,6 @@
 """Ragged paged attention for TPUs: a Pallas Mosaic kernel.
 
-Same contract as reference.ragged_paged_attention. The grid is one sequential axis of work
+Same contract as jaxvllm/kernels/xla/ragged_paged_attention.py. The grid is one sequential axis of work
 items (common.work_list: one (block of `block_q` query tokens, sequence) pair each), so a
 decode, prefill or mixed step is one launch. The work list, page table, lengths and layer
 index are scalar-prefetched into SMEM; the index maps use them to pick each item's query
@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from pallas_kernels.common import attention_mask, kv_range, precision_for, qk, softmax_update, work_list
+from jaxvllm.kernels.pallas.common import attention_mask, kv_range, precision_for, qk, softmax_update, work_list
 
 _LANES = 128
 

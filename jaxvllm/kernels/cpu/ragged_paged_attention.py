@@ -1,7 +1,7 @@
 """Ragged paged attention on the CPU through the native kernel (ragged_paged_attention.cc).
 
-Same arguments and result as pallas_kernels/reference.py. The kernel reads float32 caches;
-any other dtype goes to the reference.
+Same arguments and result as jaxvllm/kernels/xla/ragged_paged_attention.py. The kernel reads
+float32 caches; any other dtype goes to the XLA kernel.
 """
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxvllm.native import build
-from pallas_kernels import reference
+from jaxvllm.kernels.cpu import build
+from jaxvllm.kernels.xla import ragged_paged_attention as xla
 
 
 def ragged_paged_attention(q, kv_cache, layer, kv_lens, page_indices, cu_q_lens, num_seqs, *,
                            sm_scale: float, sliding_window: int | None = None,
                            soft_cap: float | None = None) -> jax.Array:
     if kv_cache.dtype != jnp.float32:
-        return reference.ragged_paged_attention(q, kv_cache, layer, kv_lens, page_indices, cu_q_lens,
+        return xla.ragged_paged_attention(q, kv_cache, layer, kv_lens, page_indices, cu_q_lens,
                                                 num_seqs, sm_scale=sm_scale, sliding_window=sliding_window,
                                                 soft_cap=soft_cap)
     build.load()

@@ -2,7 +2,7 @@
 for an NVIDIA GPU, through jax.export's cross-platform lowering (an abstract TPU device stands
 in for the chip generation the Mosaic lowering asks about).
 
-Nothing here runs a kernel; interpret mode (test_ragged_paged_attention_kernels.py) checks the
+Nothing here runs a kernel; interpret mode (test_pallas_attention.py) checks the
 numbers, and test_native_kernel / scripts/device_check.sh compile and run them where a device
 exists. What lowering catches on every CI run is what Pallas rejects before a device sees the
 kernel: primitives with no Mosaic or Triton rule, TPU block shapes that break the (8, 128)
@@ -22,15 +22,14 @@ import pytest
 from jax.export import DisabledSafetyCheck
 from jax.sharding import AbstractDevice, AbstractMesh
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "layers"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from test_ragged_paged_attention_kernels import native_cases, native_dtypes  # noqa: E402
-from test_reference_attention import MIXED, build  # noqa: E402
+from naive_attention import MIXED, build  # noqa: E402
+from test_pallas_attention import native_cases, native_dtypes  # noqa: E402
 
 from benchmarks import kernels as bench  # noqa: E402
 from jaxvllm.distributed.mesh import MODEL_AXIS  # noqa: E402
-from pallas_kernels import ragged_paged_attention_gpu as gpu  # noqa: E402
-from pallas_kernels import ragged_paged_attention_tpu as tpu  # noqa: E402
+from jaxvllm.kernels.pallas import ragged_paged_attention_gpu as gpu  # noqa: E402
+from jaxvllm.kernels.pallas import ragged_paged_attention_tpu as tpu  # noqa: E402
 
 # The custom call each lowering ends in (its kernel travels inside it as MLIR).
 TARGETS = {"tpu": "tpu_custom_call", "cuda": "__gpu$xla.gpu.triton"}

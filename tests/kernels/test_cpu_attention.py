@@ -1,10 +1,7 @@
-"""The native CPU kernel (jaxvllm/native) against the naive numpy reference of
-test_reference_attention.py, on the same poisoned caches (any read outside a sequence's own
+"""The native CPU kernel (jaxvllm/kernels/cpu) against the naive oracle (naive_attention.py),
+on the same poisoned caches (any read outside a sequence's own
 first kv_len rows would show), plus its build, its fallbacks and its errors."""
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -12,12 +9,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_reference_attention import (DECODE, MIXED, PREFILL, assert_matches_naive, batches,  # noqa: E402
+from naive_attention import (DECODE, MIXED, PREFILL, assert_matches_naive, batches,  # noqa: E402
                                      build, naive)
 
-from jaxvllm.native import build as native_build  # noqa: E402
-from jaxvllm.native.ragged_paged_attention import ragged_paged_attention  # noqa: E402
+from jaxvllm.kernels.cpu import build as native_build  # noqa: E402
+from jaxvllm.kernels.cpu.ragged_paged_attention import ragged_paged_attention  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not native_build.available(), reason="no C++ compiler: the kernel cannot build")
 
@@ -91,7 +87,7 @@ def test_inside_jit_loop_with_carried_cache():
     np.testing.assert_allclose(np.asarray(run(q, cache)), want, rtol=1e-5, atol=1e-5)
 
 
-def test_bfloat16_cache_goes_to_the_reference():
+def test_bfloat16_cache_goes_to_the_xla_kernel():
     args = build(np.random.default_rng(3), MIXED, nq=8, nkv=2, hd=128, dtype=jnp.bfloat16)
     assert ragged_paged_attention(*args, sm_scale=128 ** -0.5).dtype == jnp.bfloat16
     check(args, tol=2e-2)

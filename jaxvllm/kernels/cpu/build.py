@@ -4,7 +4,7 @@ The library is built with the system C++ compiler ($CXX, else c++) against the X
 headers that ship with jaxlib, for this CPU (-march=native), and cached under
 $JAXVLLM_NATIVE_CACHE (default ~/.cache/jaxvllm/native) by a hash of everything that
 shapes it: sources, flags, compiler, jaxlib and the CPU's feature flags. A machine without a
-compiler gets a NativeBuildError, and `auto` falls back to the XLA reference.
+compiler gets a NativeBuildError, and `auto` falls back to the XLA kernel.
 """
 from __future__ import annotations
 
@@ -96,5 +96,5 @@ def available() -> bool:
         load()
         return True
     except NativeBuildError as e:
-        logger.warning("Native CPU kernels unavailable, using the XLA reference: %s", e)
+        logger.warning("Native CPU kernels unavailable, using the XLA kernel: %s", e)
         return False

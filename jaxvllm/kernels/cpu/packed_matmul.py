@@ -3,13 +3,16 @@
 `pack_weight` turns an [in, out] weight into panels of PANEL columns, [out/PANEL, in, PANEL],
 so that each call streams the weight from memory once, in order (XLA's CPU matmul repacks
 its right-hand operand on every call, which costs more than a decode step's product).
+`PackedLinearMethod` is how a model uses it (the interface of jaxvllm/layers/linear.py).
 """
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
 
-from jaxvllm.native import build
+from jaxvllm.kernels.cpu import build
 
 PANEL = 32  # columns per panel: kPanel in packed_matmul.cc
 
@@ -48,3 +51,24 @@ def packed_matmul(x: jax.Array, packed: jax.Array, num_rows: jax.Array | None = 
     y = jax.ffi.ffi_call("jaxvllm_packed_matmul", jax.ShapeDtypeStruct((rows.shape[0], out), jnp.float32))(
         rows, packed, n)
     return y.reshape(*x.shape[:-1], out)
+
+
+class PackedLinearMethod:
+    """The model's matmuls through the native kernel: every weight [in, *out] is stored
+    packed, its out axes flattened, from construction on; the output comes back as
+    [..., prod(out)] for the caller to reshape."""
+    # The packed head is a copy of a tied embedding (vocab x hidden floats more, for a
+    # faster head at every step).
+    copies_tied_head = True
+
+    def weight_shape(self, in_features: int, out_shape: tuple[int, ...]) -> tuple[int, ...]:
+        return (math.prod(out_shape) // PANEL, in_features, PANEL)
+
+    def supports(self, in_features: int, out_shape: tuple[int, ...], dtype) -> bool:
+        return jnp.dtype(dtype) == jnp.float32 and math.prod(out_shape) % PANEL == 0
+
+    def process_weights_after_loading(self, w: jax.Array) -> jax.Array:
+        return pack_weight(w.reshape(w.shape[0], -1))
+
+    def apply(self, x: jax.Array, w: jax.Array, num_rows: jax.Array | None = None) -> jax.Array:
+        return packed_matmul(x, w, num_rows)

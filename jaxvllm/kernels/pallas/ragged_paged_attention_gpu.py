@@ -1,6 +1,6 @@
 """Ragged paged attention for GPUs: a Pallas kernel on the Triton backend.
 
-Same contract as reference.ragged_paged_attention. The grid is (work item, KV head): a work
+Same contract as jaxvllm/kernels/xla/ragged_paged_attention.py. The grid is (work item, KV head): a work
 item is one (block of `block_q` query tokens, sequence) pair (common.work_list), so decode,
 prefill and mixed steps run in one launch. A program loads its query rows for one KV head
 — the `group` query heads sharing it, padded to a power of two as Triton requires — and
@@ -17,8 +17,9 @@ contiguous 2-D tile and every matmul is [rows, head_dim] x [head_dim, kv_block].
 power-of-two tiles: head_dim and page_size must be powers of two.
 
 Checked on an H200 (jax 0.11.2, scripts/device_check.sh): float32 within 1e-5 and bfloat16
-within 2e-2 of the naive reference; bfloat16 decode of 256 x 2k-token sequences at ~77% of
-the measured copy bandwidth, 64 x 2k at ~52-58% (the block sizes below come from that run).
+within 2e-2 of the naive oracle (tests/kernels/naive_attention.py); bfloat16 decode of 256 x
+2k-token sequences at ~77% of the measured copy bandwidth, 64 x 2k at ~52-58% (the block
+sizes below come from that run).
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels.common import attention_mask, kv_range, precision_for, qk, softmax_update, work_list
+from jaxvllm.kernels.pallas.common import attention_mask, kv_range, precision_for, qk, softmax_update, work_list
 
 
 _MIN_PROGRAMS = 512  # split KV below this many programs (~4 per SM on a 132-SM H100/H200)

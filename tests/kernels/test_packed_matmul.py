@@ -1,7 +1,8 @@
-"""The native packed matmul (jaxvllm/native/packed_matmul.cc) against float64 numpy: shapes
+"""The native packed matmul (jaxvllm/kernels/cpu/packed_matmul.cc) against float64 numpy: shapes
 around its 12-row tiles, 192-row chunks and 32-column panels, the packing round trip, its use
 as the model calls it (jit, fori_loop, lax.switch over per-layer weights), its errors, and the
-worker packing weights only where the native kernels run on one device."""
+worker storing weights packed, from construction on, only where the native kernels run on one
+device."""
 from __future__ import annotations
 
 import jax
@@ -12,9 +13,10 @@ from flax import nnx
 from hypothesis import given, settings, strategies as st
 
 from jaxvllm import LLM
-from jaxvllm.layers.linear import linear, pack_linear_weights
-from jaxvllm.native import build as native_build
-from jaxvllm.native.packed_matmul import PANEL, pack_weight, packed_matmul
+from jaxvllm.kernels.cpu import build as native_build
+from jaxvllm.kernels.cpu.packed_matmul import PANEL, PackedLinearMethod, pack_weight, packed_matmul
+from jaxvllm.layers.linear import UnquantizedLinearMethod
+from jaxvllm.models.llama import LlamaForCausalLM
 
 pytestmark = pytest.mark.skipif(not native_build.available(), reason="no C++ compiler: the kernel cannot build")
 
@@ -73,7 +75,7 @@ def test_per_layer_weights_under_jit_fori_loop_and_switch():
     # As the model calls it: each layer's packed weight picked by lax.switch inside fori_loop.
     x, w0 = operands(9, 64, 64, seed=1)
     _, w1 = operands(9, 64, 64, seed=2)
-    branches = [lambda h, p=pack_weight(w): jnp.tanh(linear(h, p)) for w in (w0, w1)]
+    branches = [lambda h, p=pack_weight(w): jnp.tanh(PackedLinearMethod().apply(h, p)) for w in (w0, w1)]
 
     @jax.jit
     def run(h):
@@ -99,34 +101,55 @@ def test_inner_dimension_mismatch_is_an_error():
         np.asarray(packed_matmul(jnp.zeros((4, 17)), pack_weight(w)))
 
 
-def test_pack_linear_weights_leaves_what_it_cannot_take():
-    layers = nnx.List([nnx.Dict({"wq": nnx.Param(jnp.ones((8, 64))), "wk": nnx.Param(jnp.ones((8, 40))),
-                                 "norm": nnx.Param(jnp.ones((8,)))}) for _ in range(2)])
-    assert pack_linear_weights(layers, ("wq", "wk"), {"wqk": ("wq", "wk")}) == 2  # wk: not fused
-    assert [layers[1][n].get_value().shape for n in ("wq", "wk", "norm")] == [(2, 8, 32), (8, 40), (8,)]
-    assert "wqk" not in layers[1]
+def test_packed_method_takes_only_what_the_kernel_can():
+    method = PackedLinearMethod()
+    assert method.weight_shape(8, (64,)) == (2, 8, 32) and method.supports(8, (64,), jnp.float32)
+    assert method.weight_shape(8, (2, 4, 16)) == (4, 8, 32)  # out axes flattened
+    assert not method.supports(8, (40,), jnp.float32) and not method.supports(8, (64,), jnp.bfloat16)
 
 
 def test_fused_weights_give_each_part_its_product():
+    # As the model fuses q/k/v: [in, kv heads, group + 2, head_dim], one packed weight.
     rng = np.random.default_rng(3)
     parts = {"wq": rng.standard_normal((16, 64), np.float32), "wk": rng.standard_normal((16, 32), np.float32),
              "wv": rng.standard_normal((16, 32), np.float32)}
-    layers = nnx.List([nnx.Dict({n: nnx.Param(jnp.asarray(w)) for n, w in parts.items()})])
-    assert pack_linear_weights(layers, ("wq", "wk", "wv"), {"wqkv": ("wq", "wk", "wv")}) == 1
-    assert set(layers[0]) == {"wqkv"}
+    fused = np.concatenate([parts["wq"].reshape(16, 1, 2, 32), parts["wk"].reshape(16, 1, 1, 32),
+                            parts["wv"].reshape(16, 1, 1, 32)], axis=2)
+    method = PackedLinearMethod()
+    packed = method.process_weights_after_loading(jnp.asarray(fused))
+    assert packed.shape == method.weight_shape(16, (1, 4, 32))
     x = rng.standard_normal((5, 16), np.float32)
-    q, k, v = np.split(np.asarray(linear(jnp.asarray(x), layers[0]["wqkv"].get_value())), [64, 96], axis=-1)
+    y = np.asarray(method.apply(jnp.asarray(x), packed)).reshape(5, 1, 4, 32)
+    q, k, v = y[:, :, :2].reshape(5, 64), y[:, 0, 2], y[:, 0, 3]
     for got, w in zip((q, k, v), parts.values()):
         np.testing.assert_allclose(got, x.astype(np.float64) @ w, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("backend,packed", [("native", True), ("reference", False)])
+@pytest.mark.parametrize("backend,packed", [("native", True), ("xla", False)])
 def test_worker_packs_only_for_the_native_backend(tiny_model_dir, backend, packed):
     llm = LLM(str(tiny_model_dir), max_num_seqs=2, max_num_batched_tokens=16, max_model_len=32,
               num_gpu_blocks_override=8, skip_warmup=True, attention_backend=backend)
     worker = llm.llm_engine.engine_core.model_executor.driver_worker
     model = worker.model
-    assert all(("wqkv" in layer and "w_gate_up" in layer and "wq" not in layer) == packed
+    assert all("qkv_proj" in layer and "gate_up_proj" in layer and "q_proj" not in layer
                for layer in model.layers)
-    assert all((layer["w_down"].get_value().ndim == 3) == packed for layer in model.layers)
+    assert all((layer["down_proj"].get_value().ndim == 3) == packed for layer in model.layers)
     assert (model.lm_head.get_value().ndim == 3) == packed
+    assert isinstance(model.linear_method, PackedLinearMethod if packed else UnquantizedLinearMethod)
+    # The tree has the shape it was built with: loading changed no shape and added nothing.
+    built = nnx.eval_shape(lambda: LlamaForCausalLM(model.args, linear_method=model.linear_method))
+    shapes = lambda m: jax.tree.map(lambda x: x.shape, nnx.to_pure_dict(nnx.state(m)))
+    assert shapes(model) == shapes(built)
+
+
+def test_a_model_the_kernel_cannot_take_runs_xla_matmuls(tmp_path):
+    # Vocabulary 250: the head is no whole number of panels, so no weight is packed.
+    from conftest import write_tiny_llama
+    from jaxvllm.models.loader import default_model_path, load_tokenizer
+    write_tiny_llama(tmp_path, vocab_size=250)
+    load_tokenizer(default_model_path()).save_pretrained(tmp_path)
+    llm = LLM(str(tmp_path), max_num_seqs=2, max_num_batched_tokens=16, max_model_len=32,
+              num_gpu_blocks_override=8, skip_warmup=True, attention_backend="native")
+    model = llm.llm_engine.engine_core.model_executor.driver_worker.model
+    assert isinstance(model.linear_method, UnquantizedLinearMethod)
+    assert model.layers[0]["down_proj"].get_value().shape == (128, 64)

@@ -1,5 +1,6 @@
-"""Ragged paged attention in plain jax.numpy: ground truth for the Pallas and native kernels,
-and the model's CPU backend where the native kernel cannot be built.
+"""Ragged paged attention in plain jax.numpy: the `xla` attention backend, which any device
+compiles; the CPU's where the native kernel cannot run. (The tests' oracle is a separate,
+naive loop: tests/kernels/naive_attention.py.)
 
 One call serves decode-only, prefill-only and mixed steps. Queries are a flat token axis;
 sequence s owns tokens cu_q_lens[s]:cu_q_lens[s+1], which are the *last* tokens of its
