@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -94,12 +95,19 @@ def write_random_checkpoint(shape: str | LlamaArgs, out: str | Path, dtype="bflo
         return out
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"{out} is not empty and holds no random weights of these shapes; remove it first.")
+    # Written beside it and renamed when complete: a write cut short (a step out of time)
+    # leaves no directory that looks whole, and the next call starts it again.
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
     start = time.perf_counter()
     params = random_params(args, dtype, seed)
     jax.block_until_ready(params)
     drawn = time.perf_counter() - start
-    save_checkpoint(str(out), params, hf_config(args), word_tokenizer(args.vocab_size), dtype.name)
-    (out / STAMP).write_text(json.dumps(stamp))
+    save_checkpoint(str(partial), params, hf_config(args), word_tokenizer(args.vocab_size), dtype.name)
+    (partial / STAMP).write_text(json.dumps(stamp))
+    if out.exists():
+        out.rmdir()  # empty (checked above)
+    partial.rename(out)
     nbytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(params))
     print(f"random weights: {nbytes / 1e9:.2f} GB {dtype.name} drawn on {jax.devices()[0].device_kind} in "
           f"{drawn:.1f} s, written to {out} in {time.perf_counter() - start - drawn:.1f} s", flush=True)

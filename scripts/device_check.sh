@@ -56,8 +56,8 @@ if (( SMOKE )); then
 else
   # An H200: 470 s in all. The start-up step compiles every bucket of the 8B model once;
   # whatever it compiled stays in the XLA cache for the throughput step even if it runs out.
-  : "${B_ENV:=20}" "${B_TESTS:=40}" "${B_MODEL:=90}" "${B_KERNELS:=50}" "${B_WEIGHTS:=40}" \
-    "${B_STARTUP:=120}" "${B_THROUGHPUT:=110}"
+  : "${B_ENV:=20}" "${B_TESTS:=40}" "${B_MODEL:=90}" "${B_KERNELS:=40}" "${B_WEIGHTS:=60}" \
+    "${B_STARTUP:=120}" "${B_THROUGHPUT:=100}"
   SHAPE=llama3-8b DTYPE=bfloat16 RANDOM_WEIGHTS_DIR=${RANDOM_WEIGHTS_DIR:-/tmp/jaxvllm-random-llama3-8b}
   MODEL_ARGS=(--shape llama3-8b) KERNEL_ARGS=(--iters 10)
   ENGINE_ARGS=(--max-num-seqs 256 --max-model-len 1024 --max-num-batched-tokens 2048)

@@ -36,3 +36,17 @@ def test_params_are_random_with_unit_norms():
 def test_tokenizer_decodes_every_id():
     tok = random_weights.word_tokenizer(TINY.vocab_size)
     assert tok.decode([5, TINY.vocab_size - 1]) == f"t5 t{TINY.vocab_size - 1}"
+
+
+def test_checkpoint_is_written_whole_or_not_at_all_and_reused(tmp_path):
+    out = tmp_path / "model"
+    (tmp_path / "model.partial").mkdir()  # a write cut short earlier
+    (tmp_path / "model.partial" / "junk").write_text("x")
+    assert random_weights.write_random_checkpoint("tiny", out, "float32") == out
+    assert not (tmp_path / "model.partial").exists()
+    assert (out / "config.json").is_file() and (out / random_weights.STAMP).is_file()
+    stamp = (out / random_weights.STAMP).stat().st_mtime_ns
+    random_weights.write_random_checkpoint("tiny", out, "float32")  # same shapes: kept as is
+    assert (out / random_weights.STAMP).stat().st_mtime_ns == stamp
+    with pytest.raises(ValueError, match="not empty"):
+        random_weights.write_random_checkpoint("tiny", out, "float32", seed=1)
