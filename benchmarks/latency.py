@@ -63,6 +63,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--skip-startup", action="store_true", help="skip the cold/warm start-up runs")
     p.add_argument("--skip-latency", action="store_true", help="only the cold/warm start-up runs")
     p.add_argument("--json", default=None, help="write the figures to this path")
+    p.add_argument("--cache-dir", default=None,
+                   help="an empty directory for the start-up runs' XLA and model caches, kept afterwards "
+                        "(default: a temporary one); a later run with JAXVLLM_XLA_CACHE=DIR/xla starts warm")
     p.add_argument("--startup-child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     for name in ("input_len", "output_len", "num_iters"):
@@ -221,7 +224,9 @@ def main(argv=None) -> dict:
     # Other processes on the cores slow every figure several-fold: record how busy they were.
     load_before = os.getloadavg()[0]
     # Start-up first, while this process holds no model and no cores.
-    startup = None if args.skip_startup else measure_startup(args)
+    if args.cache_dir:
+        Path(args.cache_dir).mkdir(parents=True, exist_ok=True)
+    startup = None if args.skip_startup else measure_startup(args, args.cache_dir)
     latencies, compiles = ([], None) if args.skip_latency else measure_latency(args)
     print_table(args, latencies, startup)
     if compiles is not None:

@@ -1,5 +1,11 @@
 """This machine's limits, measured in the same run as the benchmark that divides by them:
-dense float32 matmul FLOP/s and memory copy bandwidth, both through XLA."""
+the fastest dense matmul it has (FLOP/s) and its memory copy bandwidth.
+
+An MFU is only meaningful against the fastest matmul the engine could have used: on a CPU
+with AVX-512 the model's matmuls run the native packed kernel (jaxvllm/kernels/cpu), which beats
+XLA's CPU matmul, so dividing by XLA's figure gave a decode "MFU" over 100%. `peak_matmul`
+therefore times every matmul the platform may use and keeps the fastest.
+"""
 from __future__ import annotations
 
 import time
@@ -18,11 +24,38 @@ def _best_time(fn, *args, repeats: int = 5) -> float:
     return best
 
 
-def matmul_flops(n: int = 2048) -> float:
-    """Peak-like float32 FLOP/s from one large square matmul (best of several)."""
-    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-    b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
+def matmul_flops(n: int = 2048, dtype="float32") -> float:
+    """XLA's FLOP/s from one large square matmul in `dtype` (best of several)."""
+    a = jax.random.normal(jax.random.key(0), (n, n), dtype)
+    b = jax.random.normal(jax.random.key(1), (n, n), dtype)
     return 2 * n**3 / _best_time(jax.jit(jnp.matmul), a, b)
+
+
+def native_matmul_flops(n: int = 2048) -> float | None:
+    """FLOP/s of the packed native CPU matmul (float32), or None where the platform does not
+    run it (no AVX-512, no compiler, or not a CPU)."""
+    from jaxvllm.platforms import current_platform
+    try:
+        kernel, _ = current_platform.attention_kernel("auto")
+        if not current_platform.use_packed_matmul(kernel, 1):
+            return None
+    except Exception:  # a CPU that cannot build the kernels uses XLA's matmul
+        return None
+    from jaxvllm.kernels.cpu.packed_matmul import pack_weight, packed_matmul
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+    packed = pack_weight(jax.random.normal(jax.random.key(1), (n, n), jnp.float32))
+    return 2 * n**3 / _best_time(jax.jit(packed_matmul), a, packed)
+
+
+def peak_matmul(dtype="float32", n: int = 2048) -> dict:
+    """The fastest matmul this machine has, in FLOP/s, and which one it is: XLA's in `dtype`,
+    and, where the platform uses it, the native packed kernel (float32, the CPU's dtype)."""
+    found = {f"xla {jnp.dtype(dtype).name}": matmul_flops(n, dtype)}
+    native = native_matmul_flops(n)
+    if native is not None:
+        found["native packed float32"] = native
+    source = max(found, key=found.get)
+    return {"flops": found[source], "source": source, "measured": found}
 
 
 def memory_bandwidth(num_bytes: int = 256 << 20) -> float:
@@ -36,8 +69,15 @@ def llama_flops_per_token(hf_config, context_len: float) -> float:
     over `context_len` cached positions (QK^T and PV)."""
     c = hf_config
     hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    q, kv = c.num_attention_heads * hd, c.num_key_value_heads * hd
-    per_layer = c.hidden_size * (2 * q + 2 * kv) + 3 * c.hidden_size * c.intermediate_size
-    matmul_params = c.num_hidden_layers * per_layer + c.vocab_size * c.hidden_size
-    attention = 4 * c.num_hidden_layers * q * context_len
+    return args_flops_per_token(c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.num_attention_heads * hd,
+                                c.num_key_value_heads * hd, c.vocab_size, context_len)
+
+
+def args_flops_per_token(num_layers: int, hidden: int, intermediate: int, q_size: int, kv_size: int,
+                         vocab: int, context_len: float, lm_head: bool = True) -> float:
+    """The same from the shapes alone (benchmarks/model_step.py has LlamaArgs, no HF config);
+    lm_head=False for a prefill token that samples nothing."""
+    per_layer = hidden * (2 * q_size + 2 * kv_size) + 3 * hidden * intermediate
+    matmul_params = num_layers * per_layer + (vocab * hidden if lm_head else 0)
+    attention = 4 * num_layers * q_size * context_len
     return 2 * matmul_params + attention

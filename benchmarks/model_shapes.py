@@ -21,3 +21,5 @@ TINY = LlamaArgs(vocab_size=256, hidden_size=64, intermediate_size=128, num_laye
                  tie_word_embeddings=True, attention_bias=False, max_position_embeddings=512)
 
 SHAPES = {"smollm2": SMOLLM2, "llama3-8b": LLAMA3_8B}
+# What the end-to-end benchmarks can build with random weights: the above, and TINY for a CPU.
+RANDOM_SHAPES = {**SHAPES, "tiny": TINY}

@@ -23,6 +23,12 @@ class Event(NamedTuple):
     line: str      # "XLA Ops", "Stream #13(Compute)", a host thread
     name: str
     duration_ns: float
+    start_ns: float = 0.0
+
+
+# Lines that span whole programs or steps rather than the work in them: a program's span
+# includes the time its device waits on the host, so they never count as busy time.
+SPAN_LINES = ("XLA Modules", "Steps", "XLA TraceMe", "Launch Stats", "Source code")
 
 
 def load_events(trace_dir: str | Path) -> list[Event]:
@@ -31,7 +37,7 @@ def load_events(trace_dir: str | Path) -> list[Event]:
     if not files:
         raise FileNotFoundError(f"no .xplane.pb under {trace_dir}")
     profile = ProfileData.from_file(str(files[-1]))
-    return [Event(plane.name, line.name, e.name, e.duration_ns)
+    return [Event(plane.name, line.name, e.name, e.duration_ns, e.start_ns)
             for plane in profile.planes for line in plane.lines for e in line.events]
 
 
@@ -49,6 +55,25 @@ def timeline_busy(events: Iterable[Event], calls: int = 1) -> dict[str, float]:
     for e in device_events(events):
         busy[f"{e.plane} / {e.line}"] += e.duration_ns / 1e3 / calls
     return dict(sorted(busy.items()))
+
+
+def timeline_busy_union(events: Iterable[Event], calls: int = 1) -> dict[str, float]:
+    """Microseconds per call that each device timeline is busy: the union of its events'
+    intervals, so nested events (a CPU thread's thunks inside their executor) count once.
+    Lines that span whole programs (SPAN_LINES) are left out."""
+    spans = collections.defaultdict(list)
+    for e in device_events(events):
+        if e.line not in SPAN_LINES:
+            spans[f"{e.plane} / {e.line}"].append((e.start_ns, e.start_ns + e.duration_ns))
+    busy = {}
+    for timeline, intervals in sorted(spans.items()):
+        total, end = 0.0, float("-inf")
+        for lo, hi in sorted(intervals):
+            if hi > end:
+                total += hi - max(lo, end)
+                end = hi
+        busy[timeline] = total / 1e3 / calls
+    return busy
 
 
 def summarize(events: Iterable[Event], calls: int = 1, top: int = 8) -> list[dict]:

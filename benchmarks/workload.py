@@ -67,3 +67,16 @@ def make_workload(tokenizer, num_requests: int = 64, input_len: tuple[int, int] 
         prompts.append(tokens[start:start + n])
         outs.append(rng.randint(*output_len))
     return Workload(prompts, outs, seed, tuple(input_len), tuple(output_len))
+
+
+def make_random_workload(vocab_size: int, num_requests: int = 256, input_len: tuple[int, int] = (32, 512),
+                         output_len: tuple[int, int] = (16, 256), seed: int = 0) -> Workload:
+    """The same draw of lengths, with seeded random token ids for prompts: for random-weight
+    models, whose stand-in tokenizer gives text no meaning (ids 0-2 are left out: special)."""
+    rng = random.Random(seed)
+    prompts, outs = [], []
+    for _ in range(num_requests):
+        n = rng.randint(*input_len)
+        prompts.append([rng.randrange(3, vocab_size) for _ in range(n)])
+        outs.append(rng.randint(*output_len))
+    return Workload(prompts, outs, seed, tuple(input_len), tuple(output_len))

@@ -1,35 +1,113 @@
 #!/usr/bin/env bash
-# One command for the first TPU or GPU machine: the Pallas kernels compiled for real against
-# the naive oracle, then benchmarks/kernels.py (kernel vs the XLA kernel, bandwidth against
-# the measured copy bandwidth) with a device trace of its first case (decode 64 x 2k: the
-# kernel's own time against the XLA ops around it), then one decode step of the model traced
-# (benchmarks/model_step.py: wall time against device busy time). The kernel table is last.
-#   scripts/device_check.sh [OUT_DIR] [benchmark args, e.g. --sweep --iters 10]
-#   (PYTHON=... chooses the interpreter; .venv/bin/python, else python3)
+# The device check, in one go, for the first TPU or GPU machine (under 8 minutes on an H200:
+# each step has a time budget, and the steps' budgets add up to 470 s):
+#   1. env          jax, its devices, and whether the engine imports (missing packages: see below)
+#   2. kernel tests the Pallas kernels compiled for real against the naive reference
+#   3. model step   benchmarks/model_step.py, Llama-3-8B shapes, random weights: decode at
+#                   64 x 2k and 256 x 1k against the HBM roofline, prefill MFU against the
+#                   bf16 matmul measured in the same run, wall time against device busy time
+#   4. kernels      benchmarks/kernels.py: the attention kernel against the XLA reference,
+#                   with a trace of its decode 64 x 2k case
+#   5. weights      benchmarks/random_weights.py: random Llama-3-8B weights drawn on the
+#                   device, saved once as the engine's checkpoint (kept in $RANDOM_WEIGHTS_DIR)
+#   6. start-up     benchmarks/latency.py: engine start to first token, cold (empty caches)
+#                   then warm, each a fresh process; the caches it fills serve step 7
+#   7. throughput   benchmarks/throughput.py --random-weights llama3-8b: 256 requests offline
+# then the short table (benchmarks/device_table.py). A step that fails or runs out of time
+# is reported in the table; the others still run. The exit status is non-zero if any failed.
+#
+#   scripts/device_check.sh [--smoke] [OUT_DIR] [kernel benchmark args, e.g. --iters 10]
+#     --smoke   every step with tiny shapes on a CPU (what tests/scripts runs)
+#     OUT_DIR   gets table.txt, the steps' JSON figures and logs.tgz (the logs); at most 8
+#               files, as a device session's $OUT takes. Default: ./device_check_out
+#   PYTHON=...  the interpreter (default .venv/bin/python, else python3)
+#   .whl/*.whl  wheels installed first with pip --no-index into a scratch folder: the engine's
+#               packages a device image lacks (scripts/device_wheels.sh downloads them)
+#   SCRATCH (default /tmp/jaxvllm-device-check: logs, traces, caches; emptied first),
+#   RANDOM_WEIGHTS_DIR, B_<STEP> (a step's budget in seconds) may be set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+
+SMOKE=0 OUT="" KARGS=()
+for arg in "$@"; do
+  if [[ $arg == --smoke ]]; then SMOKE=1
+  elif [[ -z $OUT && $arg != -* ]]; then OUT=$arg
+  else KARGS+=("$arg"); fi
+done
+OUT=${OUT:-device_check_out}
 PY=${PYTHON:-$(test -x .venv/bin/python && echo .venv/bin/python || echo python3)}
-OUT=${1:-.}
-mkdir -p "$OUT"
+SCRATCH=${SCRATCH:-/tmp/jaxvllm-device-check}
+rm -rf "$SCRATCH" && mkdir -p "$SCRATCH" "$OUT" || exit 2
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-"$PY" -c 'import jax; print("jax", jax.__version__, jax.devices())'
-echo "== kernel correctness on the device =="
-"$PY" -m pytest -q -p no:cacheprovider tests/kernels/test_pallas_attention.py -k native 2>&1 \
-  | tee "$OUT/device_tests.log" | tail -25
-tests_rc=${PIPESTATUS[0]}
-echo "== benchmark =="
-"$PY" benchmarks/kernels.py --out "$OUT/kernels.json" --profile "$OUT/trace" "${@:2}" 2>&1 | grep -v '^[WI]0000\|^[WI][0-9]\{4\} ' \
-  | tee "$OUT/kernels.log"
-bench_rc=${PIPESTATUS[0]}
-echo "== one decode step of the model (SmolLM2-135M shapes, 64 x 2k) =="
-step_args=(); [[ " ${*:2} " == *" --smoke "* ]] && step_args=(--smoke)  # tiny shapes on a CPU
-"$PY" benchmarks/model_step.py --profile "$OUT/model_trace" "${step_args[@]}" 2>&1 | grep -v '^[WI]0000\|^[WI][0-9]\{4\} ' \
-  | tee "$OUT/model_step.log"
-step_rc=${PIPESTATUS[0]}
+
+if compgen -G ".whl/*.whl" > /dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$SCRATCH/site" .whl/*.whl && export PYTHONPATH="$PYTHONPATH:$SCRATCH/site"
+fi
+
+if (( SMOKE )); then
+  # Tiny shapes on a CPU: the budgets only stop a hung step.
+  : "${B_ENV:=120}" "${B_TESTS:=300}" "${B_MODEL:=300}" "${B_KERNELS:=300}" "${B_WEIGHTS:=300}" \
+    "${B_STARTUP:=400}" "${B_THROUGHPUT:=300}"
+  SHAPE=tiny DTYPE=float32 RANDOM_WEIGHTS_DIR=${RANDOM_WEIGHTS_DIR:-$SCRATCH/random-tiny}
+  MODEL_ARGS=(--smoke) KERNEL_ARGS=(--smoke)
+  ENGINE_ARGS=(--max-num-seqs 2 --max-model-len 64 --max-num-batched-tokens 16)
+  WORKLOAD_ARGS=(--num-requests 8 --input-len 4 16 --output-len 2 8)
+else
+  # An H200: 470 s in all. The start-up step compiles every bucket of the 8B model once;
+  # whatever it compiled stays in the XLA cache for the throughput step even if it runs out.
+  : "${B_ENV:=20}" "${B_TESTS:=40}" "${B_MODEL:=90}" "${B_KERNELS:=40}" "${B_WEIGHTS:=60}" \
+    "${B_STARTUP:=120}" "${B_THROUGHPUT:=100}"
+  SHAPE=llama3-8b DTYPE=bfloat16 RANDOM_WEIGHTS_DIR=${RANDOM_WEIGHTS_DIR:-/tmp/jaxvllm-random-llama3-8b}
+  MODEL_ARGS=(--shape llama3-8b) KERNEL_ARGS=(--iters 10)
+  ENGINE_ARGS=(--max-num-seqs 256 --max-model-len 1024 --max-num-batched-tokens 2048)
+  WORKLOAD_ARGS=(--num-requests 256)
+fi
+
+# run_step NAME BUDGET LOG COMMAND...: the command under its budget, its log (absl's
+# lines left out) in $SCRATCH/LOG, its status and seconds in steps.tsv.
+run_step() {
+  local name=$1 budget=$2 log=$3 start=$SECONDS
+  shift 3
+  echo "== $name (budget ${budget} s) =="
+  timeout --kill-after=10 "$budget" "$@" 2>&1 | grep --line-buffered -v '^[WI][0-9]\{4\} ' \
+    | tee "$SCRATCH/$log"
+  local rc=${PIPESTATUS[0]}
+  printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - start))" "$budget" >> "$SCRATCH/steps.tsv"
+  return "$rc"
+}
+
+run_step env "$B_ENV" env.log "$PY" -c '
+import jax
+print("jax", jax.__version__, jax.devices())
+from pathlib import Path
+Path("'"$SCRATCH"'/env.txt").write_text(f"{jax.devices()[0].device_kind}, jax {jax.__version__}")
+try:
+    import jaxvllm.entrypoints.llm  # noqa: F401  (the engine: needs gguf, pyzmq, ...)
+except ImportError as e:
+    raise SystemExit(f"the engine does not import: {e}; carry wheels in .whl (scripts/device_wheels.sh)")
+'
+run_step "kernel tests" "$B_TESTS" device_tests.log "$PY" -m pytest -q -p no:cacheprovider \
+  tests/kernels/test_pallas_attention.py -k native
+run_step "model step" "$B_MODEL" model_step.log "$PY" benchmarks/model_step.py "${MODEL_ARGS[@]}" \
+  --profile "$SCRATCH/model_trace" --json "$SCRATCH/model_step.json"
+run_step kernels "$B_KERNELS" kernels.log "$PY" benchmarks/kernels.py "${KERNEL_ARGS[@]}" "${KARGS[@]}" \
+  --out "$SCRATCH/kernels.json" --profile "$SCRATCH/kernel_trace"
+run_step weights "$B_WEIGHTS" weights.log "$PY" benchmarks/random_weights.py "$SHAPE" "$RANDOM_WEIGHTS_DIR" \
+  --dtype "$DTYPE"
+run_step start-up "$B_STARTUP" startup.log "$PY" benchmarks/latency.py --model "$RANDOM_WEIGHTS_DIR" \
+  --skip-latency "${ENGINE_ARGS[@]}" --cache-dir "$SCRATCH/caches" --json "$SCRATCH/startup.json"
+run_step throughput "$B_THROUGHPUT" throughput.log \
+  env JAXVLLM_XLA_CACHE="$SCRATCH/caches/xla" JAXVLLM_MODEL_CACHE="$SCRATCH/caches/models" "$PY" benchmarks/throughput.py \
+  --random-weights "$SHAPE" --random-weights-dir "$RANDOM_WEIGHTS_DIR" "${ENGINE_ARGS[@]}" "${WORKLOAD_ARGS[@]}" \
+  --json "$SCRATCH/throughput.json"
+
 echo
-echo "== summary: device tests $(tail -1 "$OUT/device_tests.log") (rc=$tests_rc), benchmark rc=$bench_rc," \
-     "model step rc=$step_rc =="
-sed -n '/^model step: /,/^  \//p' "$OUT/model_step.log"
-sed -n '/^profile: /,/^$/p' "$OUT/kernels.log"
-sed -n '/^ragged paged attention, /,$p' "$OUT/kernels.log"
-exit $(( tests_rc || bench_rc || step_rc ))
+"$PY" benchmarks/device_table.py "$SCRATCH" | tee "$SCRATCH/table.txt"
+cp "$SCRATCH"/table.txt "$OUT"/
+for f in model_step kernels startup throughput; do
+  [[ -f $SCRATCH/$f.json ]] && cp "$SCRATCH/$f.json" "$OUT"/
+done
+tar -czf "$OUT/logs.tgz" -C "$SCRATCH" steps.tsv $(cd "$SCRATCH" && ls ./*.log ./*.txt 2>/dev/null)
+# Non-zero if any step failed or ran out of time.
+! cut -f2 "$SCRATCH/steps.tsv" | grep -qv '^0$'

@@ -145,7 +145,8 @@ def test_worker_packs_only_for_the_native_backend(tiny_model_dir, backend, packe
 def test_a_model_the_kernel_cannot_take_runs_xla_matmuls(tmp_path):
     # Vocabulary 250: the head is no whole number of panels, so no weight is packed.
     from conftest import write_tiny_llama
-    from jaxvllm.models.loader import default_model_path, load_tokenizer
+    from jaxvllm.transformers_utils.model_path import default_model_path
+    from jaxvllm.transformers_utils.tokenizer import load_tokenizer
     write_tiny_llama(tmp_path, vocab_size=250)
     load_tokenizer(default_model_path()).save_pretrained(tmp_path)
     llm = LLM(str(tmp_path), max_num_seqs=2, max_num_batched_tokens=16, max_model_len=32,

@@ -1,0 +1,50 @@
+"""scripts/device_check.sh: every step under its budget, a step that runs out of time
+reported in the closing table while the others still run, and (slow) the whole check with
+tiny shapes on this CPU, as `--smoke` runs it."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "device_check.sh"
+STEPS = ["env", "kernel tests", "model step", "kernels", "weights", "start-up", "throughput"]
+
+
+def run_check(tmp_path, *args, **budgets):
+    env = dict(os.environ, PYTHON=sys.executable, SCRATCH=str(tmp_path / "scratch"),
+               **{f"B_{k.upper()}": str(v) for k, v in budgets.items()})
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=1500)
+
+
+def test_steps_out_of_time_are_reported_and_the_rest_still_run(tmp_path):
+    out = tmp_path / "out"
+    proc = run_check(tmp_path, "--smoke", str(out), env=120, tests=1, model=1, kernels=1, weights=1,
+                     startup=1, throughput=1)
+    assert proc.returncode != 0
+    table = proc.stdout[proc.stdout.index("== device check: "):]
+    for step in STEPS[1:]:
+        assert any(line.strip().startswith(step) and "TIMED OUT" in line for line in table.splitlines()), table
+    assert "model step            no figures" in table
+    assert (out / "table.txt").read_text().strip() == table.strip()
+    with tarfile.open(out / "logs.tgz") as tar:
+        assert "steps.tsv" in [Path(n).name for n in tar.getnames()]
+
+
+@pytest.mark.slow
+def test_smoke_runs_every_step_on_a_cpu(tmp_path):
+    out = tmp_path / "out"
+    proc = run_check(tmp_path, "--smoke", str(out))
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    table = proc.stdout[proc.stdout.index("== device check: "):].splitlines()
+    for step in STEPS:
+        assert any(line.strip().startswith(step) and " ok " in line for line in table), table
+    text = "\n".join(table)
+    assert "% of HBM roofline" in text and "MFU" in text and "output tok/s" in text and "cold" in text
+    assert sorted(p.name for p in out.iterdir()) == ["kernels.json", "logs.tgz", "model_step.json", "startup.json",
+                                                     "table.txt", "throughput.json"]
