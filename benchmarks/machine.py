@@ -36,12 +36,12 @@ def native_matmul_flops(n: int = 2048) -> float | None:
     run it (no AVX-512, no compiler, or not a CPU)."""
     from jaxvllm.platforms import current_platform
     try:
-        kernel, _ = current_platform.attention_kernel("auto")
-        if not current_platform.use_packed_matmul(kernel, 1):
-            return None
-    except Exception:  # a CPU that cannot build the kernels uses XLA's matmul
+        method = current_platform.linear_method("auto", 1)
+    except (ValueError, OSError, RuntimeError):  # a CPU that cannot build the kernels: XLA's
         return None
-    from jaxvllm.kernels.cpu.packed_matmul import pack_weight, packed_matmul
+    from jaxvllm.kernels.cpu.packed_matmul import PackedLinearMethod, pack_weight, packed_matmul
+    if not isinstance(method, PackedLinearMethod):
+        return None
     a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
     packed = pack_weight(jax.random.normal(jax.random.key(1), (n, n), jnp.float32))
     return 2 * n**3 / _best_time(jax.jit(packed_matmul), a, packed)

@@ -37,6 +37,10 @@ def test_peak_matmul_is_the_fastest_measured():
     peak = machine.peak_matmul("float32", 256)
     assert peak["flops"] == peak["measured"][peak["source"]] == max(peak["measured"].values())
     assert "xla float32" in peak["measured"]
+    from jaxvllm.kernels.cpu.packed_matmul import PackedLinearMethod
+    from jaxvllm.platforms import current_platform
+    if isinstance(current_platform.linear_method("auto", 1), PackedLinearMethod):
+        assert "native packed float32" in peak["measured"]  # the engine's own matmul counts
 
 
 def test_defaults_differ_for_random_weights():
