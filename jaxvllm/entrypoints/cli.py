@@ -67,7 +67,8 @@ def _add_serve_parser(sub) -> None:
     serve.add_argument("--seed", type=int, default=None,
                        help="Engine seed: requests without a seed draw theirs from it.")
     serve.add_argument("--served-model-name", default=None,
-                       help="The model id clients send (default: the model's file or folder name).")
+                       help="The model id clients send (default: a Hub id as given, else the "
+                            "model's file or folder name).")
     ServerArgs.add_cli_args(serve)
     _add_engine_flags(serve)
 

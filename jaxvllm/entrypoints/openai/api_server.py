@@ -168,13 +168,12 @@ async def serve(engine_args, server_args: ServerArgs, host: str = "127.0.0.1", p
     import uvicorn
 
     from jaxvllm.engine.async_llm import AsyncLLM
-    from jaxvllm.transformers_utils.model_path import DEFAULT_MODEL
 
     fd_limit = raise_fd_limit()
     install_accept_error_handler(asyncio.get_running_loop())
     engine = AsyncLLM.from_engine_args(engine_args)
     try:
-        name = served_model_name or os.path.basename((engine_args.model or DEFAULT_MODEL).rstrip("/"))
+        name = served_model_name or default_served_name(engine_args.model)
         app = build_app(engine, name, server_args)
         logger.info("Serving %s on http://%s:%d (engine core pid %s)", name, host, port,
                     engine.engine_core_pid)
@@ -191,6 +190,18 @@ async def serve(engine_args, server_args: ServerArgs, host: str = "127.0.0.1", p
         return 1 if engine.errored else 0
     finally:
         engine.shutdown()
+
+
+def default_served_name(model: str | None) -> str:
+    """The id clients send: a Hub id as given (as vLLM serves it), a local path by its last
+    part only (the server does not show the machine's paths)."""
+    from jaxvllm.transformers_utils.hub import looks_like_hub_id
+    from jaxvllm.transformers_utils.model_path import DEFAULT_MODEL
+    if model is None:
+        return DEFAULT_MODEL
+    if not os.path.exists(os.path.expanduser(model)) and looks_like_hub_id(model):
+        return model
+    return os.path.basename(model.rstrip("/"))
 
 
 async def _stop_when_engine_dies(engine, server, poll_s: float = 0.2, grace_s: float = 1.0) -> None:

@@ -207,6 +207,9 @@ def test_open_probes_need_no_key_and_the_model_path_stays_private(server):
         assert httpx.get(server.url + path, timeout=10).status_code == 200, path
     models = httpx.get(server.url + "/v1/models", headers=AUTH, timeout=10).json()["data"]
     assert [m["id"] for m in models] == ["tiny"] and "/" not in json.dumps(models)
+    from jaxvllm.entrypoints.openai.api_server import default_served_name
+    assert default_served_name("/models/my-llama/") == "my-llama"  # no path shown
+    assert default_served_name("org/name") == "org/name"  # a Hub id as vLLM serves it
 
 
 def test_idle_connections_cannot_take_the_server(tmp_path_factory, request):

@@ -1,0 +1,142 @@
+"""The engine's host path per step: what the Python side costs around a model that costs
+next to nothing (a tiny random Llama: 2 layers, hidden 64), at 64, 256 and 1024 running
+decode requests and for mixed prefill + decode steps.
+
+The real LLMEngine runs in process; each part of a step is timed where it is called:
+`schedule` (Scheduler.schedule), `prepare` (the runner's host work: persistent-batch
+updates, input arrays, sampling metadata), `device` (the forward and the sampler, each
+waited for where it is called: this run does not overlap them with host work), `update` (Scheduler.update_from_output) and
+`output` (OutputProcessor.process_outputs: detokenization, stop strings). Host time per step
+is everything but `device`. On an accelerator the device time of a small model's decode step
+is one to a few milliseconds, so this is the figure to keep below it (issue 21).
+
+    python benchmarks/host_overhead.py [--batches 64 256 1024] [--steps 50] [--json PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+PARTS = ("schedule", "prepare", "device", "update", "output")
+
+
+class StepTimer:
+    """Wraps the engine's methods (on the instances, for this run only) with timers."""
+
+    def __init__(self, llm):
+        self.totals: dict[str, float] = defaultdict(float)
+        core = llm.llm_engine.engine_core_client.engine_core
+        runner = core.model_executor.driver_worker.model_runner
+        self._wrap(core.scheduler, "schedule", "schedule")
+        self._wrap(core.scheduler, "update_from_output", "update")
+        self._wrap(llm.llm_engine.output_processor, "process_outputs", "output")
+        self._wrap(runner, "execute_model", "execute")
+        for name in ("_forward", "_sample", "_sample_extended"):
+            self._wrap(runner, name, "device", block=True)
+
+    def _wrap(self, obj, method: str, part: str, block: bool = False) -> None:
+        """block: wait for the device inside the timer (else the wait for the sampled ids
+        would count as the host's, where the runner reads them)."""
+        import jax
+        inner = getattr(obj, method)
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                out = inner(*args, **kwargs)
+                return jax.block_until_ready(out) if block else out
+            finally:
+                self.totals[part] += time.perf_counter() - start
+        setattr(obj, method, timed)
+
+    def reset(self) -> None:
+        self.totals.clear()
+
+    def parts(self) -> dict[str, float]:
+        """Seconds per part; `prepare` is execute_model's time outside the device calls."""
+        t = dict(self.totals)
+        t["prepare"] = t.pop("execute", 0.0) - t.get("device", 0.0)
+        return {p: t.get(p, 0.0) for p in PARTS}
+
+
+def tiny_model(path: Path) -> Path:
+    """A random Llama with the default model's tokenizer, so detokenization is real."""
+    from conftest import write_tiny_llama
+    from jaxvllm.transformers_utils.model_path import default_model_path
+    from jaxvllm.transformers_utils.tokenizer import load_tokenizer
+    tokenizer = load_tokenizer(default_model_path())
+    write_tiny_llama(path, vocab_size=len(tokenizer))
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def measure(model: Path, batch: int, steps: int, mixed: bool) -> dict:
+    """Per-step seconds of each part over `steps` steps with `batch` requests running; with
+    `mixed`, a new request's prompt is prefilled beside the decodes in every step."""
+    from jaxvllm import LLM, SamplingParams
+
+    llm = LLM(str(model), max_num_seqs=batch + 8, max_num_batched_tokens=max(512, batch + 64),
+              max_model_len=512, num_gpu_blocks_override=(batch + 8) * 32 + 1, skip_warmup=True,
+              enable_prefix_caching=False)
+    engine = llm.llm_engine
+    long = SamplingParams(max_tokens=400, ignore_eos=True, temperature=0.0)
+    for i in range(batch):
+        engine.add_request(f"d{i}", {"prompt_token_ids": [5 + i % 50] * 16}, long)
+    while engine.engine_core_client.engine_core.scheduler.waiting:  # all prefilled: decoding
+        engine.step()
+    for _ in range(3):  # programs of these shapes compiled and warm
+        engine.step()
+    timer = StepTimer(llm)
+    timer.reset()
+    start = time.perf_counter()
+    for step in range(steps):
+        if mixed:  # one new 48-token prompt per step, decoding beside the others
+            engine.add_request(f"m{step}", {"prompt_token_ids": [7] * 48},
+                               SamplingParams(max_tokens=2, ignore_eos=True, temperature=0.0))
+        engine.step()
+    wall = (time.perf_counter() - start) / steps
+    parts = {p: s / steps for p, s in timer.parts().items()}
+    host = sum(s for p, s in parts.items() if p != "device")
+    engine.abort_request([f"d{i}" for i in range(batch)])
+    return {"batch": batch, "mixed": mixed, "wall_us": wall * 1e6, "host_us": host * 1e6,
+            "host_us_per_request": host * 1e6 / batch,
+            **{f"{p}_us": s * 1e6 for p, s in parts.items()}}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batches", type=int, nargs="+", default=[64, 256, 1024])
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--json", default=None)
+    ns = ap.parse_args(argv)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        model = tiny_model(Path(tmp) / "tiny")
+        for batch in ns.batches:
+            for mixed in (False, True):
+                rows.append(measure(model, batch, ns.steps, mixed))
+    print(f"\n{'step':>16} {'host us':>9} {'us/req':>7} " + " ".join(f"{p:>9}" for p in PARTS)
+          + f" {'wall us':>9}")
+    for r in rows:
+        kind = f"{r['batch']} decode" + (" +prefill" if r["mixed"] else "")
+        print(f"{kind:>16} {r['host_us']:9.0f} {r['host_us_per_request']:7.1f} "
+              + " ".join(f"{r[p + '_us']:9.0f}" for p in PARTS) + f" {r['wall_us']:9.0f}")
+    result = {"host_us_per_step": {str(r["batch"]): r["host_us"] for r in rows if not r["mixed"]},
+              "mixed_host_us_per_step": {str(r["batch"]): r["host_us"] for r in rows if r["mixed"]},
+              "rows": rows}
+    if ns.json:
+        Path(ns.json).write_text(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()
