@@ -49,6 +49,7 @@ from urllib.parse import urlparse
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # write_tiny_llama
 from benchmarks.workload import corpus_text  # noqa: E402
 
 # As the OpenAI server tests run it (tests/entrypoints/openai/openai_server.py): programs
@@ -315,43 +316,13 @@ def free_port() -> int:
 
 
 def write_tiny_model(path: Path) -> None:
-    """A random Llama (2 layers, hidden 64) with the default model's vocabulary and tokenizer,
-    as tests/conftest.py's write_tiny_llama and the OpenAI server tests write it."""
-    import numpy as np
-    import transformers
-    from safetensors.numpy import save_file
-
+    """A random Llama (2 layers, hidden 64: tests/conftest.py's write_tiny_llama) with the
+    default model's vocabulary and tokenizer, as the OpenAI server tests serve it."""
+    from conftest import write_tiny_llama
     from jaxvllm.transformers_utils.model_path import default_model_path
     from jaxvllm.transformers_utils.tokenizer import load_tokenizer
 
-    vocab, hidden, inter, layers, heads, kv_heads = 49152, 64, 128, 2, 4, 2
-    cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
-                                   num_hidden_layers=layers, num_attention_heads=heads,
-                                   num_key_value_heads=kv_heads, max_position_embeddings=512,
-                                   tie_word_embeddings=False, eos_token_id=2, bos_token_id=1)
-    cfg.architectures = ["LlamaForCausalLM"]
-    rng = np.random.default_rng(0)
-    hd = hidden // heads
-
-    def w(*shape, scale=0.08):
-        return (rng.standard_normal(shape) * scale).astype(np.float32)
-
-    t = {"model.embed_tokens.weight": w(vocab, hidden, scale=0.5),
-         "model.norm.weight": 1 + w(hidden, scale=0.1), "lm_head.weight": w(vocab, hidden, scale=0.3)}
-    for i in range(layers):
-        p = f"model.layers.{i}."
-        t[p + "input_layernorm.weight"] = 1 + w(hidden, scale=0.1)
-        t[p + "post_attention_layernorm.weight"] = 1 + w(hidden, scale=0.1)
-        t[p + "self_attn.q_proj.weight"] = w(heads * hd, hidden)
-        t[p + "self_attn.k_proj.weight"] = w(kv_heads * hd, hidden)
-        t[p + "self_attn.v_proj.weight"] = w(kv_heads * hd, hidden)
-        t[p + "self_attn.o_proj.weight"] = w(hidden, heads * hd)
-        t[p + "mlp.gate_proj.weight"] = w(inter, hidden)
-        t[p + "mlp.up_proj.weight"] = w(inter, hidden)
-        t[p + "mlp.down_proj.weight"] = w(hidden, inter)
-    path.mkdir(parents=True, exist_ok=True)
-    cfg.save_pretrained(path)
-    save_file(t, str(path / "model.safetensors"))
+    write_tiny_llama(path, vocab_size=49152)
     load_tokenizer(default_model_path()).save_pretrained(path)
 
 
