@@ -80,6 +80,9 @@ class EngineArgs:
     distributed_executor_backend: str = "uni"
     """uni: this process drives all local devices; mp: one worker process per device (a
     crashing worker fails requests cleanly)."""
+    data_parallel_size: int = 1
+    """Engine cores, each in its own process with its own scheduler, KV cache and
+    tensor_parallel_size devices; requests go to the least-loaded one."""
 
     @classmethod
     def from_file(cls, path: str, **overrides) -> "EngineArgs":
@@ -138,7 +141,8 @@ class EngineArgs:
                                   tensor_parallel_size=self.tensor_parallel_size, nnodes=self.nnodes,
                                   node_rank=self.node_rank, master_addr=self.master_addr,
                                   master_port=self.master_port,
-                                  distributed_executor_backend=self.distributed_executor_backend))
+                                  distributed_executor_backend=self.distributed_executor_backend,
+                                  data_parallel_size=self.data_parallel_size))
         config.verify()
         return config
 
@@ -184,6 +188,7 @@ class ParallelConfig:
     master_addr: str | None = None
     master_port: int = 29501
     distributed_executor_backend: str = "uni"
+    data_parallel_size: int = 1
 
 
 @dataclass(frozen=True)
@@ -206,6 +211,10 @@ class EngineConfig:
             raise ValueError("check_recompilation needs the warm-up; do not combine it with skip_warmup.")
         if p.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be at least 1, got {p.tensor_parallel_size}.")
+        if p.data_parallel_size < 1:
+            raise ValueError(f"data_parallel_size must be at least 1, got {p.data_parallel_size}.")
+        if p.data_parallel_size > 1 and p.nnodes > 1:
+            raise ValueError("data_parallel_size > 1 runs its engine cores on one host; use nnodes=1.")
         if p.nnodes < 1:
             raise ValueError(f"nnodes must be at least 1, got {p.nnodes}.")
         if not 0 <= p.node_rank < p.nnodes:
