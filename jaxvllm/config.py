@@ -80,6 +80,8 @@ class EngineArgs:
     distributed_executor_backend: str = "uni"
     """uni: this process drives all local devices; mp: one worker process per device (a
     crashing worker fails requests cleanly)."""
+    pipeline_parallel_size: int = 1
+    """Stages the layers are split into, each on its own tensor_parallel_size devices."""
     data_parallel_size: int = 1
     """Engine cores, each in its own process with its own scheduler, KV cache and
     tensor_parallel_size devices; requests go to the least-loaded one."""
@@ -142,6 +144,7 @@ class EngineArgs:
                                   node_rank=self.node_rank, master_addr=self.master_addr,
                                   master_port=self.master_port,
                                   distributed_executor_backend=self.distributed_executor_backend,
+                                  pipeline_parallel_size=self.pipeline_parallel_size,
                                   data_parallel_size=self.data_parallel_size))
         config.verify()
         return config
@@ -188,6 +191,7 @@ class ParallelConfig:
     master_addr: str | None = None
     master_port: int = 29501
     distributed_executor_backend: str = "uni"
+    pipeline_parallel_size: int = 1
     data_parallel_size: int = 1
 
 
@@ -215,6 +219,11 @@ class EngineConfig:
             raise ValueError(f"data_parallel_size must be at least 1, got {p.data_parallel_size}.")
         if p.data_parallel_size > 1 and p.nnodes > 1:
             raise ValueError("data_parallel_size > 1 runs its engine cores on one host; use nnodes=1.")
+        if p.pipeline_parallel_size < 1:
+            raise ValueError(f"pipeline_parallel_size must be at least 1, got {p.pipeline_parallel_size}.")
+        if p.pipeline_parallel_size > 1 and (p.nnodes > 1 or p.distributed_executor_backend != "uni"):
+            raise ValueError("pipeline_parallel_size > 1 runs its stages from one process: use "
+                             "distributed_executor_backend='uni' and nnodes=1.")
         if p.nnodes < 1:
             raise ValueError(f"nnodes must be at least 1, got {p.nnodes}.")
         if not 0 <= p.node_rank < p.nnodes:
@@ -230,6 +239,9 @@ class EngineConfig:
         if multiprocess and self.scheduler.preemption_mode == "swap":
             raise ValueError("preemption_mode='swap' is not supported with nnodes > 1 or the 'mp' "
                              "executor (the swap pool lives in one process); use 'recompute'.")
+        if p.pipeline_parallel_size > 1 and self.scheduler.preemption_mode == "swap":
+            raise ValueError("preemption_mode='swap' is not supported with pipeline_parallel_size > 1 "
+                             "(each stage holds its own KV cache); use 'recompute'.")
         if c.block_size not in (8, 16, 32, 64, 128, 256):
             raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128, 256; got {c.block_size}.")
         if not 0.0 < c.hbm_utilization <= 1.0:

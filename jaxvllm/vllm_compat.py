@@ -24,7 +24,6 @@ IGNORED = {
 REFUSED = {
     "quantization": (None, "quantized weights are not supported yet"),
     "kv_cache_dtype": ("auto", "the KV cache is stored in the model dtype only"),
-    "pipeline_parallel_size": (1, "pipeline parallelism is not supported yet; use tensor_parallel_size"),
     "enable_lora": (False, "LoRA adapters are not supported"),
     "cpu_offload_gb": (0, "weights cannot be offloaded to host memory"),
 }

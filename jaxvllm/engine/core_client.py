@@ -67,7 +67,8 @@ class _EngineProcess:
         base = os.path.join(tempfile.gettempdir(), f"jaxvllm-{uuid.uuid4().hex[:12]}")
         self.input_address, self.output_address = f"ipc://{base}-in", f"ipc://{base}-out"
         reader, writer = multiprocessing.Pipe(duplex=False)
-        device_set = (dp_rank, args.tensor_parallel_size) if args.data_parallel_size > 1 else None
+        per_rank = args.tensor_parallel_size * args.pipeline_parallel_size
+        device_set = (dp_rank, per_rank) if args.data_parallel_size > 1 else None
         self.proc = spawn_process(run_engine_core, f"EngineCore_DP{dp_rank}", args=(
             encode(args), self.input_address, self.output_address, writer, os.getpid(), device_set))
         self.on_death = on_death

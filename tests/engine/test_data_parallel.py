@@ -104,6 +104,7 @@ def test_async_llm_on_two_cores_and_one_dies(tiny_model_dir, single_device_token
         while balancer.num_routed != [6, 6]:
             await asyncio.sleep(0.05)
         owners = dict(balancer.owner)
+        assert sorted(await engine.get_stats_by_engine()) == [0, 1]
         os.kill(engine.engine_core.engine_core_pids[1], signal.SIGKILL)
         killed_at = time.monotonic()
         results = await asyncio.gather(*tasks)
@@ -114,7 +115,7 @@ def test_async_llm_on_two_cores_and_one_dies(tiny_model_dir, single_device_token
                 assert "core 1 died" in str(error) and failed_at - killed_at < 5
             else:
                 assert len(result[-1].outputs[0].token_ids) == 200
-        assert not engine.errored
+        assert not engine.errored and sorted(await engine.get_stats_by_engine()) == [0]
         after = await run(PROMPTS[4], GREEDY, "after")
         assert after[-1].outputs[0].token_ids == single_device_tokens[4]
         assert balancer.num_routed == [7, 6]
