@@ -4,7 +4,9 @@ or the model code for that (their import, and their teardown at exit, take secon
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import sys
 
 import msgpack
 
@@ -67,10 +69,25 @@ def run_engine_core(args_bytes: bytes, input_address: str, output_address: str,
     except BaseException as e:
         logger.exception("EngineCore failed.")
         _send_failure(ready_pipe, e)
-        raise SystemExit(1)
+        try:
+            if engine is not None:
+                engine.shutdown()
+        finally:
+            _exit_now(1)
     finally:
         if engine is not None:
             engine.shutdown()
+            _exit_now(0)
+
+
+def _exit_now(code: int) -> None:
+    """Once the engine is shut down, exit without the interpreter's teardown (jax's and
+    Ray's: seconds, which the front end waits for before it fails requests or stops waiting
+    and kills this process)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _send_failure(ready_pipe, error: BaseException, invalid_argument: bool = False) -> None:

@@ -10,3 +10,6 @@ class TpuPlatform(Platform):
     # The Mosaic kernel DMAs one page of a chip's KV heads at a time and wants
     # page_size * kv_heads_per_chip to be a multiple of 16 in bfloat16.
     default_block_size = 32
+
+    def ray_worker_resources(self, num_devices: int) -> dict[str, float]:
+        return {"TPU": num_devices}
