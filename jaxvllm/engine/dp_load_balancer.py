@@ -52,13 +52,15 @@ class DPLoadBalancer:
                     self.owner.pop(out.request_id, None)
 
     def take(self, request_ids: list[str]) -> dict[int, list[str]]:
-        """The requests to abort, grouped by their live core, and forgotten."""
+        """The requests to abort, grouped by their live core, and forgotten. Each leaves its
+        core's load at once: an idle core reports nothing until it has outputs again."""
         groups: dict[int, list[str]] = {}
         with self._lock:
             for request_id in request_ids:
                 index = self.owner.pop(request_id, None)
                 if index is not None and self.alive[index]:
                     groups.setdefault(index, []).append(request_id)
+                    self.reported_load[index] = max(0, self.reported_load[index] - 1)
         return groups
 
     def mark_dead(self, index: int, request_id: str | None = None) -> None:

@@ -36,6 +36,7 @@ def test_balancer_spreads_a_batch_then_follows_reported_load():
     lb.record(1, EngineCoreOutputs(scheduler_stats=SchedulerStats(num_running_reqs=2, num_waiting_reqs=3)))
     assert [lb.choose("r4"), lb.choose("r5")] == [0, 0] and "r0" not in lb.owner
     assert lb.take(["r1", "r2", "gone"]) == {1: ["r1"], 0: ["r2"]}
+    assert lb.reported_load == [0, 4]  # an abort leaves the load at once
     failed = lb.fail_engine(1)
     assert [o.request_id for o in failed.outputs] == ["r3"]
     assert failed.outputs[0].finish_reason == FinishReason.ERROR and "core 1 died" in failed.outputs[0].error
@@ -100,8 +101,21 @@ def test_async_llm_on_two_cores_and_one_dies(tiny_model_dir, single_device_token
         assert [o[-1].outputs[0].token_ids for o in greedy] == single_device_tokens
         assert balancer.num_routed == [4, 4]
 
+        # A stream left early is aborted on its own core, which frees its blocks.
+        stream = engine.generate(PROMPTS[1], long, "early")
+        await stream.__anext__()
+        await stream.aclose()
+        for _ in range(100):
+            stats = await engine.get_stats_by_engine()
+            if all(s.num_free_blocks == s.num_total_blocks for s in stats.values()):
+                break
+            await asyncio.sleep(0.05)
+        assert [s.num_running_reqs + s.num_waiting_reqs for s in stats.values()] == [0, 0]
+        assert all(s.num_free_blocks == s.num_total_blocks for s in stats.values())
+        assert "early" not in balancer.owner
+
         tasks = [asyncio.create_task(run(p, long, f"r{i}")) for i, p in enumerate(PROMPTS[:4])]
-        while balancer.num_routed != [6, 6]:
+        while sum(balancer.num_routed) != 13:
             await asyncio.sleep(0.05)
         owners = dict(balancer.owner)
         assert sorted(await engine.get_stats_by_engine()) == [0, 1]
@@ -116,9 +130,10 @@ def test_async_llm_on_two_cores_and_one_dies(tiny_model_dir, single_device_token
             else:
                 assert len(result[-1].outputs[0].token_ids) == 200
         assert not engine.errored and sorted(await engine.get_stats_by_engine()) == [0]
+        routed = list(balancer.num_routed)
         after = await run(PROMPTS[4], GREEDY, "after")
         assert after[-1].outputs[0].token_ids == single_device_tokens[4]
-        assert balancer.num_routed == [7, 6]
+        assert balancer.num_routed == [routed[0] + 1, routed[1]]  # the live core only
 
     try:
         asyncio.run(main())
