@@ -31,8 +31,8 @@ def get_stage_models(config: EngineConfig, model_path: str, hf_config, meshes: l
         raise ValueError("pipeline_parallel_size > 1 loads GGUF or safetensors checkpoints, not "
                          "Orbax ones; serve the original checkpoint.")
     model_cls, args_cls = get_model_class(hf_config)
-    if not hasattr(model_cls, "forward_layers"):
-        raise ValueError(f"{model_cls.__name__} cannot be split into pipeline stages; use "
+    if not _has_stage_parts(model_cls):
+        raise ValueError(f"{model_cls.__name__} cannot be split into pipeline stages yet; use "
                          f"pipeline_parallel_size=1.")
     args = args_cls.from_hf_config(hf_config)
     dtype = jnp.dtype(config.dtype)
@@ -55,6 +55,16 @@ def get_stage_models(config: EngineConfig, model_path: str, hf_config, meshes: l
             model.lm_head = None
         stages.append(model)
     return stages
+
+
+def _has_stage_parts(model_cls) -> bool:
+    """Whether the class's forward is its stage parts (embed, forward_layers, final_norm): a
+    family that overrides its forward but inherits the parts would run another family's
+    layers in stages."""
+    def owner(name):
+        return next((c for c in model_cls.__mro__ if name in vars(c)), None)
+    return owner("forward_layers") is not None and all(
+        owner(name) is owner("__call__") for name in ("embed", "forward_layers", "final_norm"))
 
 
 def _stage_weights(weights: dict, layers: range) -> dict:

@@ -67,3 +67,32 @@ def test_default_model_in_two_stages_matches_one_device():
     assert r["2x1"]["tokens"] == r["1x1"]["tokens"]
     assert r["2x2"]["tokens"] == r["1x1"]["tokens"]
     assert r["2x2"]["kv_shards"] == [[[15, 2, 64, 16, 2, 64]] * 2] * 2  # 3 KV heads padded to 4
+
+
+@pytest.mark.parametrize("args, message", [
+    (dict(pipeline_parallel_size=0), "pipeline_parallel_size must be at least 1, got 0"),
+    (dict(pipeline_parallel_size=2, distributed_executor_backend="mp"), "use distributed_executor_backend='uni'"),
+    (dict(pipeline_parallel_size=2, preemption_mode="swap"), "not supported with pipeline_parallel_size > 1"),
+    (dict(data_parallel_size=0), "data_parallel_size must be at least 1, got 0"),
+    (dict(data_parallel_size=2, nnodes=2), "runs its engine cores on one host"),
+    (dict(distributed_executor_backend="ray", tensor_parallel_size=4, ray_workers=3),
+     r"ray_workers must be at least 1 and divide tensor_parallel_size \(4\), got 3"),
+    (dict(distributed_executor_backend="ray", preemption_mode="swap"), "'mp' or 'ray' executor"),
+])
+def test_scale_out_arguments_are_checked(args, message):
+    from types import SimpleNamespace
+
+    from jaxvllm.config import EngineArgs
+    with pytest.raises(ValueError, match=message):
+        EngineArgs(**args).create_engine_config(SimpleNamespace(max_position_embeddings=512), "cpu")
+
+
+def test_a_family_whose_forward_is_not_its_stage_parts_is_refused():
+    from jaxvllm.models.llama import LlamaForCausalLM
+    from jaxvllm.models.stage_loader import _has_stage_parts
+
+    class OwnForward(LlamaForCausalLM):
+        def __call__(self, *args):
+            raise NotImplementedError
+
+    assert _has_stage_parts(LlamaForCausalLM) and not _has_stage_parts(OwnForward)
