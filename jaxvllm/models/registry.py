@@ -1,13 +1,27 @@
-"""Which model class serves which Hugging Face architecture."""
+"""Which model class serves which Hugging Face architecture (the checkpoint config's
+`architectures`; vLLM's ModelRegistry): architecture -> (model class, args class)."""
 from __future__ import annotations
 
+from jaxvllm.models.gemma import GemmaArgs, GemmaForCausalLM
 from jaxvllm.models.llama import LlamaArgs, LlamaForCausalLM
+from jaxvllm.models.opt import OPTArgs, OPTForCausalLM
+from jaxvllm.models.phi3 import Phi3Args, Phi3ForCausalLM
+from jaxvllm.models.qwen3 import Qwen3Args, Qwen3ForCausalLM
 
 _MODELS = {
     "LlamaForCausalLM": (LlamaForCausalLM, LlamaArgs),
     "MistralForCausalLM": (LlamaForCausalLM, LlamaArgs),
     "Qwen2ForCausalLM": (LlamaForCausalLM, LlamaArgs),
+    "Qwen3ForCausalLM": (Qwen3ForCausalLM, Qwen3Args),
+    "Gemma2ForCausalLM": (GemmaForCausalLM, GemmaArgs),
+    "Gemma3ForCausalLM": (GemmaForCausalLM, GemmaArgs),
+    "OPTForCausalLM": (OPTForCausalLM, OPTArgs),
+    "Phi3ForCausalLM": (Phi3ForCausalLM, Phi3Args),
 }
+
+
+def supported_architectures() -> list[str]:
+    return sorted(_MODELS)
 
 
 def get_model_class(hf_config):
@@ -16,6 +30,6 @@ def get_model_class(hf_config):
         if arch in _MODELS:
             return _MODELS[arch]
     if not archs and getattr(hf_config, "model_type", None) in ("llama", "mistral", "qwen2"):
-        return _MODELS["LlamaForCausalLM"]
+        return _MODELS["LlamaForCausalLM"]  # a GGUF's config names no architecture
     raise ValueError(f"Model architectures {archs or [hf_config.model_type]} are not supported; "
-                     f"supported: {sorted(_MODELS)}.")
+                     f"supported: {', '.join(supported_architectures())}.")
