@@ -67,3 +67,39 @@ def test_greedy_matches_transformers_chunked_and_preempted(family):
     assert core.scheduler.num_preemptions > 0
     pool = core.scheduler.kv_cache_manager.block_pool
     assert pool.get_num_free_blocks() == pool.num_blocks - 1
+
+
+# A tensor each family adds to Llama's, dropped or given a wrong shape.
+FAMILY_TENSOR = {
+    "Qwen3ForCausalLM": "model.layers.1.self_attn.q_norm.weight",
+    "Gemma2ForCausalLM": "model.layers.2.pre_feedforward_layernorm.weight",
+    "Gemma3ForCausalLM": "model.layers.0.self_attn.k_norm.weight",
+    "OPTForCausalLM": "model.decoder.layers.1.fc1.bias",
+    "Phi3ForCausalLM": "model.layers.0.self_attn.qkv_proj.weight",
+}
+
+
+def test_missing_or_misshapen_tensor_is_named(family):
+    arch, path, _ = family
+    hf_config = load_hf_config(str(path))
+    model_cls, args_cls = get_model_class(hf_config)
+    weights = load_weights(str(path))
+    key = FAMILY_TENSOR[arch]
+    model = nnx.eval_shape(lambda: model_cls(args_cls.from_hf_config(hf_config)))
+    with pytest.raises(ValueError, match=f"missing tensor '{key}'"):
+        model.load_hf_weights({k: v for k, v in weights.items() if k != key})
+    with pytest.raises(ValueError, match=f"Tensor '{key}' of shape"):
+        model.load_hf_weights({**weights, key: np.zeros((weights[key].shape[0] + 3, *weights[key].shape[1:]),
+                                                       np.float32)})
+
+
+def test_unsupported_architecture_is_named_with_the_supported_ones(tiny_model_dir, tmp_path):
+    import json
+    import shutil
+    from jaxvllm import LLM
+    shutil.copytree(tiny_model_dir, tmp_path, dirs_exist_ok=True)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "architectures": ["FalconForCausalLM"]}))
+    with pytest.raises(ValueError, match=r"\['FalconForCausalLM'\] are not supported; supported: .*"
+                                         r"Gemma2ForCausalLM, Gemma3ForCausalLM, .*OPTForCausalLM"):
+        LLM(str(tmp_path), skip_warmup=True)
