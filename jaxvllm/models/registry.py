@@ -19,6 +19,10 @@ _MODELS = {
     "Phi3ForCausalLM": (Phi3ForCausalLM, Phi3Args),
 }
 
+# A GGUF's config names no architecture, only its model type.
+_GGUF_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                     "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
 
 def supported_architectures() -> list[str]:
     return sorted(_MODELS)
@@ -29,7 +33,7 @@ def get_model_class(hf_config):
     for arch in archs:
         if arch in _MODELS:
             return _MODELS[arch]
-    if not archs and getattr(hf_config, "model_type", None) in ("llama", "mistral", "qwen2"):
-        return _MODELS["LlamaForCausalLM"]  # a GGUF's config names no architecture
+    if not archs and getattr(hf_config, "model_type", None) in _GGUF_MODEL_TYPES:
+        return _MODELS[_GGUF_MODEL_TYPES[hf_config.model_type]]
     raise ValueError(f"Model architectures {archs or [hf_config.model_type]} are not supported; "
                      f"supported: {', '.join(supported_architectures())}.")

@@ -3,6 +3,8 @@ prefill logits, greedy generation through LLM with chunked prefill and with pree
 and a checkpoint missing a tensor or with one of the wrong shape."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -103,3 +105,41 @@ def test_unsupported_architecture_is_named_with_the_supported_ones(tiny_model_di
     with pytest.raises(ValueError, match=r"\['FalconForCausalLM'\] are not supported; supported: .*"
                                          r"Gemma2ForCausalLM, Gemma3ForCausalLM, .*OPTForCausalLM"):
         LLM(str(tmp_path), skip_warmup=True)
+
+
+def test_qwen3_gguf_loads_as_transformers_writes_it(tmp_path_factory):
+    """A GGUF written with llama.cpp's own tensor names for qwen3 (no Q/K row permutation):
+    its architecture, model args and weights are the safetensors checkpoint's."""
+    import gguf
+    path = tmp_path_factory.mktemp("qwen3-gguf")
+    ref = write_family_checkpoint("Qwen3ForCausalLM", path)
+    cfg = ref.config
+    writer = gguf.GGUFWriter(path / "tiny.gguf", "qwen3")
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_key_length(cfg.head_dim)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    writer.add_vocab_size(cfg.vocab_size)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3, cfg.num_hidden_layers)
+    for name, w in load_weights(str(path)).items():
+        writer.add_tensor(names.get_name(name, try_suffixes=(".weight",)), w)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    gguf_path = str(path / "tiny.gguf")
+    gguf_config = load_hf_config(gguf_path)
+    model_cls, args_cls = get_model_class(gguf_config)
+    assert model_cls is get_model_class(cfg)[0]
+    args, want_args = args_cls.from_hf_config(gguf_config), args_cls.from_hf_config(cfg)
+    assert args.rms_norm_eps == pytest.approx(want_args.rms_norm_eps)  # float32 in the GGUF
+    assert dataclasses.replace(args, rms_norm_eps=want_args.rms_norm_eps) == want_args
+    weights, want = load_weights(gguf_path), load_weights(str(path))
+    assert weights.keys() == want.keys()
+    for name, w in weights.items():
+        np.testing.assert_array_equal(w, want[name], err_msg=name)
