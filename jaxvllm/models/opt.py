@@ -153,6 +153,8 @@ class OPTForCausalLM(nnx.Module):
 
     def load_hf_weights(self, weights: dict[str, np.ndarray], place=None) -> None:
         place = place or (lambda name, value: jnp.asarray(value))
+        # facebook/opt-* checkpoints name the decoder without the "model." that transformers writes.
+        weights = {f"model.{k}" if k.startswith("decoder.") else k: v for k, v in weights.items()}
         self.load_weights((name, place(name, value)) for name, value in _from_hf(self, weights))
 
     def load_weights(self, weights) -> None:

@@ -29,7 +29,7 @@ FAMILIES = {
 }
 
 
-def write_family_checkpoint(arch: str, path, seed: int = 0):
+def write_family_checkpoint(arch: str, path, seed: int = 0, **overrides):
     """A random checkpoint of arch in path; returns the transformers model (float32, eval).
     Weights are redrawn larger than transformers' init so that greedy choices are not near
     ties; norm weights stay near their identity (1, or 0 where Gemma adds 1)."""
@@ -38,7 +38,7 @@ def write_family_checkpoint(arch: str, path, seed: int = 0):
     from jaxvllm.transformers_utils.tokenizer import load_tokenizer
 
     cls, fields = FAMILIES[arch]
-    cfg = getattr(transformers, cls)(**fields)
+    cfg = getattr(transformers, cls)(**fields, **overrides)
     cfg.architectures = [arch]
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="eager")

@@ -48,6 +48,20 @@ def test_prefill_logits_match_transformers(family):
         assert err < 1e-4
 
 
+def test_opt_350m_layout_post_layer_norm(tmp_path):
+    """opt-350m's layout: LayerNorms after attention and MLP, no final LayerNorm; its
+    decoder named without "model.", as the facebook/opt-* checkpoints name it."""
+    from safetensors.numpy import load_file, save_file
+    ref = write_family_checkpoint("OPTForCausalLM", tmp_path, do_layer_norm_before=False)
+    tensors = load_file(tmp_path / "model.safetensors")
+    save_file({k.removeprefix("model."): v for k, v in tensors.items()}, str(tmp_path / "model.safetensors"))
+    token_ids = [int(t) for t in np.random.default_rng(0).integers(3, 256, 20)]
+    with torch.no_grad():
+        theirs = ref(torch.tensor([token_ids])).logits[0].numpy()
+    ours = run_prefill(load_model(tmp_path), token_ids)
+    assert np.abs(ours - theirs).max() / np.abs(theirs).max() < 1e-4
+
+
 PROMPTS = [[int(t) for t in np.random.default_rng(i).integers(3, 256, n)] for i, n in enumerate([5, 70, 17])]
 N_NEW = 32
 
