@@ -5,8 +5,8 @@ soft-capping of attention scores and final logits (Gemma 2), per-head q/k norms 
 base of their own for the sliding-window layers (Gemma 3).
 
 The weights are Llama's (models/llama.py) plus the extra norms, so Llama's loader and
-weight layout serve, and the layer loop gets (layer index, weights) pairs: the index picks
-the layer's rope and window, statically.
+weight layout serve. The layer loop gets (layer index, weights) pairs: the index picks the
+layer's rope statically, and its window through layer_loops.by_layer.
 """
 from __future__ import annotations
 
