@@ -42,4 +42,5 @@ def test_tp2_matches_tp1(tp_results, arch):
         assert tokens == ref_tokens and abs(cum - ref_cum) < 1e-4
     # Really split: the KV cache by KV head, the fused q/k/v by KV head.
     assert [s[4] for s in r["2"]["kv_cache"]["shards"]] == [r["1"]["kv_cache"]["shape"][4] // 2] * 2
-    assert r["2"]["weights"]["layers.0.qkv_proj"]["shards"][0][1] == r["2"]["weights"]["layers.0.qkv_proj"]["shape"][1] // 2
+    qkv = r["2"]["weights"]["layers.0.qkv_proj"]
+    assert qkv["shards"] == [[qkv["shape"][0], qkv["shape"][1] // 2, *qkv["shape"][2:]]] * 2
