@@ -1,6 +1,7 @@
 """Each model family beyond Llama against transformers on a tiny random checkpoint:
-prefill logits, greedy generation through LLM with chunked prefill and with preemption,
-and a checkpoint missing a tensor or with one of the wrong shape."""
+prefill logits, greedy generation through LLM with chunked prefill and with preemption, a
+checkpoint missing a tensor or with one of the wrong shape; opt-350m's layout, Qwen3 from a
+GGUF, and an architecture the registry does not serve."""
 from __future__ import annotations
 
 import dataclasses
