@@ -2,11 +2,16 @@
 from __future__ import annotations
 
 from jaxvllm.models.llama import LlamaArgs, LlamaForCausalLM
+from jaxvllm.models.mixtral import MixtralForCausalLM, MoeArgs
+from jaxvllm.models.qwen3_moe import Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 
 _MODELS = {
     "LlamaForCausalLM": (LlamaForCausalLM, LlamaArgs),
     "MistralForCausalLM": (LlamaForCausalLM, LlamaArgs),
     "Qwen2ForCausalLM": (LlamaForCausalLM, LlamaArgs),
+    "MixtralForCausalLM": (MixtralForCausalLM, MoeArgs),
+    "Qwen2MoeForCausalLM": (Qwen2MoeForCausalLM, MoeArgs),
+    "Qwen3MoeForCausalLM": (Qwen3MoeForCausalLM, MoeArgs),
 }
 
 
