@@ -28,7 +28,8 @@ from jax.sharding import PartitionSpec as P
 from jaxvllm.distributed.mesh import MODEL_AXIS as M
 
 # grouped_matmul(lhs [m, k], rhs [groups, k, n], group_sizes i32[groups]) -> [m, n]: rows of
-# lhs in consecutive groups, group g multiplied by rhs[g]; rows past the last group are zeros.
+# lhs in consecutive groups, group g multiplied by rhs[g]; rows past the last group are
+# undefined (ragged_dot writes zeros, megablox leaves them unwritten), and dropped below.
 GroupedMatmul = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
 
 

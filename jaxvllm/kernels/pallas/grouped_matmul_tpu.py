@@ -1,9 +1,9 @@
 """The grouped matmul of the mixture-of-experts layer on a TPU: JAX's Pallas megablox `gmm`
 (Mosaic), with tiles fitted to the problem.
 
-Same contract as `jax.lax.ragged_dot(lhs [m, k], rhs [groups, k, n], group_sizes)`; rows past
-the last group come back as zeros. megablox needs m to divide by the row tile: the engine's
-token buckets are powers of two, times top_k.
+Same contract as `jax.lax.ragged_dot(lhs [m, k], rhs [groups, k, n], group_sizes)`, except that
+rows past the last group are left unwritten (the caller drops them). megablox needs m to divide
+by the row tile: the engine's token buckets are powers of two, times top_k.
 """
 from __future__ import annotations
 
