@@ -1,0 +1,130 @@
+"""The mixture-of-experts layer (jaxvllm/layers/fused_moe.py): the platform's grouped matmul
+against the dense reference (every expert over every token) and against a dense MLP with as
+many active parameters (intermediate size top_k x the expert's: the FLOPs a token really
+needs), in tokens/s per layer over a range of token counts.
+
+Each variant includes the router (softmax, top-k) where it has one. Prints a table and writes
+a JSON result.
+
+    python benchmarks/moe.py                          # this machine's default shape
+    python benchmarks/moe.py --shape mixtral-8x7b     # one real layer (on an accelerator)
+    python benchmarks/moe.py --smoke                  # tiny shapes, a few calls (CI)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform as _platform
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from jaxvllm.layers.fused_moe import dense_moe, select_experts  # noqa: E402
+from jaxvllm.platforms import current_platform  # noqa: E402
+
+# name: (hidden, expert intermediate, experts, top_k)
+SHAPES = {
+    "small": (512, 1024, 8, 2),          # Mixtral's proportions, scaled for a 2-core CPU
+    "mixtral-8x7b": (4096, 14336, 8, 2),
+    "qwen3-30b-a3b": (2048, 768, 128, 8),
+    "smoke": (64, 96, 8, 2),
+}
+TOKENS = [1, 16, 64, 256, 512]
+SMOKE_TOKENS = [1, 8]
+
+
+def make_layer(rng, hidden, inter, experts, top_k, dtype):
+    def w(*shape):
+        return jnp.asarray(rng.standard_normal(shape) * shape[-2] ** -0.5, dtype)
+    return dict(router=w(hidden, experts), gate_up=w(experts, hidden, 2, inter), down=w(experts, inter, hidden),
+                dense_gate_up=w(hidden, 2, top_k * inter), dense_down=w(top_k * inter, hidden))
+
+
+def variants(top_k: int, renormalize: bool = True):
+    """name -> f(weights, x): the three layers compared."""
+    method = current_platform.fused_moe_method()
+
+    def routed(w, x):
+        return select_experts(x @ w["router"], top_k, renormalize)
+
+    def grouped(w, x):
+        return method.apply(x, w["gate_up"], w["down"], *routed(w, x))
+
+    def dense_reference(w, x):
+        return dense_moe(x, w["gate_up"], w["down"], *routed(w, x))
+
+    def dense_mlp(w, x):
+        gate_up = jnp.einsum("th,hci->tci", x, w["dense_gate_up"])
+        return (jax.nn.silu(gate_up[:, 0]) * gate_up[:, 1]) @ w["dense_down"]
+
+    return {"grouped": grouped, "dense_reference": dense_reference, "dense_mlp": dense_mlp}
+
+
+def time_call(fn, *args, calls: int) -> float:
+    """Median seconds per call after one warm call (the compile)."""
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def run(shape: str, tokens: list[int], dtype, calls: int) -> list[dict]:
+    hidden, inter, experts, top_k = SHAPES[shape]
+    rng = np.random.default_rng(0)
+    w = make_layer(rng, hidden, inter, experts, top_k, dtype)
+    fns = {name: jax.jit(f) for name, f in variants(top_k).items()}
+    rows = []
+    for T in tokens:
+        x = jnp.asarray(rng.standard_normal((T, hidden)), dtype)
+        row = dict(tokens=T)
+        outs = {}
+        for name, fn in fns.items():
+            seconds = time_call(fn, w, x, calls=calls)
+            row[f"{name}_ms"] = seconds * 1e3
+            row[f"{name}_tok_s"] = T / seconds
+            outs[name] = np.asarray(fn(w, x), np.float32)
+        ref = outs["dense_reference"]
+        row["max_rel_err"] = float(np.abs(outs["grouped"] - ref).max() / max(np.abs(ref).max(), 1e-30))
+        rows.append(row)
+        print(f"{T:>6} tokens  grouped {row['grouped_tok_s']:>10.0f} tok/s  dense reference "
+              f"{row['dense_reference_tok_s']:>10.0f} tok/s  dense MLP (equal active) "
+              f"{row['dense_mlp_tok_s']:>10.0f} tok/s  rel err {row['max_rel_err']:.1e}", flush=True)
+    return rows
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", choices=sorted(SHAPES), default=None,
+                   help="default: small on a CPU, mixtral-8x7b on an accelerator")
+    p.add_argument("--tokens", type=int, nargs="+", default=None)
+    p.add_argument("--dtype", default=None, help="default: the platform's")
+    p.add_argument("--calls", type=int, default=10)
+    p.add_argument("--smoke", action="store_true", help="tiny shapes, two calls each")
+    p.add_argument("--out", default=None, help="JSON result path")
+    a = p.parse_args(argv)
+    on_cpu = current_platform.device_name == "cpu"
+    shape = "smoke" if a.smoke else a.shape or ("small" if on_cpu else "mixtral-8x7b")
+    tokens = a.tokens or (SMOKE_TOKENS if a.smoke else TOKENS)
+    dtype = jnp.dtype(a.dtype or current_platform.default_dtype)
+    hidden, inter, experts, top_k = SHAPES[shape]
+    device = jax.devices()[0]
+    print(f"MoE layer {shape}: hidden {hidden}, {experts} experts of {inter}, top-{top_k}, {dtype.name}, "
+          f"on {device.device_kind} ({_platform.node()})")
+    result = dict(shape=shape, hidden=hidden, intermediate=inter, experts=experts, top_k=top_k,
+                  dtype=dtype.name, device=device.device_kind,
+                  rows=run(shape, tokens, dtype, 2 if a.smoke else a.calls))
+    if a.out:
+        Path(a.out).write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()
