@@ -4,10 +4,10 @@ expert outputs weighted by its router probabilities.
 
 Expert weights are stacked: gate/up `[experts, hidden, 2, intermediate]` (one matmul reads a
 row once for both halves) and down `[experts, intermediate, hidden]`. The grouped matmul is
-the platform's (`Platform.fused_moe_method`): `jax.lax.ragged_dot` here, Pallas megablox `gmm`
-on a TPU. The experts do not go through the linear method: a grouped matmul needs every
-expert's weight in one stacked array, in the layout it multiplies, which the packed CPU
-layout is not.
+the platform's (`Platform.fused_moe_method`): `jax.lax.ragged_dot` by default (the GPU), Pallas
+megablox `gmm` on a TPU, a loop over the row tiles each expert's rows occupy on the CPU. The
+experts do not go through the linear method: a grouped matmul needs every expert's weight in
+one stacked array, in the layout it multiplies, which the packed CPU layout is not.
 
 On a mesh the layer runs per device (`shard_map` over the model axis). The hidden states are
 replicated between layers, so every device already holds every token: with tensor
@@ -30,6 +30,7 @@ from jaxvllm.distributed.mesh import MODEL_AXIS as M
 # grouped_matmul(lhs [m, k], rhs [groups, k, n], group_sizes i32[groups]) -> [m, n]: rows of
 # lhs in consecutive groups, group g multiplied by rhs[g]; rows past the last group are
 # undefined (ragged_dot writes zeros, megablox leaves them unwritten), and dropped below.
+# Implementations: jax.lax.ragged_dot, jaxvllm/kernels/{xla,pallas}/grouped_matmul*.py.
 GroupedMatmul = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
 
 
@@ -75,12 +76,15 @@ class UnquantizedFusedMoEMethod:
 def dense_moe(x: jax.Array, w_gate_up: jax.Array, w_down: jax.Array, topk_weights: jax.Array,
               topk_ids: jax.Array) -> jax.Array:
     """The reference: every expert over every token, combined with each token's router
-    weights (zero for experts it was not routed to)."""
-    E = w_gate_up.shape[0]
+    weights (zero for experts it was not routed to). One plain matmul per expert: XLA:CPU
+    runs a batched einsum over the expert axis an order of magnitude slower."""
+    E, hidden, _, inter = w_gate_up.shape
     combine = (jax.nn.one_hot(topk_ids, E, dtype=jnp.float32) * topk_weights[..., None]).sum(1)
-    gate_up = jnp.einsum("th,ehci->etci", x, w_gate_up)
-    out = jnp.einsum("eti,eih->eth", jax.nn.silu(gate_up[:, :, 0]) * gate_up[:, :, 1], w_down)
-    return jnp.einsum("eth,te->th", out, combine.astype(out.dtype)).astype(x.dtype)
+    out = jnp.zeros(x.shape, jnp.float32)
+    for e in range(E):
+        gate_up = (x @ w_gate_up[e].reshape(hidden, 2 * inter)).reshape(-1, 2, inter)
+        out = out + combine[:, e, None] * ((jax.nn.silu(gate_up[:, 0]) * gate_up[:, 1]) @ w_down[e])
+    return out.astype(x.dtype)
 
 
 def fused_moe(method: UnquantizedFusedMoEMethod, x: jax.Array, w_gate_up: jax.Array, w_down: jax.Array,
