@@ -9,12 +9,19 @@ a JSON result.
     python benchmarks/moe.py                          # this machine's default shape
     python benchmarks/moe.py --shape mixtral-8x7b     # one real layer (on an accelerator)
     python benchmarks/moe.py --smoke                  # tiny shapes, a few calls (CI)
+    XLA_FLAGS=--xla_force_host_platform_device_count=4 python benchmarks/moe.py --ep 4
+
+`--ep N` instead times the layer with its experts split over N devices two ways, and lists
+each compiled program's collectives: the engine's (`fused_moe`: per device under shard_map,
+one all-reduce) and XLA's own partitioning of the unsharded layer (ragged_dot over experts
+sharded on the mesh, XLA's collectives).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import platform as _platform
+import re
 import sys
 import time
 from pathlib import Path
@@ -22,10 +29,14 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from jaxvllm.layers.fused_moe import dense_moe, select_experts  # noqa: E402
+from jaxvllm.distributed.mesh import MODEL_AXIS as M, make_mesh  # noqa: E402
+from jaxvllm.layers.fused_moe import UnquantizedFusedMoEMethod, dense_moe, fused_moe, select_experts  # noqa: E402
 from jaxvllm.platforms import current_platform  # noqa: E402
+
+COLLECTIVES = ("all-reduce", "all-to-all", "all-gather", "reduce-scatter", "collective-permute")
 
 # name: (hidden, expert intermediate, experts, top_k)
 SHAPES = {
@@ -65,6 +76,12 @@ def variants(top_k: int, renormalize: bool = True):
     return {"grouped": grouped, "dense_reference": dense_reference, "dense_mlp": dense_mlp}
 
 
+def collectives(hlo: str) -> dict[str, int]:
+    """Collective ops of a compiled HLO module (async pairs counted once, by their start)."""
+    ops = re.findall(r"= \S+ (" + "|".join(COLLECTIVES) + r")(?:-start)?\(", hlo)
+    return {op: ops.count(op) for op in COLLECTIVES if op in ops}
+
+
 def time_call(fn, *args, calls: int) -> float:
     """Median seconds per call after one warm call (the compile)."""
     jax.block_until_ready(fn(*args))
@@ -100,6 +117,48 @@ def run(shape: str, tokens: list[int], dtype, calls: int) -> list[dict]:
     return rows
 
 
+def run_ep(shape: str, tokens: list[int], dtype, calls: int, ep: int) -> list[dict]:
+    """The layer with its experts split over `ep` devices: the engine's shard_map against
+    XLA's partitioning of the unsharded layer."""
+    hidden, inter, experts, top_k = SHAPES[shape]
+    mesh = make_mesh(ep)
+    rng = np.random.default_rng(0)
+    split = {"gate_up": P(M, None, None, None), "down": P(M, None, None)}
+    w = {name: jax.device_put(v, NamedSharding(mesh, split.get(name, P())))
+         for name, v in make_layer(rng, hidden, inter, experts, top_k, dtype).items()}
+    platform_method, ragged = current_platform.fused_moe_method(), UnquantizedFusedMoEMethod()
+
+    def engine(w, x):
+        return fused_moe(platform_method, x, w["gate_up"], w["down"], *select_experts(x @ w["router"], top_k, True),
+                         expert_parallel=True)
+
+    def xla(w, x):
+        return ragged.apply(x, w["gate_up"], w["down"], *select_experts(x @ w["router"], top_k, True))
+
+    def jitted(fn):
+        def traced(w, x):
+            with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+                return fn(w, x)
+        rep = NamedSharding(mesh, P())
+        return jax.jit(traced, in_shardings=(jax.tree.map(lambda a: a.sharding, w), rep), out_shardings=rep)
+
+    fns = {"engine_shard_map": jitted(engine), "xla_partitioned": jitted(xla)}
+    rows = []
+    for T in tokens:
+        x = jax.device_put(jnp.asarray(rng.standard_normal((T, hidden)), dtype), NamedSharding(mesh, P()))
+        row = dict(tokens=T, ep=ep)
+        for name, fn in fns.items():
+            row[f"{name}_tok_s"] = T / time_call(fn, w, x, calls=calls)
+            row[f"{name}_collectives"] = collectives(fn.lower(w, x).compile().as_text())
+        ref, ours = np.asarray(fns["xla_partitioned"](w, x)), np.asarray(fns["engine_shard_map"](w, x))
+        row["max_rel_err"] = float(np.abs(ours - ref).max() / max(np.abs(ref).max(), 1e-30))
+        rows.append(row)
+        print(f"{T:>6} tokens EP={ep}  engine (shard_map) {row['engine_shard_map_tok_s']:>9.0f} tok/s "
+              f"{row['engine_shard_map_collectives']}  XLA-partitioned {row['xla_partitioned_tok_s']:>9.0f} tok/s "
+              f"{row['xla_partitioned_collectives']}  rel err {row['max_rel_err']:.1e}", flush=True)
+    return rows
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", choices=sorted(SHAPES), default=None,
@@ -108,6 +167,7 @@ def main(argv=None) -> dict:
     p.add_argument("--dtype", default=None, help="default: the platform's")
     p.add_argument("--calls", type=int, default=10)
     p.add_argument("--smoke", action="store_true", help="tiny shapes, two calls each")
+    p.add_argument("--ep", type=int, default=None, help="experts split over this many devices")
     p.add_argument("--out", default=None, help="JSON result path")
     a = p.parse_args(argv)
     on_cpu = current_platform.device_name == "cpu"
@@ -118,9 +178,10 @@ def main(argv=None) -> dict:
     device = jax.devices()[0]
     print(f"MoE layer {shape}: hidden {hidden}, {experts} experts of {inter}, top-{top_k}, {dtype.name}, "
           f"on {device.device_kind} ({_platform.node()})")
+    calls = 2 if a.smoke else a.calls
     result = dict(shape=shape, hidden=hidden, intermediate=inter, experts=experts, top_k=top_k,
                   dtype=dtype.name, device=device.device_kind,
-                  rows=run(shape, tokens, dtype, 2 if a.smoke else a.calls))
+                  rows=run_ep(shape, tokens, dtype, calls, a.ep) if a.ep else run(shape, tokens, dtype, calls))
     if a.out:
         Path(a.out).write_text(json.dumps(result, indent=1))
     return result

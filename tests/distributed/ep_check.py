@@ -8,7 +8,6 @@ collectives in the compiled forward of the largest token bucket.
 """
 import json
 import os
-import re
 import sys
 
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
@@ -16,19 +15,12 @@ os.environ.setdefault("JAXVLLM_XLA_CACHE", "")
 
 import jax  # noqa: E402
 
+from benchmarks.moe import collectives  # noqa: E402
 from jaxvllm import LLM, SamplingParams  # noqa: E402
-
-COLLECTIVES = ("all-reduce", "all-to-all", "all-gather", "reduce-scatter", "collective-permute")
 
 
 def shard_shapes(array) -> list[list[int]]:
     return [list(s.data.shape) for s in sorted(array.addressable_shards, key=lambda s: s.device.id)]
-
-
-def collectives(hlo: str) -> dict[str, int]:
-    """Collective ops of a compiled HLO module (async pairs counted once, by their start)."""
-    ops = re.findall(r"= \S+ (" + "|".join(COLLECTIVES) + r")(?:-start)?\(", hlo)
-    return {op: ops.count(op) for op in COLLECTIVES if op in ops}
 
 
 def main(models: str, configs: str, prompts: str, max_tokens: str) -> None:
@@ -43,7 +35,7 @@ def run(model: str, configs: list[str], prompts: list[list[int]], n: int) -> dic
     for config in configs:
         llm = LLM(model, tensor_parallel_size=int(config.removesuffix("ep")),
                   enable_expert_parallel=config.endswith("ep"), skip_warmup=True, max_num_seqs=4,
-                  max_num_batched_tokens=32, max_model_len=128, num_gpu_blocks_override=32)
+                  max_num_batched_tokens=16, max_model_len=128, num_gpu_blocks_override=32)
         outputs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                                SamplingParams(temperature=0, max_tokens=n, min_tokens=n), use_tqdm=False)
         runner = llm.llm_engine.engine_core.model_executor.driver_worker.model_runner

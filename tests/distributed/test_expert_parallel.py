@@ -17,7 +17,7 @@ from jaxvllm.distributed.partition import param_sharding
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-PROMPTS = [[5, 6, 7, 8], list(range(9, 44)), [40, 41]]
+PROMPTS = [[5, 6, 7, 8], list(range(9, 29))]  # the second is prefilled in two chunks
 
 
 def run_ep(models: list[str], configs: str, prompts: list[list[int]], max_tokens: int) -> dict:
@@ -38,7 +38,7 @@ def test_ep2_ep4_and_tp2_match_tp1(tmp_path):
     for arch in ("Mixtral", "Qwen3Moe"):
         cfgs[str(tmp_path / arch)] = write_tiny_moe(tmp_path / arch, arch)
         tokenizer.save_pretrained(tmp_path / arch)
-    results = run_ep(list(cfgs), "1,2,2ep,4ep", PROMPTS, 8)
+    results = run_ep(list(cfgs), "1,2,2ep,4ep", PROMPTS, 6)
     for path, r in results.items():
         for config in ("2", "2ep", "4ep"):
             assert r[config]["tokens"] == r["1"]["tokens"], (path, config)
