@@ -92,6 +92,7 @@ class MixtralForCausalLM(LlamaForCausalLM):
     def __init__(self, args: MoeArgs, *, dtype=jnp.float32, linear_method=None, moe_method=None):
         """moe_method (layers/fused_moe.py; the platform's) runs the experts; default
         ragged_dot."""
+        # Llama's embedding, final norm and head; the layers are this family's.
         super().__init__(dataclasses.replace(args, num_layers=0), dtype=dtype, linear_method=linear_method)
         self.args = args
         self.moe_method = moe_method or UnquantizedFusedMoEMethod()
