@@ -50,10 +50,11 @@ SMOKE_TOKENS = [1, 8]
 
 
 def make_layer(rng, hidden, inter, experts, top_k, dtype):
-    def w(*shape):
-        return jnp.asarray(rng.standard_normal(shape) * shape[-2] ** -0.5, dtype)
-    return dict(router=w(hidden, experts), gate_up=w(experts, hidden, 2, inter), down=w(experts, inter, hidden),
-                dense_gate_up=w(hidden, 2, top_k * inter), dense_down=w(top_k * inter, hidden))
+    def w(fan_in, *shape):
+        return jnp.asarray(rng.standard_normal(shape) * fan_in ** -0.5, dtype)
+    return dict(router=w(hidden, hidden, experts), gate_up=w(hidden, experts, hidden, 2, inter),
+                down=w(inter, experts, inter, hidden), dense_gate_up=w(hidden, hidden, 2, top_k * inter),
+                dense_down=w(top_k * inter, top_k * inter, hidden))
 
 
 def variants(top_k: int, renormalize: bool = True):
