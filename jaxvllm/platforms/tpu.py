@@ -1,4 +1,5 @@
-"""TPUs: the Mosaic Pallas attention kernel, bfloat16, no conditionals in a step."""
+"""TPUs: the Mosaic Pallas attention kernel and megablox grouped matmul, bfloat16, no
+conditionals in a step."""
 from __future__ import annotations
 
 from jaxvllm.platforms.interface import Platform
@@ -13,3 +14,10 @@ class TpuPlatform(Platform):
 
     def ray_worker_resources(self, num_devices: int) -> dict[str, float]:
         return {"TPU": num_devices}
+
+    def fused_moe_method(self):
+        """The experts through Pallas megablox `gmm`, the grouped kernel written for the MXU
+        (MaxText's and tpu-inference's choice)."""
+        from jaxvllm.kernels.pallas.grouped_matmul_tpu import grouped_matmul
+        from jaxvllm.layers.fused_moe import UnquantizedFusedMoEMethod
+        return UnquantizedFusedMoEMethod(grouped_matmul)

@@ -46,7 +46,8 @@ class Worker:
         self.dtype = jnp.dtype(config.dtype)
         platform = platforms.current_platform
         self.model = get_model(config, model_path, hf_config, self.mesh,
-                               linear_method=platform.linear_method(config.attention_backend, self.mesh.size))
+                               linear_method=platform.linear_method(config.attention_backend, self.mesh.size),
+                               moe_method=platform.fused_moe_method())
         self.args = self.model.args
         self.attend = get_attention(config.attention_backend, platform, self.mesh)
 

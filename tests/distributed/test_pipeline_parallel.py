@@ -87,12 +87,11 @@ def test_scale_out_arguments_are_checked(args, message):
         EngineArgs(**args).create_engine_config(SimpleNamespace(max_position_embeddings=512), "cpu")
 
 
-def test_a_family_whose_forward_is_not_its_stage_parts_is_refused():
-    from jaxvllm.models.llama import LlamaForCausalLM
+def test_families_whose_forward_is_not_their_stage_parts_are_refused():
+    """Qwen3, Gemma and the MoE families run their own forward over Llama's classes: split
+    into stages they would run Llama's layers, so they are refused; Phi-3 is Llama's."""
+    from jaxvllm.models import gemma, llama, mixtral, phi3, qwen3
     from jaxvllm.models.stage_loader import _has_stage_parts
-
-    class OwnForward(LlamaForCausalLM):
-        def __call__(self, *args):
-            raise NotImplementedError
-
-    assert _has_stage_parts(LlamaForCausalLM) and not _has_stage_parts(OwnForward)
+    assert _has_stage_parts(llama.LlamaForCausalLM) and _has_stage_parts(phi3.Phi3ForCausalLM)
+    for cls in (qwen3.Qwen3ForCausalLM, gemma.GemmaForCausalLM, mixtral.MixtralForCausalLM):
+        assert not _has_stage_parts(cls), cls
