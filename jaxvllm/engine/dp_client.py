@@ -31,7 +31,14 @@ _STOP = object()
 def _start_cores(client_cls, args: EngineArgs) -> list:
     """One client (and engine process) per rank, started from this thread and loaded
     together; if one fails to start, the others are shut down and its error raised."""
-    clients = [client_cls(args, rank, wait_ready=False) for rank in range(args.data_parallel_size)]
+    clients = []
+    try:
+        for rank in range(args.data_parallel_size):
+            clients.append(client_cls(args, rank, wait_ready=False))
+    except BaseException:
+        for client in clients:
+            client.shutdown()
+        raise
     with ThreadPoolExecutor(len(clients)) as pool:
         errors = [f.exception() for f in [pool.submit(c.wait_ready) for c in clients]]
     failed = [e for e in errors if e is not None]
