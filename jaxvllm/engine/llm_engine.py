@@ -26,6 +26,7 @@ from jaxvllm.sampling_params import SamplingParams
 from jaxvllm.transformers_utils.config import load_hf_config
 from jaxvllm.transformers_utils.model_path import resolve_model
 from jaxvllm.transformers_utils.tokenizer import load_tokenizer
+from jaxvllm.transformers_utils.weights_dir import write_weights_dir
 
 
 class LLMEngine:
@@ -132,7 +133,6 @@ class LLMEngine:
             self.sleeping = self.engine_core_client.call_utility(
                 "update_weights", os.fspath(weights) if isinstance(weights, os.PathLike) else weights)
             return
-        from jaxvllm.models.weight_update import write_weights_dir
         with tempfile.TemporaryDirectory(prefix="jaxvllm-weights-") as path:
             write_weights_dir(weights, path)
             self.sleeping = self.engine_core_client.call_utility("update_weights", path)

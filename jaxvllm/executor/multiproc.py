@@ -33,6 +33,7 @@ from jaxvllm.outputs import ModelRunnerOutput
 from jaxvllm.process_utils import (has_exited, init_child_process, spawn_process, start_spawned,
                                    stop_processes, wait_for_exit)
 from jaxvllm.serial_utils import decode, encode
+from jaxvllm.transformers_utils.weights_dir import write_weights_dir
 
 logger = logging.getLogger(__name__)
 # The Worker methods served, with the types their arguments and results are decoded into.
@@ -105,7 +106,6 @@ class MultiprocExecutor:
         if isinstance(weights, (str, os.PathLike)):
             self.collective_rpc("update_weights", (os.fspath(weights),))
             return
-        from jaxvllm.models.weight_update import write_weights_dir
         with tempfile.TemporaryDirectory(prefix="jaxvllm-weights-") as path:
             write_weights_dir(weights, path)
             self.collective_rpc("update_weights", (path,))

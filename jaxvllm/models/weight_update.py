@@ -131,11 +131,3 @@ def _check(name: str, value, shape: tuple[int, ...]) -> None:
         raise ValueError(f"update_weights: tensor {name!r} has dtype {value.dtype}; "
                          f"a floating-point one is needed.")
 
-
-def write_weights_dir(weights: dict, path: str) -> None:
-    """Save a dict of arrays as `path`/model.safetensors (float32), for processes that load
-    their own shards of it (worker processes, an engine in another process)."""
-    from safetensors.numpy import save_file
-    os.makedirs(path, exist_ok=True)
-    save_file({name: np.ascontiguousarray(np.asarray(value, np.float32)) for name, value in weights.items()},
-              os.path.join(path, "model.safetensors"))
