@@ -25,6 +25,7 @@ from jaxvllm.models.weight_update import WeightUpdater
 from jaxvllm.outputs import ModelRunnerOutput
 from jaxvllm.platforms.huge_pages import advise_huge_pages, huge_page_ranges
 from jaxvllm.worker import sleep_mode
+from jaxvllm.worker.memory_profiling import MemoryProfile, peak_step_bytes
 from jaxvllm.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ class Worker:
         del weights
         self.args = self.model.args
         self.attend = get_attention(config.attention_backend, platform, self.mesh)
+        self.memory_profile: MemoryProfile | None = None  # where the device reports its memory
         self.sleeping_tags: set[str] = set()
         self._host_weights = None  # sleep level 1's copy of the weights
 
@@ -74,8 +76,8 @@ class Worker:
         return math.prod(self.kv_cache_shape_per_block) * self.dtype.itemsize
 
     def determine_num_blocks(self) -> int:
-        """From num_gpu_blocks_override, else kv_cache_memory_bytes, else the fraction
-        `hbm_utilization` of the device memory that the backend reports."""
+        """From num_gpu_blocks_override, else kv_cache_memory_bytes, else by profiling the
+        device memory that the backend reports (worker/memory_profiling.py)."""
         c = self.config.cache
         if c.num_gpu_blocks_override is not None:
             return c.num_gpu_blocks_override
@@ -88,14 +90,24 @@ class Worker:
             if memory is None:
                 raise ValueError(f"The {platform.device_name} backend does not report its memory; "
                                  "set kv_cache_memory_bytes or num_gpu_blocks_override.")
-            # Every device of the mesh holds 1/size of each block (its KV heads).
-            limit, in_use = memory
-            budget = (int(limit * c.hbm_utilization) - in_use) * self.mesh.size
+            self.memory_profile = MemoryProfile(*memory, peak_step=self._peak_step_bytes())
+            budget = self.memory_profile.kv_cache_budget(c.hbm_utilization, self.mesh.size)
+            logger.info("KV cache budget: %s.", self.memory_profile.describe(c.hbm_utilization, self.mesh.size))
         num_blocks = budget // block_bytes
         if num_blocks < 2:
             raise ValueError(f"The KV cache budget ({budget} bytes) holds fewer than 2 blocks of "
                              f"{block_bytes} bytes; raise kv_cache_memory_bytes or hbm_utilization.")
         return num_blocks
+
+    def _peak_step_bytes(self) -> int:
+        """The largest step's memory beyond its arguments, from its programs compiled for a
+        small abstract KV cache (a step's temporaries scale with its tokens, not the cache)."""
+        a, bs = self.args, self.config.cache.block_size
+        blocks = -(-self.config.scheduler.max_model_len // bs) + 1
+        kv_cache = jax.ShapeDtypeStruct((a.num_layers, 2, blocks, bs, a.num_kv_heads, a.head_dim), self.dtype,
+                                        sharding=kv_cache_sharding(self.mesh))
+        return peak_step_bytes(ModelRunner(self.config, self.model, kv_cache, self.attend, mesh=self.mesh,
+                                           platform=platforms.current_platform))
 
     def initialize_cache(self, num_blocks: int, num_swap_blocks: int = 0) -> ModelRunner:
         a, bs = self.args, self.config.cache.block_size
