@@ -8,6 +8,7 @@ programs take it as before: nothing compiles again.
 """
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 
 import jax
@@ -57,6 +58,11 @@ def device_memory_in_use(devices) -> int:
     stats = [d.memory_stats() or {} for d in devices]
     if all("bytes_in_use" in s for s in stats):
         return sum(s["bytes_in_use"] for s in stats)
+    gc.collect()  # arrays in reference cycles are garbage, not held
     devices = set(devices)
-    return sum(s.data.nbytes for x in jax.live_arrays() for s in x.addressable_shards
-               if s.device in devices)
+    buffers = {}  # several jax arrays may share one buffer: counted once
+    for x in jax.live_arrays():
+        for shard in x.addressable_shards:
+            if shard.device in devices:
+                buffers[shard.device.id, shard.data.unsafe_buffer_pointer()] = shard.data.nbytes
+    return sum(buffers.values())
