@@ -86,16 +86,22 @@ def test_sleep_is_refused_with_requests_in_flight(tiny):
     assert not llm.is_sleeping()
 
 
-def test_update_weights_equals_a_fresh_engine(tiny, tmp_path):
+@pytest.fixture(scope="module")
+def perturbed_model(tiny, tmp_path_factory):
+    """A checkpoint of perturbed weights, and a fresh engine's greedy tokens on it."""
     llm, tensors = tiny
-    before = greedy(llm)
     new = perturbed(tensors)
-    fresh_dir = tmp_path / "perturbed"
-    shutil.copytree(llm_dir(llm), fresh_dir)
-    save_file(new, str(fresh_dir / "model.safetensors"))
-    expected = greedy(LLM(str(fresh_dir), **ENGINE))
-    assert expected != before
+    path = tmp_path_factory.mktemp("perturbed") / "model"
+    shutil.copytree(llm_dir(llm), path)
+    save_file(new, str(path / "model.safetensors"))
+    return path, new, greedy(LLM(str(path), **ENGINE))
 
+
+def test_update_weights_equals_a_fresh_engine(tiny, perturbed_model):
+    llm, _ = tiny
+    before = greedy(llm)
+    _, new, expected = perturbed_model
+    assert expected != before
     llm.sleep(level=1)  # the RL loop: sleep, train, update, wake up
     with no_compilation():
         llm.update_weights(new)
@@ -104,6 +110,18 @@ def test_update_weights_equals_a_fresh_engine(tiny, tmp_path):
     # From a path, and back to the old weights.
     with no_compilation():
         llm.update_weights(str(llm_dir(llm)))
+    assert greedy(llm) == before
+
+
+def test_update_from_an_orbax_checkpoint(tiny, perturbed_model, tmp_path):
+    from jaxvllm.entrypoints.cli import main
+    llm, _ = tiny
+    before = greedy(llm)
+    path, _, expected = perturbed_model
+    assert main(["convert", str(path), str(tmp_path / "ckpt")]) == 0
+    llm.update_weights(tmp_path / "ckpt")
+    assert greedy(llm) == expected
+    llm.update_weights(llm_dir(llm))
     assert greedy(llm) == before
 
 
