@@ -95,7 +95,8 @@ class Worker:
             logger.info("KV cache budget: %s.", self.memory_profile.describe(c.hbm_utilization, self.mesh.size))
         num_blocks = budget // block_bytes
         if num_blocks < 2:
-            raise ValueError(f"The KV cache budget ({budget} bytes) holds fewer than 2 blocks of "
+            how = f": {self.memory_profile.describe(c.hbm_utilization, self.mesh.size)}" if self.memory_profile else ""
+            raise ValueError(f"The KV cache budget ({budget} bytes{how}) holds fewer than 2 blocks of "
                              f"{block_bytes} bytes; raise kv_cache_memory_bytes or hbm_utilization.")
         return num_blocks
 
