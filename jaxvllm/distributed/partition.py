@@ -36,6 +36,26 @@ PARAM_SPECS: dict[str, tuple] = {
     "layers.o_proj": (M, None),
     "layers.gate_up_proj": (None, None, M),  # [hidden, 2, intermediate]
     "layers.down_proj": (M, None),
+    # Qwen3, Gemma: per-head q/k norms and Gemma's norms around the MLP.
+    "layers.q_norm": (None,),
+    "layers.k_norm": (None,),
+    "layers.pre_feedforward_layernorm": (None,),
+    "layers.post_feedforward_layernorm": (None,),
+    # OPT: biases, LayerNorms, learned positions, the narrower embedding's projections.
+    "embed_positions": (None, None),
+    "final_layer_norm": (None,),
+    "final_layer_norm_bias": (None,),
+    "project_in": (None, None),
+    "project_out": (None, None),
+    "layers.self_attn_layer_norm": (None,),
+    "layers.self_attn_layer_norm_bias": (None,),
+    "layers.final_layer_norm": (None,),
+    "layers.final_layer_norm_bias": (None,),
+    "layers.o_bias": (None,),
+    "layers.fc1": (None, M),
+    "layers.fc1_bias": (M,),
+    "layers.fc2": (M, None),
+    "layers.fc2_bias": (None,),
 }
 # [layers, K/V, pages, page_size, kv_heads, head_dim]
 KV_CACHE_SPEC = P(None, None, None, None, M, None)
