@@ -2,8 +2,9 @@
 before anything changes, converted to the parameter tree's layout and placed on the mesh.
 
 Two namings are accepted. The checkpoint's own (Hugging Face: 'model.layers.0.self_attn.
-q_proj.weight', [out, in]) goes through the same conversion as loading (q/k/v and gate/up
-fused, heads padded for tensor parallelism); a tensor fused with others must come with them.
+q_proj.weight', [out, in]) goes through the model family's conversion, as at loading (q/k/v
+and gate/up fused, heads padded for tensor parallelism); a tensor fused with others must
+come with them.
 The parameter tree's ('layers.0.qkv_proj', [in, *out], heads padded as the engine holds them;
 an Orbax checkpoint's names) is placed as given, and a jax array already of the engine's dtype
 and sharding is used as it is, without a copy. Either way the linear method then stores each
@@ -20,15 +21,13 @@ from jax.sharding import Mesh
 
 from jaxvllm.distributed.partition import param_name, param_sharding, place
 from jaxvllm.models.loader import load_weights
-# The model family's conversion of a Hugging Face state dict, as loading runs it.
-from jaxvllm.models.llama import _from_hf as hf_to_params
 from jaxvllm.models.model_loader import restore_orbax
 from jaxvllm.models.orbax_checkpoint import is_orbax_checkpoint
 
 
 class _ReadTracker(dict):
-    """A dict that remembers which keys were read since `take()`: the sources of each weight
-    the conversion yields."""
+    """A dict that remembers which keys were read since `take()`: the tensors each weight
+    the conversion yields was made from."""
 
     def __init__(self, *args):
         super().__init__(*args)
@@ -103,17 +102,29 @@ class WeightUpdater:
         return out
 
     def _convert(self, weights: dict) -> list[tuple[str, jax.Array]]:
-        """The loader's conversion over the given tensors, with zero stand-ins (no memory)
-        for the others; a weight is kept when all its sources were given."""
+        """The model family's own conversion (its load_hf_weights, with load_weights replaced
+        by a collector) over the given tensors and zero stand-ins (no memory) for the others;
+        a weight is kept when all the tensors it was made from were given."""
         given = {name: np.asarray(value) for name, value in weights.items()}
         tracker = _ReadTracker({name: np.broadcast_to(np.zeros((), np.float32), shape)
                                 for name, shape in self.checkpoint_shapes.items()})
         tracker.update(given)
+        converted = []
+        vars(self.model)["load_weights"] = lambda pairs: converted.extend(
+            (name, value, tracker.take()) for name, value in pairs)
+        try:
+            self.model.load_hf_weights(tracker, lambda name, value: value)
+        finally:
+            del vars(self.model)["load_weights"]
+        full = given.keys() >= self.checkpoint_shapes.keys()
         out = []
-        for name, value in hf_to_params(self.model, tracker):
-            sources = tracker.take()
+        for name, value, sources in converted:
             have = sources & given.keys()
-            if have == sources:
+            if not full and not sources:  # a conversion that reads a copy of the dict
+                raise ValueError(f"update_weights: {type(self.model).__name__} takes a partial update by "
+                                 f"its parameter tree's names only (like {name!r}), or every tensor of "
+                                 f"its checkpoint.")
+            if full or have == sources:
                 out.append((name, place(self.mesh, name, value)))
             elif have:
                 raise ValueError(f"update_weights: {sorted(have)} are fused with {sorted(sources - have)} "
@@ -130,4 +141,3 @@ def _check(name: str, value, shape: tuple[int, ...]) -> None:
     if not np.issubdtype(np.dtype(value.dtype), np.floating) and str(value.dtype) != "bfloat16":
         raise ValueError(f"update_weights: tensor {name!r} has dtype {value.dtype}; "
                          f"a floating-point one is needed.")
-
