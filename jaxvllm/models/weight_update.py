@@ -79,12 +79,15 @@ class WeightUpdater:
         return sorted(set(self.param_shapes) - set(names))
 
     def _read(self, path: str):
-        if is_orbax_checkpoint(path):
-            return list(restore_orbax(self.hf_config, self.model.args, path, self.mesh, self.dtype))
         if not os.path.exists(path):
             raise ValueError(f"update_weights: {path!r} is neither a directory of *.safetensors files, "
                              f"a GGUF file nor an Orbax checkpoint.")
-        weights = load_weights(path)
+        try:  # a file that does not fit is the caller's error, whatever the reader raises
+            if is_orbax_checkpoint(path):
+                return list(restore_orbax(self.hf_config, self.model.args, path, self.mesh, self.dtype))
+            weights = load_weights(path)
+        except Exception as e:
+            raise ValueError(f"update_weights: could not read {path!r} for this model: {e}") from e
         if not weights:
             raise ValueError(f"update_weights: {path!r} holds no *.safetensors tensors.")
         return weights

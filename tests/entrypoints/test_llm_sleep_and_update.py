@@ -125,7 +125,7 @@ def test_update_from_an_orbax_checkpoint(tiny, perturbed_model, tmp_path):
     assert greedy(llm) == before
 
 
-def test_a_bad_update_is_refused_and_the_old_weights_keep_serving(tiny):
+def test_a_bad_update_is_refused_and_the_old_weights_keep_serving(tiny, tmp_path):
     llm, tensors = tiny
     before = greedy(llm)
     up = "model.layers.1.mlp.up_proj.weight"
@@ -139,6 +139,9 @@ def test_a_bad_update_is_refused_and_the_old_weights_keep_serving(tiny):
         llm.update_weights({"model.layers.0.self_attn.q_proj.weight": tensors["model.layers.0.self_attn.q_proj.weight"]})
     with pytest.raises(ValueError, match="dtype int32"):
         llm.update_weights({up: tensors[up].astype(np.int32)})
+    (tmp_path / "junk.gguf").write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="could not read .*junk.gguf"):
+        llm.update_weights(tmp_path / "junk.gguf")
     assert greedy(llm) == before
 
 
