@@ -30,8 +30,9 @@ class HostArray:
 def offload(tree):
     """The same pytree with each array copied to host memory (the device arrays stay)."""
     def copy(x: jax.Array) -> HostArray:
-        # A copy: on the CPU a plain view would keep the device buffer alive.
-        return HostArray(x.shape, x.sharding, tuple((s.device, np.array(s.data, copy=True))
+        # A copy (on the CPU a view would keep the device buffer alive), of the view: numpy's
+        # own copy of a jax array (np.array(x, copy=True)) took ~8x as long.
+        return HostArray(x.shape, x.sharding, tuple((s.device, np.asarray(s.data).copy())
                                                     for s in x.addressable_shards))
     return jax.tree.map(copy, tree)
 
