@@ -7,6 +7,8 @@ from jaxvllm.models.llama import LlamaArgs, LlamaForCausalLM
 from jaxvllm.models.opt import OPTArgs, OPTForCausalLM
 from jaxvllm.models.phi3 import Phi3Args, Phi3ForCausalLM
 from jaxvllm.models.qwen3 import Qwen3Args, Qwen3ForCausalLM
+from jaxvllm.models.mixtral import MixtralForCausalLM, MoeArgs
+from jaxvllm.models.qwen3_moe import Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 
 _MODELS = {
     "LlamaForCausalLM": (LlamaForCausalLM, LlamaArgs),
@@ -17,6 +19,9 @@ _MODELS = {
     "Gemma3ForCausalLM": (GemmaForCausalLM, GemmaArgs),
     "OPTForCausalLM": (OPTForCausalLM, OPTArgs),
     "Phi3ForCausalLM": (Phi3ForCausalLM, Phi3Args),
+    "MixtralForCausalLM": (MixtralForCausalLM, MoeArgs),
+    "Qwen2MoeForCausalLM": (Qwen2MoeForCausalLM, MoeArgs),
+    "Qwen3MoeForCausalLM": (Qwen3MoeForCausalLM, MoeArgs),
 }
 
 # A GGUF's config names no architecture, only its model type.

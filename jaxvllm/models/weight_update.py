@@ -43,10 +43,12 @@ class _ReadTracker(dict):
 
 
 class WeightUpdater:
-    def __init__(self, model: nnx.Module, mesh: Mesh, hf_config, checkpoint_shapes: dict[str, tuple] | None):
+    def __init__(self, model: nnx.Module, mesh: Mesh, hf_config, checkpoint_shapes: dict[str, tuple] | None,
+                 expert_parallel: bool = False):
         """checkpoint_shapes: the loaded checkpoint's tensors by name (None for an Orbax
-        checkpoint, named as the parameter tree)."""
+        checkpoint, named as the parameter tree). expert_parallel: as the model was placed."""
         self.model, self.mesh, self.hf_config = model, mesh, hf_config
+        self.expert_parallel = expert_parallel
         self.dtype = model.embed_tokens.get_value().dtype
         # The tree in the layout weights are loaded in (XLA's linear method stores them as given).
         abstract = nnx.eval_shape(lambda: type(model)(model.args, dtype=self.dtype))
@@ -74,6 +76,9 @@ class WeightUpdater:
             _check(name, value, shapes[name])
         return self._place_own(weights) if own else self._convert(weights)
 
+    def _place(self, name: str, value: np.ndarray) -> jax.Array:
+        return place(self.mesh, name, value, expert_parallel=self.expert_parallel)
+
     def missing(self, names) -> list[str]:
         """The parameters a full update must hold that `names` lacks."""
         return sorted(set(self.param_shapes) - set(names))
@@ -84,7 +89,8 @@ class WeightUpdater:
                              f"a GGUF file nor an Orbax checkpoint.")
         try:  # a file that does not fit is the caller's error, whatever the reader raises
             if is_orbax_checkpoint(path):
-                return list(restore_orbax(self.hf_config, self.model.args, path, self.mesh, self.dtype))
+                return list(restore_orbax(self.hf_config, self.model.args, path, self.mesh, self.dtype,
+                                          self.expert_parallel))
             weights = load_weights(path)
         except Exception as e:
             raise ValueError(f"update_weights: could not read {path!r} for this model: {e}") from e
@@ -95,12 +101,12 @@ class WeightUpdater:
     def _place_own(self, weights: dict) -> list[tuple[str, jax.Array]]:
         out = []
         for name, value in weights.items():
-            sharding = param_sharding(name, value.shape, self.mesh)
+            sharding = param_sharding(name, value.shape, self.mesh, self.expert_parallel)
             if isinstance(value, jax.Array) and value.dtype == self.dtype:
                 if not value.sharding.is_equivalent_to(sharding, value.ndim):
                     value = jax.device_put(value, sharding)
             else:
-                value = place(self.mesh, name, np.asarray(value).astype(self.dtype, copy=False))
+                value = self._place(name, np.asarray(value).astype(self.dtype, copy=False))
             out.append((name, value))
         return out
 
@@ -128,7 +134,7 @@ class WeightUpdater:
                                  f"its parameter tree's names only (like {name!r}), or every tensor of "
                                  f"its checkpoint.")
             if full or have == sources:
-                out.append((name, place(self.mesh, name, value)))
+                out.append((name, self._place(name, value)))
             elif have:
                 raise ValueError(f"update_weights: {sorted(have)} are fused with {sorted(sources - have)} "
                                  f"into {name!r}; give them together.")

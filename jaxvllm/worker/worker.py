@@ -56,9 +56,11 @@ class Worker:
         # Read here so that update_weights knows the checkpoint's names and shapes.
         weights = None if is_orbax_checkpoint(model_path) else load_weights(model_path)
         self.model = get_model(config, model_path, hf_config, self.mesh, weights=weights,
-                               linear_method=platform.linear_method(config.attention_backend, self.mesh.size))
+                               linear_method=platform.linear_method(config.attention_backend, self.mesh.size),
+                               moe_method=platform.fused_moe_method())
         self.weight_updater = WeightUpdater(self.model, self.mesh, hf_config,
-                                            weights and {name: w.shape for name, w in weights.items()})
+                                            weights and {name: w.shape for name, w in weights.items()},
+                                            expert_parallel=config.parallel.enable_expert_parallel)
         del weights
         self.args = self.model.args
         self.attend = get_attention(config.attention_backend, platform, self.mesh)
