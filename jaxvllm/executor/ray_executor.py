@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 
 from jaxvllm import platforms
 from jaxvllm.config import EngineConfig
-from jaxvllm.executor.multiproc import METHODS, WorkerDiedError
+from jaxvllm.executor.multiproc import METHODS, REFUSABLE, WorkerDiedError
 from jaxvllm.executor.ray_worker import RayWorkerWrapper
 from jaxvllm.outputs import ModelRunnerOutput
 from jaxvllm.serial_utils import decode, encode
+from jaxvllm.transformers_utils.weights_dir import write_weights_dir
 
 logger = logging.getLogger(__name__)
 _POLL_S = 0.1
@@ -88,6 +90,16 @@ class RayDistributedExecutor:
     def num_compilations(self) -> int:
         return self.collective_rpc("get_num_compilations")[0]
 
+    def update_weights(self, weights) -> None:
+        """weights: a path every worker can read, or {name: array}, which crosses to the
+        workers as a temporary safetensors directory on this host (one-host clusters)."""
+        if isinstance(weights, (str, os.PathLike)):
+            self.collective_rpc("update_weights", (os.fspath(weights),))
+            return
+        with tempfile.TemporaryDirectory(prefix="jaxvllm-weights-") as path:
+            write_weights_dir(weights, path)
+            self.collective_rpc("update_weights", (path,))
+
     # ---- RPC ------------------------------------------------------------------------
     def collective_rpc(self, method: str, args: tuple = ()) -> list:
         """Run `method(*args)` on every worker; their results in rank order. Raises
@@ -96,6 +108,9 @@ class RayDistributedExecutor:
             raise WorkerDiedError(self.failure)
         payload = encode(list(args))
         results = self._wait([w.execute_method.remote(method, payload) for w in self.workers], method)
+        refused = next((r for r in results if isinstance(r, ValueError)), None)
+        if refused is not None:
+            raise refused
         kind = METHODS[method][1]
         return [None if kind is None else decode(kind, r) for r in results]
 
@@ -112,8 +127,10 @@ class RayDistributedExecutor:
                     self._fail(f"Ray worker {rank} died during {what}; the engine cannot "
                                f"continue. ({type(e).__name__})")
                 except ray.exceptions.RayTaskError as e:
-                    self._fail(f"Ray worker {rank} failed in {what}: {e.cause!r}")
-        return ray.get(refs)
+                    if not (isinstance(e.cause, ValueError) and what in REFUSABLE):
+                        self._fail(f"Ray worker {rank} failed in {what}: {e.cause!r}")
+        # A refused argument (checked before anything changed) goes back to the caller.
+        return [_result_or_refusal(ray, ref) for ref in refs]
 
     def _fail(self, reason: str) -> None:
         if self.failure is None:
@@ -134,3 +151,10 @@ class RayDistributedExecutor:
             ray.util.remove_placement_group(self.placement_group)
         if self._owns_ray:
             ray.shutdown()
+
+
+def _result_or_refusal(ray, ref):
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as e:
+        return ValueError(str(e.cause))

@@ -16,6 +16,7 @@ from jaxvllm.distributed.partition import kv_cache_sharding
 from jaxvllm.distributed.pipeline import stage_layer_ranges, stage_meshes
 from jaxvllm.layers.attention import get_attention
 from jaxvllm.models.stage_loader import get_stage_models
+from jaxvllm.worker import sleep_mode
 from jaxvllm.worker.pipeline_runner import PipelineModelRunner
 from jaxvllm.worker.worker import Worker, enable_compilation_cache
 
@@ -40,6 +41,7 @@ class PipelineWorker(Worker):
         # A KV block spans every layer (each stage holding its own layers' part of it).
         self.args = dataclasses.replace(self.model.args, num_layers=hf_config.num_hidden_layers)
         self.attends = [get_attention(config.attention_backend, platform, m) for m in self.meshes]
+        self.memory_profile = None  # the Worker's profile of one mesh; stages size their own
         logger.info("Pipeline stages: layers %s on %d devices each.",
                     ", ".join(f"{r.start}-{r.stop - 1}" for r in self.layer_ranges), self.mesh.size)
 
@@ -81,3 +83,16 @@ class PipelineWorker(Worker):
             runner.warmup()
         self.model_runner = runner
         return runner
+
+    # ---- what the Worker does over one mesh, across the stages ----------------------
+    def device_memory_in_use(self) -> int:
+        return sum(sleep_mode.device_memory_in_use(list(m.local_devices)) for m in self.meshes)
+
+    def sleep(self, level: int = 1) -> None:
+        raise ValueError("sleep is not supported with pipeline_parallel_size > 1 yet.")
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        raise ValueError("wake_up is not supported with pipeline_parallel_size > 1 yet.")
+
+    def update_weights(self, weights) -> None:
+        raise ValueError("update_weights is not supported with pipeline_parallel_size > 1 yet.")
