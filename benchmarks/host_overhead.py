@@ -39,7 +39,7 @@ class StepTimer:
         self._wrap(core.scheduler, "schedule", "schedule")
         self._wrap(core.scheduler, "update_from_output", "update")
         self._wrap(llm.llm_engine.output_processor, "process_outputs", "output")
-        self._wrap(runner, "execute_model", "execute")
+        self._wrap(runner, "execute_model", "execute")  # dispatch and the tokens' read-back
         for name in ("_forward", "_sample", "_sample_extended"):
             self._wrap(runner, name, "device", block=True)
 
@@ -86,7 +86,7 @@ def measure(model: Path, batch: int, steps: int, mixed: bool) -> dict:
 
     llm = LLM(str(model), max_num_seqs=batch + 8, max_num_batched_tokens=max(512, batch + 64),
               max_model_len=512, num_gpu_blocks_override=(batch + 8) * 32 + 1, skip_warmup=True,
-              enable_prefix_caching=False)
+              enable_prefix_caching=False, async_scheduling=False)
     engine = llm.llm_engine
     long = SamplingParams(max_tokens=400, ignore_eos=True, temperature=0.0)
     for i in range(batch):

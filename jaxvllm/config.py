@@ -80,6 +80,9 @@ class EngineArgs:
     distributed_executor_backend: str = "uni"
     """uni: this process drives all local devices; mp: one worker process per device (a
     crashing worker fails requests cleanly)."""
+    async_scheduling: bool | None = None
+    """Schedule the next step while the device runs this one (sampled tokens read one step
+    later); None: the platform's default. Needs the uni executor on one host."""
 
     @classmethod
     def from_file(cls, path: str, **overrides) -> "EngineArgs":
@@ -134,6 +137,10 @@ class EngineArgs:
                               skip_warmup=self.skip_warmup, attention_backend=self.attention_backend,
                               profile_dir=self.profile_dir,
                               check_recompilation=self.check_recompilation,
+                              async_scheduling=(self.async_scheduling if self.async_scheduling is not None
+                                                else platform.default_async_scheduling
+                                                and self.distributed_executor_backend == "uni"
+                                                and self.nnodes == 1),
                               parallel=ParallelConfig(
                                   tensor_parallel_size=self.tensor_parallel_size, nnodes=self.nnodes,
                                   node_rank=self.node_rank, master_addr=self.master_addr,
@@ -198,6 +205,7 @@ class EngineConfig:
     profile_dir: str | None = None
     check_recompilation: bool = False
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    async_scheduling: bool = False
 
     def verify(self) -> None:
         c, s = self.cache, self.scheduler
@@ -218,6 +226,9 @@ class EngineConfig:
         if p.distributed_executor_backend == "mp" and p.nnodes > 1:
             raise ValueError("distributed_executor_backend='mp' runs on one host; use nnodes=1.")
         multiprocess = p.nnodes > 1 or p.distributed_executor_backend == "mp"
+        if multiprocess and self.async_scheduling:
+            raise ValueError("async_scheduling needs distributed_executor_backend='uni' and nnodes=1 "
+                             "(the step's tokens stay on this process's devices).")
         if multiprocess and self.scheduler.preemption_mode == "swap":
             raise ValueError("preemption_mode='swap' is not supported with nnodes > 1 or the 'mp' "
                              "executor (the swap pool lives in one process); use 'recompute'.")
