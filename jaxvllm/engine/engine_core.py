@@ -137,7 +137,10 @@ class EngineCore:
         self._in_flight = self._dispatch() if self.scheduler.has_unfinished_requests() else None
         if previous is not None:
             outputs += self._finish(previous)
-        if self.scheduler.host_token_req_ids and self._in_flight is not None:
+        # Nothing left to overlap (every request finished with step n), or the next step
+        # needs this one's tokens: wait for them now.
+        if self._in_flight is not None and (self.scheduler.host_token_req_ids
+                                            or not self.scheduler.has_unfinished_requests()):
             outputs += self._finish(self._in_flight)
             self._in_flight = None
         return outputs
