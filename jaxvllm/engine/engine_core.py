@@ -95,6 +95,9 @@ class EngineCore:
 
     def abort_requests(self, request_ids) -> None:
         self.scheduler.abort_requests(request_ids)
+        if self._in_flight is not None and not self.scheduler.has_unfinished_requests():
+            self._finish(self._in_flight)  # tokens of finished requests only: dropped
+            self._in_flight = None
 
     def reset_prefix_cache(self) -> bool:
         return self.scheduler.reset_prefix_cache()

@@ -51,7 +51,9 @@ def test_greedy_and_sampled_match(engines, config):
     sync, async_ = run_both(engines, config, PROMPTS, params)
     assert sync == async_
     if config.startswith("preempt"):
-        assert engines[config][1].llm_engine.engine_core.scheduler.num_preemptions > 0
+        scheduler = engines[config][1].llm_engine.engine_core.scheduler
+        assert scheduler.num_preemptions > 0
+        assert (scheduler.num_swap_outs > 0) == (config == "preempt-swap")
 
 
 def test_stops_found_a_step_late_emit_nothing_more(engines):
@@ -108,6 +110,7 @@ def test_abort_while_a_step_is_in_flight(engines):
             for o in engine.step():
                 got[o.request_id] = o.outputs[0].token_ids
             if step == 4:
+                assert (engine.engine_core._in_flight is not None) == engine.engine_core.async_scheduling
                 engine.abort_request(["r1"])
             if not engine.has_unfinished_requests():
                 break
