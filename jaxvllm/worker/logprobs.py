@@ -13,6 +13,7 @@ so every prompt position passes through here exactly once per (re)computation.
 """
 from __future__ import annotations
 
+import jax
 import numpy as np
 
 from jaxvllm.outputs import LogprobsLists
@@ -71,3 +72,21 @@ def accumulate_prompt_logprobs(spans, lp) -> None:
         pending.logprob_token_ids.extend(rows.logprob_token_ids)
         pending.logprobs.extend(rows.logprobs)
         pending.sampled_token_ranks.extend(rows.sampled_token_ranks)
+
+
+def step_prompt_logprobs(batch, rows, counts, commit, T: int, score) -> dict[str, LogprobsLists]:
+    """Scores this step's prompt positions of the requests that asked (score(indices,
+    targets): the device's logprobs arrays); returns the prompt logprobs of those that sample
+    their first token now, which are sent with it."""
+    step_index = {r: i for i, r in enumerate(rows.tolist())}
+    indices, targets, spans = prompt_positions(batch, batch.owing_prompt_logprobs, step_index,
+                                               rows, counts, T)
+    if spans:
+        accumulate_prompt_logprobs(spans, jax.device_get(score(indices, targets)))
+    done = {}
+    for state in list(batch.owing_prompt_logprobs):
+        i = step_index.get(state.slot)
+        if i is not None and commit[i]:
+            done[state.req_id], state.prompt_logprobs = state.prompt_logprobs, None
+            batch.owing_prompt_logprobs.discard(state)
+    return done

@@ -36,7 +36,7 @@ from jaxvllm.worker.compiled_programs import (CompiledProgram, executables_dir, 
                                               persistent_cache_off, warm_all)
 from jaxvllm.worker.input_batch import InputBatch
 from jaxvllm.worker.kv_swap import KVSwapper
-from jaxvllm.worker.logprobs import accumulate_prompt_logprobs, prompt_positions
+from jaxvllm.worker.logprobs import step_prompt_logprobs
 from jaxvllm.worker.model_runner_utils import make_buckets, pick_bucket
 from jaxvllm.worker.sampler import compute_logprobs, sample, sample_extended
 from jaxvllm.worker.step_inputs import build_step_inputs, metadata_rows
@@ -210,25 +210,11 @@ class ModelRunner:
                                       logprobs, num_logprobs, prompt_logprobs, on_ready)
 
     def _prompt_logprobs_of(self, rows, counts, commit, all_hidden, T) -> dict[str, LogprobsLists]:
-        """Scores this step's prompt positions of the requests that asked; returns the prompt
-        logprobs of those that sample their first token now (sent with it)."""
-        batch = self.input_batch
-        if not batch.owing_prompt_logprobs:
+        if not self.input_batch.owing_prompt_logprobs:
             return {}
-        step_index = {r: i for i, r in enumerate(rows.tolist())}
         with jax.profiler.TraceAnnotation("prompt_logprobs"):
-            indices, targets, spans = prompt_positions(batch, batch.owing_prompt_logprobs, step_index,
-                                                       rows, counts, T)
-            if spans:
-                accumulate_prompt_logprobs(spans, jax.device_get(
-                    self._prompt_logprobs(self.params, all_hidden, indices, targets)))
-        done = {}
-        for state in list(batch.owing_prompt_logprobs):
-            i = step_index.get(state.slot)
-            if i is not None and commit[i]:
-                done[state.req_id], state.prompt_logprobs = state.prompt_logprobs, None
-                batch.owing_prompt_logprobs.discard(state)
-        return done
+            return step_prompt_logprobs(self.input_batch, rows, counts, commit, T, lambda indices, targets:
+                                        self._prompt_logprobs(self.params, all_hidden, indices, targets))
 
     def _write_row(self, state) -> None:
         batch, n = self.input_batch, state.num_prompt_tokens
