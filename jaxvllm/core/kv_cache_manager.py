@@ -109,9 +109,11 @@ class KVCacheManager:
             blocks = self.req_to_blocks[req_id] = []
         num_tokens = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
         num_needed = -(-num_tokens // self.block_size) - len(blocks)
-        # Only tokens whose ids are known can key the cache (async scheduling computes one
-        # whose id is still on the device).
-        num_full = min(num_tokens, request.num_tokens) // self.block_size
+        num_full = 0
+        if self.enable_caching:
+            # Only tokens whose ids are known can key the cache (async scheduling computes
+            # one whose id is still on the device).
+            num_full = min(num_tokens, request.num_tokens) // self.block_size
         if (new_computed_blocks is None and num_needed <= 0 and (
                 not self.enable_caching or num_full <= self.num_cached_block.get(req_id, 0))):
             return _NO_NEW_BLOCKS  # most decode steps: the last block still has room

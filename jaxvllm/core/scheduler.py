@@ -266,7 +266,8 @@ class Scheduler:
             if request is None:
                 continue  # finished meanwhile: a token sampled a step late is dropped
             request.output_token_ids.extend(sampled)
-            request.num_output_placeholders = max(0, request.num_output_placeholders - len(sampled))
+            if request.num_output_placeholders:  # 0 after a preemption while it was in flight
+                request.num_output_placeholders -= 1
             if scheduler_output.grammar_bitmask and req_id in scheduler_output.grammar_bitmask:
                 self.structured_output_manager.accept_token(req_id, sampled[-1])
             running = request.status == RequestStatus.RUNNING
