@@ -33,7 +33,7 @@ class UniProcExecutor:
     def execute_model_async(self, scheduler_output: SchedulerOutput) -> AsyncModelRunnerOutput:
         """The step dispatched; its tokens are read with get_output (async scheduling, which
         needs the worker in this process)."""
-        return self.driver_worker.model_runner.execute_model_async(scheduler_output)
+        return self.driver_worker.execute_model_async(scheduler_output)
 
     @property
     def num_compilations(self) -> int:
@@ -43,6 +43,10 @@ class UniProcExecutor:
     def kv_cache(self):
         """The KV cache, for waiting on the last step's device work (profiling)."""
         return self.driver_worker.model_runner.kv_cache
+
+    def update_weights(self, weights) -> None:
+        """weights: {name: array} (jax arrays used as they are) or a path."""
+        self.collective_rpc("update_weights", (weights,))
 
     def collective_rpc(self, method: str, args: tuple = ()) -> list:
         """Run `method(*args)` on the one worker; its result in a list, as for several."""
