@@ -25,8 +25,8 @@ from jaxvllm.models.weight_update import WeightUpdater
 from jaxvllm.outputs import ModelRunnerOutput
 from jaxvllm.platforms.huge_pages import advise_huge_pages, huge_page_ranges
 from jaxvllm.worker import sleep_mode
-from jaxvllm.worker.memory_profiling import MemoryProfile, peak_step_bytes
 from jaxvllm.worker.async_output import AsyncModelRunnerOutput
+from jaxvllm.worker.memory_profiling import MemoryProfile, peak_step_bytes
 from jaxvllm.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
