@@ -1,16 +1,24 @@
 """The engine's host path per step: what the Python side costs around a model that costs
 next to nothing (a tiny random Llama: 2 layers, hidden 64), at 64, 256 and 1024 running
-decode requests and for mixed prefill + decode steps.
+decode requests and for mixed prefill + decode steps; and, with a real model (the default
+one), the step period against the device's forward + sample time, async scheduling on and off.
 
-The real LLMEngine runs in process; each part of a step is timed where it is called:
-`schedule` (Scheduler.schedule), `prepare` (the runner's host work: persistent-batch
-updates, input arrays, sampling metadata), `device` (the forward and the sampler, each
-waited for where it is called: this run does not overlap them with host work), `update` (Scheduler.update_from_output) and
-`output` (OutputProcessor.process_outputs: detokenization, stop strings). Host time per step
-is everything but `device`. On an accelerator the device time of a small model's decode step
-is one to a few milliseconds, so this is the figure to keep below it (issue 21).
+Host path: the real LLMEngine runs in process with synchronous steps; each part of a step is
+timed where it is called: `schedule` (Scheduler.schedule), `prepare` (the runner's host work:
+persistent-batch updates, input arrays, sampling metadata, reading the tokens back), `device`
+(the forward and the sampler, each waited for where it is called), `update`
+(Scheduler.update_from_output) and `output` (OutputProcessor.process_outputs:
+detokenization, stop strings). Host time per step is everything but `device`. On an
+accelerator the device time of a small model's decode step is one to a few milliseconds, so
+this is the figure to keep below it (issue 21).
 
-    python benchmarks/host_overhead.py [--batches 64 256 1024] [--steps 50] [--json PATH]
+Step period: `--period-batch` decoding requests; the period is the wall time per engine step
+with nothing timed inside it, the device time the forward and sampler calls waited for one by
+one over as many further steps. With async scheduling the host's work hides behind the
+device's, so the period approaches the device time.
+
+    python benchmarks/host_overhead.py [--batches 64 256 1024] [--steps 50] [--cpu-time]
+        [--period-batch 64] [--period-steps 30] [--period-model PATH|tiny] [--json PATH]
 """
 from __future__ import annotations
 
@@ -32,14 +40,15 @@ PARTS = ("schedule", "prepare", "device", "update", "output")
 class StepTimer:
     """Wraps the engine's methods (on the instances, for this run only) with timers."""
 
-    def __init__(self, llm):
+    def __init__(self, llm, clock=time.perf_counter):
+        self.clock = clock
         self.totals: dict[str, float] = defaultdict(float)
         core = llm.llm_engine.engine_core_client.engine_core
         runner = core.model_executor.driver_worker.model_runner
         self._wrap(core.scheduler, "schedule", "schedule")
         self._wrap(core.scheduler, "update_from_output", "update")
         self._wrap(llm.llm_engine.output_processor, "process_outputs", "output")
-        self._wrap(runner, "execute_model", "execute")
+        self._wrap(runner, "execute_model", "execute")  # dispatch and the tokens' read-back
         for name in ("_forward", "_sample", "_sample_extended"):
             self._wrap(runner, name, "device", block=True)
 
@@ -50,12 +59,12 @@ class StepTimer:
         inner = getattr(obj, method)
 
         def timed(*args, **kwargs):
-            start = time.perf_counter()
+            start = self.clock()
             try:
                 out = inner(*args, **kwargs)
                 return jax.block_until_ready(out) if block else out
             finally:
-                self.totals[part] += time.perf_counter() - start
+                self.totals[part] += self.clock() - start
         setattr(obj, method, timed)
 
     def reset(self) -> None:
@@ -79,14 +88,14 @@ def tiny_model(path: Path) -> Path:
     return path
 
 
-def measure(model: Path, batch: int, steps: int, mixed: bool) -> dict:
+def measure(model: Path, batch: int, steps: int, mixed: bool, clock=time.perf_counter) -> dict:
     """Per-step seconds of each part over `steps` steps with `batch` requests running; with
     `mixed`, a new request's prompt is prefilled beside the decodes in every step."""
     from jaxvllm import LLM, SamplingParams
 
     llm = LLM(str(model), max_num_seqs=batch + 8, max_num_batched_tokens=max(512, batch + 64),
               max_model_len=512, num_gpu_blocks_override=(batch + 8) * 32 + 1, skip_warmup=True,
-              enable_prefix_caching=False)
+              enable_prefix_caching=False, async_scheduling=False)
     engine = llm.llm_engine
     long = SamplingParams(max_tokens=400, ignore_eos=True, temperature=0.0)
     for i in range(batch):
@@ -95,7 +104,7 @@ def measure(model: Path, batch: int, steps: int, mixed: bool) -> dict:
         engine.step()
     for _ in range(3):  # programs of these shapes compiled and warm
         engine.step()
-    timer = StepTimer(llm)
+    timer = StepTimer(llm, clock)
     timer.reset()
     start = time.perf_counter()
     for step in range(steps):
@@ -112,27 +121,68 @@ def measure(model: Path, batch: int, steps: int, mixed: bool) -> dict:
             **{f"{p}_us": s * 1e6 for p, s in parts.items()}}
 
 
+def step_period(model: str | None, batch: int, steps: int, async_scheduling: bool) -> dict:
+    """Milliseconds per decode step at `batch` requests: the engine's period, and the device's
+    forward + sample time (None for `model`: the default model)."""
+    from jaxvllm import LLM, SamplingParams
+
+    llm = LLM(model, max_num_seqs=batch, max_num_batched_tokens=max(256, batch), max_model_len=512,
+              skip_warmup=True, enable_prefix_caching=False, async_scheduling=async_scheduling)
+    engine = llm.llm_engine
+    long = SamplingParams(max_tokens=500 - 16, ignore_eos=True, temperature=0.0)
+    for i in range(batch):
+        engine.add_request(f"p{i}", {"prompt_token_ids": [5 + i % 50] * 16}, long)
+    while engine.engine_core_client.engine_core.scheduler.waiting:
+        engine.step()
+    for _ in range(3):
+        engine.step()
+    start = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    period = (time.perf_counter() - start) / steps
+    timer = StepTimer(llm)  # waits for the device at each call: the steps no longer overlap
+    for _ in range(steps):
+        engine.step()
+    device = timer.totals["device"] / steps
+    engine.abort_request([f"p{i}" for i in range(batch)])
+    return {"step_ms": period * 1e3, "device_ms": device * 1e3}
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", type=int, nargs="+", default=[64, 256, 1024])
     ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--period-batch", type=int, default=64)
+    ap.add_argument("--period-steps", type=int, default=30)
+    ap.add_argument("--period-model", default=None, help="the model of the step period (default: "
+                    "the default model); `tiny`: the host path's tiny random one")
+    ap.add_argument("--cpu-time", action="store_true", help="time the host path's parts by this "
+                    "thread's CPU time, not wall time: on a shared machine, waiting for a core does "
+                    "not count (`device` is then the CPU time of its calls on this thread)")
     ap.add_argument("--json", default=None)
     ns = ap.parse_args(argv)
-    rows = []
+    rows, periods = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         model = tiny_model(Path(tmp) / "tiny")
         for batch in ns.batches:
             for mixed in (False, True):
-                rows.append(measure(model, batch, ns.steps, mixed))
+                rows.append(measure(model, batch, ns.steps, mixed,
+                                    time.thread_time if ns.cpu_time else time.perf_counter))
+        period_model = str(model) if ns.period_model == "tiny" else ns.period_model
+        for mode in ("async", "sync"):
+            periods[mode] = step_period(period_model, ns.period_batch, ns.period_steps, mode == "async")
     print(f"\n{'step':>16} {'host us':>9} {'us/req':>7} " + " ".join(f"{p:>9}" for p in PARTS)
           + f" {'wall us':>9}")
     for r in rows:
         kind = f"{r['batch']} decode" + (" +prefill" if r["mixed"] else "")
         print(f"{kind:>16} {r['host_us']:9.0f} {r['host_us_per_request']:7.1f} "
               + " ".join(f"{r[p + '_us']:9.0f}" for p in PARTS) + f" {r['wall_us']:9.0f}")
+    for mode, p in periods.items():
+        print(f"{mode:>5} scheduling, decode batch {ns.period_batch}: step {p['step_ms']:.2f} ms, "
+              f"device forward+sample {p['device_ms']:.2f} ms ({p['step_ms'] / p['device_ms']:.3f}x)")
     result = {"host_us_per_step": {str(r["batch"]): r["host_us"] for r in rows if not r["mixed"]},
               "mixed_host_us_per_step": {str(r["batch"]): r["host_us"] for r in rows if r["mixed"]},
-              "rows": rows}
+              "clock": "thread CPU time" if ns.cpu_time else "wall", "rows": rows, **periods}
     if ns.json:
         Path(ns.json).write_text(json.dumps(result, indent=2))
     return result

@@ -93,6 +93,9 @@ class EngineArgs:
     data_parallel_size: int = 1
     """Engine cores, each in its own process with its own scheduler, KV cache and
     tensor_parallel_size devices; requests go to the least-loaded one."""
+    async_scheduling: bool | None = None
+    """Schedule the next step while the device runs this one (sampled tokens read one step
+    later); None: the platform's default. Needs the uni executor on one host, one stage."""
 
     @classmethod
     def from_file(cls, path: str, **overrides) -> "EngineArgs":
@@ -147,6 +150,11 @@ class EngineArgs:
                               skip_warmup=self.skip_warmup, attention_backend=self.attention_backend,
                               profile_dir=self.profile_dir,
                               check_recompilation=self.check_recompilation,
+                              async_scheduling=(self.async_scheduling if self.async_scheduling is not None
+                                                else platform.default_async_scheduling
+                                                and self.distributed_executor_backend == "uni"
+                                                and self.nnodes == 1
+                                                and self.pipeline_parallel_size == 1),
                               parallel=ParallelConfig(
                                   tensor_parallel_size=self.tensor_parallel_size,
                                   enable_expert_parallel=self.enable_expert_parallel, nnodes=self.nnodes,
@@ -219,6 +227,7 @@ class EngineConfig:
     profile_dir: str | None = None
     check_recompilation: bool = False
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    async_scheduling: bool = False
 
     def verify(self) -> None:
         c, s = self.cache, self.scheduler
@@ -252,6 +261,9 @@ class EngineConfig:
             raise ValueError(f"ray_workers must be at least 1 and divide tensor_parallel_size "
                              f"({p.tensor_parallel_size}), got {p.ray_workers}.")
         multiprocess = p.nnodes > 1 or p.distributed_executor_backend in ("mp", "ray")
+        if (multiprocess or p.pipeline_parallel_size > 1) and self.async_scheduling:
+            raise ValueError("async_scheduling needs distributed_executor_backend='uni', nnodes=1 and "
+                             "pipeline_parallel_size=1 (the step's tokens stay on this process's devices).")
         if multiprocess and self.scheduler.preemption_mode == "swap":
             raise ValueError("preemption_mode='swap' is not supported with nnodes > 1 or the 'mp' "
                              "or 'ray' executor (the swap pool lives in one process); use 'recompute'.")

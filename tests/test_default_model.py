@@ -90,7 +90,9 @@ def test_greedy_matches_transformers(llm, prompts, hf_greedy):
     dict(num_gpu_blocks_override=24),  # 23 pages of 16 for 10 requests: preemption
     dict(enable_prefix_caching=False),  # (on by default: the chat prompts share a prefix)
     dict(num_gpu_blocks_override=24, preemption_mode="swap", swap_space=0.05),
-], ids=["chunked", "preempt", "no-prefix-caching", "preempt-swap"])
+    # the platform picks async scheduling on the CPU; the synchronous steps here
+    dict(max_num_batched_tokens=32, num_gpu_blocks_override=24, async_scheduling=False),
+], ids=["chunked", "preempt", "no-prefix-caching", "preempt-swap", "chunked-preempt-sync"])
 def test_greedy_matches_transformers_under_pressure(prompts, hf_greedy, engine_kwargs):
     llm = LLM(**{**dict(max_num_seqs=16, max_model_len=256, skip_warmup=True), **engine_kwargs})
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY, use_tqdm=False)

@@ -109,9 +109,13 @@ class KVCacheManager:
             blocks = self.req_to_blocks[req_id] = []
         num_tokens = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
         num_needed = -(-num_tokens // self.block_size) - len(blocks)
+        num_full = 0
+        if self.enable_caching:
+            # Only tokens whose ids are known can key the cache (async scheduling computes
+            # one whose id is still on the device).
+            num_full = min(num_tokens, request.num_tokens) // self.block_size
         if (new_computed_blocks is None and num_needed <= 0 and (
-                not self.enable_caching
-                or num_tokens // self.block_size <= self.num_cached_block.get(req_id, 0))):
+                not self.enable_caching or num_full <= self.num_cached_block.get(req_id, 0))):
             return _NO_NEW_BLOCKS  # most decode steps: the last block still has room
         if new_computed_blocks is None:
             # The hot path (a running request's next tokens): usually no new block at all.
@@ -135,7 +139,6 @@ class KVCacheManager:
             new_blocks = self.block_pool.get_new_blocks(max(num_needed, 0))
             blocks.extend(new_blocks)
         if self.enable_caching:
-            num_full = num_tokens // self.block_size
             num_cached = self.num_cached_block.get(req_id, 0)
             if num_full > num_cached:
                 hashes = self._update_block_hashes(request, num_full)

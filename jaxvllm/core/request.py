@@ -51,6 +51,9 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
+    # Tokens sampled in a step still running on the device (async scheduling: at most one),
+    # not yet in output_token_ids; the scheduler counts them as if they were.
+    num_output_placeholders: int = 0
     stop_reason: int | str | None = None
     num_preemptions: int = 0
     # Lower runs first under the "priority" scheduling policy (vLLM's convention).

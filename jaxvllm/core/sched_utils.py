@@ -3,6 +3,7 @@
 check_stop: whether a request is done after its latest sampled token, and why (length caps
 first, then EOS and stop tokens once min_tokens is reached).
 owes_prompt_logprobs: whether a request must still compute its whole prompt in one go.
+needs_host_tokens: whether a request's next step needs its last token on the host first.
 """
 from __future__ import annotations
 
@@ -34,3 +35,13 @@ def owes_prompt_logprobs(request: Request) -> bool:
     """The worker gathers prompt logprobs while it computes the prompt, so such a request
     must compute all of it in one worker lifetime: no cache hit, no swap mid-prompt."""
     return request.sampling_params.prompt_logprobs is not None and not request.output_token_ids
+
+
+def needs_host_tokens(request: Request) -> bool:
+    """Structured output (the grammar's next mask) and multi-token bad words (the output's
+    tail) choose what the next step may sample from the token before it, on the host: with
+    async scheduling, steps run synchronously while such a request is in the engine (as vLLM
+    first did for structured output)."""
+    params = request.sampling_params
+    return (params.structured_outputs is not None
+            or any(len(w) > 1 for w in params.bad_words_token_ids))

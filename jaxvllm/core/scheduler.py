@@ -19,7 +19,7 @@ from __future__ import annotations
 from jaxvllm.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from jaxvllm.core.request import Request, RequestStatus
 from jaxvllm.core.request_queue import create_request_queue
-from jaxvllm.core.sched_utils import check_stop, owes_prompt_logprobs
+from jaxvllm.core.sched_utils import check_stop, needs_host_tokens, owes_prompt_logprobs
 from jaxvllm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
 from jaxvllm.core.stats import SchedulerStats
 from jaxvllm.core.structured_output import StructuredOutputManager
@@ -50,6 +50,7 @@ class Scheduler:
         # Requests the worker holds state for; the rest get full data when scheduled.
         self._worker_known: set[str] = set()
         self._finished_req_ids: set[str] = set()
+        self.host_token_req_ids: set[str] = set()  # requests that need_host_tokens
         self.num_preemptions = 0
         self.num_swap_outs = 0
         self.num_prefill_tokens = 0
@@ -62,6 +63,8 @@ class Scheduler:
             self.structured_output_manager.add_request(request)
         self.requests[request.request_id] = request
         self.waiting.add_request(request)
+        if needs_host_tokens(request):
+            self.host_token_req_ids.add(request.request_id)
 
     def finish_requests(self, request_ids, status: RequestStatus) -> None:
         """Finish requests from outside (abort, stop string): pages are freed at once."""
@@ -86,6 +89,7 @@ class Scheduler:
         if self.swap_space is not None:
             self.swap_space.free(request.request_id)
         del self.requests[request.request_id]
+        self.host_token_req_ids.discard(request.request_id)
         if self.structured_output_manager is not None:
             self.structured_output_manager.remove_request(request.request_id)
         if request.request_id in self._worker_known:
@@ -115,7 +119,7 @@ class Scheduler:
         while index < len(self.running) and token_budget > 0:
             request = self.running[index]
             num_computed = request.num_computed_tokens
-            num_new = request.num_tokens - num_computed
+            num_new = request.num_tokens + request.num_output_placeholders - num_computed
             if num_new == 1:  # a decode: the common case, kept cheap
                 num_new = int(num_computed < self.max_model_len - 1)
             else:
@@ -189,6 +193,8 @@ class Scheduler:
             if start < num_prompt:
                 self.num_prefill_tokens += min(n, num_prompt - start)
             request.num_computed_tokens = start + n
+            if start + n >= request.num_tokens + request.num_output_placeholders:
+                request.num_output_placeholders += 1  # it samples: a token in flight until update
         manager = self.structured_output_manager
         if manager is not None and manager.matchers:
             # Constrained requests that sample this step (not mid-prompt) get their mask.
@@ -200,7 +206,7 @@ class Scheduler:
     def _num_new_tokens(self, request: Request, token_budget: int, num_computed: int) -> int:
         # Positions stop at max_model_len - 1: the token there is the last one computed.
         limit = self.max_model_len - 1 - num_computed
-        num_new = min(request.num_tokens - num_computed, token_budget, limit)
+        num_new = min(request.num_tokens + request.num_output_placeholders - num_computed, token_budget, limit)
         if 0 < self.long_prefill_token_threshold < num_new:
             num_new = self.long_prefill_token_threshold
         return max(0, num_new)
@@ -239,6 +245,8 @@ class Scheduler:
         else:
             request.status = RequestStatus.SWAPPED
             self.num_swap_outs += 1
+        # A token in flight still arrives (update_from_output appends it): it was computed.
+        request.num_output_placeholders = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
         self._worker_known.discard(request.request_id)
@@ -256,13 +264,19 @@ class Scheduler:
                 continue  # a prefill chunk that samples nothing
             request = self.requests.get(req_id)
             if request is None:
-                continue  # finished meanwhile
+                continue  # finished meanwhile: a token sampled a step late is dropped
             request.output_token_ids.extend(sampled)
+            if request.num_output_placeholders:  # 0 after a preemption while it was in flight
+                request.num_output_placeholders -= 1
             if scheduler_output.grammar_bitmask and req_id in scheduler_output.grammar_bitmask:
                 self.structured_output_manager.accept_token(req_id, sampled[-1])
+            running = request.status == RequestStatus.RUNNING
             finished = check_stop(request, self.max_model_len)
             if finished:
-                self.running.remove(request)
+                if running:
+                    self.running.remove(request)
+                else:  # preempted while its token was in flight
+                    self.waiting.remove_request(request)
                 self._free_request(request)
             outputs.append(EngineCoreOutput(
                 request_id=req_id,

@@ -30,6 +30,9 @@ from jaxvllm.transformers_utils.tokenizer import load_tokenizer
 logger = logging.getLogger(__name__)
 
 
+OUTPUT_CHUNK_SIZE = 128  # outputs processed between two turns of the event loop
+
+
 class AsyncLLM:
     def __init__(self, args: EngineArgs, stat_loggers=None):
         model_path = resolve_model(args.model, args.revision, args.download_dir)
@@ -123,8 +126,14 @@ class AsyncLLM:
             while True:
                 outputs = await self.engine_core.get_output_async()
                 iteration_stats = IterationStats() if self.stat_loggers else None
-                _, reqs_to_abort = self.output_processor.process_outputs(outputs.outputs,
-                                                                         iteration_stats)
+                # A step's outputs in chunks (vLLM's VLLM_V1_OUTPUT_PROC_CHUNK_SIZE): with many
+                # streams the event loop still serves the clients in between.
+                reqs_to_abort = []
+                for start in range(0, len(outputs.outputs), OUTPUT_CHUNK_SIZE):
+                    if start:
+                        await asyncio.sleep(0)
+                    reqs_to_abort += self.output_processor.process_outputs(
+                        outputs.outputs[start:start + OUTPUT_CHUNK_SIZE], iteration_stats)[1]
                 if reqs_to_abort:
                     await self.engine_core.abort_requests_async(reqs_to_abort)
                 if outputs.scheduler_stats is not None:

@@ -51,7 +51,7 @@ class EngineCoreProc(EngineCore):
         while True:
             if not self._process_input_queue():
                 return
-            if self.scheduler.has_unfinished_requests():
+            if self.has_unfinished_requests():
                 outputs = self.step()
                 if outputs:
                     self.output_queue.put(EngineCoreOutputs(
@@ -59,7 +59,7 @@ class EngineCoreProc(EngineCore):
 
     def _process_input_queue(self) -> bool:
         """Handle every queued message; block for one when there is no work. False: shut down."""
-        block = not self.scheduler.has_unfinished_requests()
+        block = not self.has_unfinished_requests()
         while True:
             try:
                 item = self.input_queue.get(block=block)

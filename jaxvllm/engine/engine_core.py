@@ -13,6 +13,7 @@ import jax
 
 from jaxvllm.config import EngineConfig
 from jaxvllm.core.request import Request
+from jaxvllm.core.sched_output import SchedulerOutput
 from jaxvllm.core.scheduler import Scheduler
 from jaxvllm.core.stats import SchedulerStats
 from jaxvllm.core.structured_output import StructuredOutputManager
@@ -25,6 +26,7 @@ from jaxvllm.executor.uniproc import UniProcExecutor
 from jaxvllm.outputs import EngineCoreOutput
 from jaxvllm.sampling_params import is_int
 from jaxvllm.transformers_utils.tokenizer import load_tokenizer
+from jaxvllm.worker.async_output import AsyncModelRunnerOutput
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +69,10 @@ class EngineCore:
             structured_output_manager=StructuredOutputManager(lambda: load_tokenizer(model_path),
                                                               hf_config.vocab_size))
         self.vocab_size = hf_config.vocab_size
+        # Async scheduling: the step dispatched last, whose tokens are read after the next
+        # one is dispatched.
+        self.async_scheduling = config.async_scheduling
+        self._in_flight: tuple[SchedulerOutput, AsyncModelRunnerOutput] | None = None
         self.step_num = 0
         self.profiling = False
         self.sleeping_tags: set[str] = set()
@@ -94,6 +100,9 @@ class EngineCore:
 
     def abort_requests(self, request_ids) -> None:
         self.scheduler.abort_requests(request_ids)
+        if self._in_flight is not None and not self.scheduler.has_unfinished_requests():
+            self._finish(self._in_flight)  # tokens of finished requests only: dropped
+            self._in_flight = None
 
     def reset_prefix_cache(self) -> bool:
         return self.scheduler.reset_prefix_cache()
@@ -104,12 +113,14 @@ class EngineCore:
         return stats
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self.scheduler.has_unfinished_requests() or self._in_flight is not None
 
     def step(self) -> list[EngineCoreOutput]:
+        # Named spans so that a jax.profiler trace shows host and device time per step.
+        if self.async_scheduling:
+            return self._step_async()
         if not self.scheduler.has_unfinished_requests():
             return []
-        # Named spans so that a jax.profiler trace shows host and device time per step.
         self.step_num += 1
         with jax.profiler.StepTraceAnnotation("engine_step", step_num=self.step_num):
             with jax.profiler.TraceAnnotation("schedule"):
@@ -119,6 +130,41 @@ class EngineCore:
             runner_output = self.model_executor.execute_model(scheduler_output)
             with jax.profiler.TraceAnnotation("update_from_output"):
                 return self.scheduler.update_from_output(scheduler_output, runner_output)
+
+    def _step_async(self) -> list[EngineCoreOutput]:
+        """Dispatch step n + 1, then read step n's tokens while the device runs it. The
+        scheduler counted step n's tokens as placeholders; a request that step n finishes
+        (EOS, max_tokens, a stop string found by the front end) had one more token computed
+        in step n + 1, which update_from_output drops: it is never emitted."""
+        outputs = []
+        sync = bool(self.scheduler.host_token_req_ids)  # their next step needs the last token
+        if sync and self._in_flight is not None:
+            outputs = self._finish(self._in_flight)
+            self._in_flight = None
+        previous = self._in_flight
+        self._in_flight = self._dispatch() if self.scheduler.has_unfinished_requests() else None
+        if previous is not None:
+            outputs += self._finish(previous)
+        # Nothing left to overlap (every request finished with step n), or the next step
+        # needs this one's tokens: wait for them now.
+        if self._in_flight is not None and (self.scheduler.host_token_req_ids
+                                            or not self.scheduler.has_unfinished_requests()):
+            outputs += self._finish(self._in_flight)
+            self._in_flight = None
+        return outputs
+
+    def _dispatch(self) -> tuple[SchedulerOutput, AsyncModelRunnerOutput]:
+        self.step_num += 1
+        with jax.profiler.StepTraceAnnotation("engine_step", step_num=self.step_num):
+            with jax.profiler.TraceAnnotation("schedule"):
+                scheduler_output = self.scheduler.schedule()
+            return scheduler_output, self.model_executor.execute_model_async(scheduler_output)
+
+    def _finish(self, step: tuple[SchedulerOutput, AsyncModelRunnerOutput]) -> list[EngineCoreOutput]:
+        scheduler_output, pending = step
+        runner_output = pending.get_output()
+        with jax.profiler.TraceAnnotation("update_from_output"):
+            return self.scheduler.update_from_output(scheduler_output, runner_output)
 
     def shutdown(self) -> None:
         self.model_executor.shutdown()

@@ -162,7 +162,8 @@ class OutputProcessor:
         (None when its kind holds it back) and whether a stop string ended it."""
         finish_reason, stop_reason = out.finish_reason, out.stop_reason
         state.output_token_ids.extend(out.new_token_ids)
-        state.logprobs.update(out.new_logprobs, out.new_prompt_logprobs)
+        if out.new_logprobs is not None or out.new_prompt_logprobs is not None:
+            state.logprobs.update(out.new_logprobs, out.new_prompt_logprobs)
         stop_terminated = finish_reason == FinishReason.STOP
         stop_str = state.detokenizer.update(out.new_token_ids, stop_terminated)
         abort = stop_str is not None and finish_reason is None

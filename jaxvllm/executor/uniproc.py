@@ -6,6 +6,7 @@ from __future__ import annotations
 from jaxvllm.config import EngineConfig
 from jaxvllm.core.sched_output import SchedulerOutput
 from jaxvllm.outputs import ModelRunnerOutput
+from jaxvllm.worker.async_output import AsyncModelRunnerOutput
 from jaxvllm.worker.pipeline_worker import PipelineWorker
 from jaxvllm.worker.worker import Worker
 
@@ -30,6 +31,11 @@ class UniProcExecutor:
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.driver_worker.execute_model(scheduler_output)
+
+    def execute_model_async(self, scheduler_output: SchedulerOutput) -> AsyncModelRunnerOutput:
+        """The step dispatched; its tokens are read with get_output (async scheduling, which
+        needs the worker in this process)."""
+        return self.driver_worker.execute_model_async(scheduler_output)
 
     @property
     def num_compilations(self) -> int:

@@ -26,6 +26,8 @@ class Platform:
     default_max_model_len: int | None = None  # None: the model's max_position_embeddings
     default_kv_cache_memory_bytes: int | None = None  # None: hbm_utilization of device memory
     min_token_bucket = 16  # matmuls are tiled: smaller token buckets save nothing
+    # Schedule step n + 1 while the device runs step n (EngineArgs.async_scheduling).
+    default_async_scheduling = True
 
     # Whether a compiled step may hold lax.cond / lax.switch. On XLA:GPU a conditional copies
     # its predicate to the host and waits; on a TPU it hides the step's structure from XLA's

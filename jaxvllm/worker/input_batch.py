@@ -1,95 +1,151 @@
-"""The worker's own record of each request it runs, kept across steps.
+"""The persistent input batch (vLLM's `InputBatch`): one row of numpy arrays per request the
+worker holds, kept across steps.
 
-The scheduler sends full data once per request and diffs afterwards; this is where
-those diffs land, and where the worker appends the tokens it samples itself. Each
-request also holds a row slot in [0, max_num_seqs) for as long as the worker knows it:
-its row of the sampler's persistent device arrays (worker/penalties.py).
+The scheduler sends full data once per request and diffs afterwards; `update_states` lands
+them in the rows, and the runner appends the tokens it samples. A request keeps its row (its
+slot in [0, max_num_seqs), also its row of the sampler's device arrays, worker/penalties.py)
+from arrival to finish or preemption, so rows never move and need no condensing: a step's
+inputs are gathers over the scheduled rows (worker/step_inputs.py), whatever their order.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 
 from jaxvllm.core.sched_output import SchedulerOutput
 from jaxvllm.outputs import LogprobsLists
 from jaxvllm.sampling_params import SamplingParams
 
 
-@dataclass
+@dataclass(eq=False)
 class CachedRequestState:
+    """What only some requests need, read where their rare paths run; the hot per-step
+    values (tokens, progress, blocks, sampling parameters) are the batch's rows."""
     req_id: str
-    token_ids: list[int]  # prompt followed by every token generated so far
     num_prompt_tokens: int
     sampling_params: SamplingParams
-    sampling_seed: int
     eos_token_id: int | None
-    block_ids: list[int]
-    num_computed_tokens: int
     slot: int
     # Fixed for the request's life, so the step loop reads flags instead of params.
     has_row: bool = False   # its persistent penalty/bias row is written and used
     extended: bool = False  # needs the sampler's extended variant (row, logprobs, grammar)
     # Prompt logprobs gathered chunk by chunk until the first token is sampled, then sent.
     prompt_logprobs: LogprobsLists | None = None
+    live: bool = True  # False once dropped: a late (async) result must not touch its slot
 
-    def __post_init__(self) -> None:
-        p = self.sampling_params
-        self.has_row = p.uses_penalty_row
-        self.extended = p.uses_extended_sampler
-        if p.prompt_logprobs is not None and self.num_output_tokens == 0:
-            self.prompt_logprobs = LogprobsLists([], [], [])
 
-    @property
-    def num_output_tokens(self) -> int:
-        return len(self.token_ids) - self.num_prompt_tokens
-
-    def ids_to_suppress(self) -> list[int]:
-        """Tokens that must not be sampled next: stop tokens while min_tokens is not
-        reached, and the last token of each multi-token bad word whose other tokens
-        end the output so far (vLLM's bad-words rule; one-token words sit in the bias row)."""
-        p = self.sampling_params
-        ids = []
-        if self.num_output_tokens < p.min_tokens:
-            ids.extend(p.stop_token_ids)
-            if not p.ignore_eos and self.eos_token_id is not None:
-                ids.append(self.eos_token_id)
-        if p.bad_words_token_ids:
-            output = self.token_ids[self.num_prompt_tokens:]
-            for word in p.bad_words_token_ids:
-                n = len(word) - 1
-                if 0 < n <= len(output) and output[-n:] == word[:-1]:
-                    ids.append(word[-1])
-        return ids
+def suppressed_ids(params: SamplingParams, eos_token_id: int | None, num_output_tokens: int,
+                   output_tail: list[int]) -> list[int]:
+    """Tokens that must not be sampled next: stop tokens while min_tokens is not reached,
+    and the last token of each multi-token bad word whose other tokens end the output so far
+    (vLLM's bad-words rule; one-token words sit in the bias row). output_tail: the output's
+    last tokens, at least as many as the longest bad word less one (or all of them)."""
+    ids = []
+    if num_output_tokens < params.min_tokens:
+        ids.extend(params.stop_token_ids)
+        if not params.ignore_eos and eos_token_id is not None:
+            ids.append(eos_token_id)
+    for word in params.bad_words_token_ids:
+        n = len(word) - 1
+        if 0 < n <= len(output_tail) and output_tail[-n:] == word[:-1]:
+            ids.append(word[-1])
+    return ids
 
 
 class InputBatch:
-    def __init__(self, max_num_seqs: int):
+    def __init__(self, max_num_seqs: int, max_model_len: int, max_pages_per_seq: int):
+        S = max_num_seqs
         self.requests: dict[str, CachedRequestState] = {}
-        self._free_slots = list(range(max_num_seqs - 1, -1, -1))
+        self.states: list[CachedRequestState | None] = [None] * S  # by row
+        self.owing_prompt_logprobs: set[CachedRequestState] = set()  # until their first token
+        self._free_slots = list(range(S - 1, -1, -1))
+        self.token_ids = np.zeros((S, max_model_len), np.int32)
+        # Prompt plus sampled tokens, counting one still in flight (async scheduling), whose
+        # value is not on the host yet: the next step reads it on device instead.
+        self.num_tokens = np.zeros(S, np.int32)
+        self.num_host_tokens = np.zeros(S, np.int32)  # tokens whose value token_ids holds
+        self.num_prompt_tokens = np.zeros(S, np.int32)
+        self.num_computed_tokens = np.zeros(S, np.int32)
+        self.block_table = np.zeros((S, max_pages_per_seq), np.int32)
+        self.num_blocks = np.zeros(S, np.int32)
+        # Sampling parameters (sampling_inputs.py gathers them per step).
+        self.temperature = np.zeros(S, np.float32)
+        self.top_k = np.zeros(S, np.int32)
+        self.top_p = np.ones(S, np.float32)
+        self.min_p = np.zeros(S, np.float32)
+        self.seed = np.zeros((S, 2), np.uint32)
+        self.suppresses = np.zeros(S, bool)  # min_tokens or multi-token bad words
+        self.has_row = np.zeros(S, bool)
+        self.extended = np.zeros(S, bool)
+        self.presence = np.zeros(S, np.float32)
+        self.frequency = np.zeros(S, np.float32)
+        self.repetition = np.ones(S, np.float32)
+        self.num_logprobs = np.full(S, -1, np.int32)  # k of SamplingParams.logprobs, -1: none
+        self.generation = np.zeros(S, np.int64)  # bumped when a row gets a new request
 
     def update_states(self, out: SchedulerOutput) -> list[CachedRequestState]:
         """Applies the step's changes; returns the states added (their rows need writing)."""
         for req_id in out.finished_req_ids | out.preempted_req_ids:
             state = self.requests.pop(req_id, None)
             if state is not None:
+                state.live = False
+                self.states[state.slot] = None
+                self.owing_prompt_logprobs.discard(state)
                 self._free_slots.append(state.slot)
-        added = []
-        for new in out.scheduled_new_reqs:
-            self.requests[new.req_id] = state = CachedRequestState(
-                req_id=new.req_id,
-                token_ids=list(new.prompt_token_ids) + list(new.output_token_ids),
-                num_prompt_tokens=len(new.prompt_token_ids),
-                sampling_params=new.sampling_params,
-                sampling_seed=new.sampling_seed,
-                eos_token_id=new.eos_token_id,
-                block_ids=list(new.block_ids),
-                num_computed_tokens=new.num_computed_tokens,
-                slot=self._free_slots.pop(),
-            )
-            added.append(state)
+        added = [self._add(new) for new in out.scheduled_new_reqs]
         cached = out.scheduled_cached_reqs
-        for req_id, new_blocks, computed in zip(cached.req_ids, cached.new_block_ids,
-                                                cached.num_computed_tokens):
-            state = self.requests[req_id]
-            state.block_ids.extend(new_blocks)
-            state.num_computed_tokens = computed
+        if cached.req_ids:
+            requests = self.requests
+            slots = [requests[r].slot for r in cached.req_ids]
+            self.num_computed_tokens[slots] = cached.num_computed_tokens
+            for slot, new_blocks in zip(slots, cached.new_block_ids):
+                if new_blocks:  # most decode steps add none
+                    n = self.num_blocks[slot]
+                    self.block_table[slot, n:n + len(new_blocks)] = new_blocks
+                    self.num_blocks[slot] = n + len(new_blocks)
         return added
+
+    def _add(self, new) -> CachedRequestState:
+        p = new.sampling_params
+        slot = self._free_slots.pop()
+        state = CachedRequestState(req_id=new.req_id, num_prompt_tokens=len(new.prompt_token_ids),
+                                   sampling_params=p, eos_token_id=new.eos_token_id, slot=slot,
+                                   has_row=p.uses_penalty_row, extended=p.uses_extended_sampler)
+        if p.prompt_logprobs is not None and not new.output_token_ids:
+            state.prompt_logprobs = LogprobsLists([], [], [])
+            self.owing_prompt_logprobs.add(state)
+        self.requests[new.req_id] = self.states[slot] = state
+        num_prompt, num_out = len(new.prompt_token_ids), len(new.output_token_ids)
+        n = num_prompt + num_out
+        self.token_ids[slot, :num_prompt] = new.prompt_token_ids
+        self.token_ids[slot, num_prompt:n] = new.output_token_ids
+        self.num_tokens[slot] = self.num_host_tokens[slot] = n
+        self.num_prompt_tokens[slot] = num_prompt
+        self.num_computed_tokens[slot] = new.num_computed_tokens
+        self.block_table[slot, :len(new.block_ids)] = new.block_ids
+        self.num_blocks[slot] = len(new.block_ids)
+        self.temperature[slot] = 0.0 if p.sampling_type_greedy else p.temperature
+        self.top_k[slot], self.top_p[slot], self.min_p[slot] = p.top_k, p.top_p, p.min_p
+        self.seed[slot] = (new.sampling_seed >> 32, new.sampling_seed & 0xFFFFFFFF)
+        self.suppresses[slot] = p.min_tokens > 0 or any(len(w) > 1 for w in p.bad_words_token_ids)
+        self.has_row[slot], self.extended[slot] = state.has_row, state.extended
+        self.presence[slot], self.frequency[slot] = p.presence_penalty, p.frequency_penalty
+        self.repetition[slot] = p.repetition_penalty
+        self.num_logprobs[slot] = -1 if p.logprobs is None else p.logprobs
+        self.generation[slot] += 1
+        return state
+
+    def token_list(self, state: CachedRequestState, start: int = 0, end: int | None = None) -> list[int]:
+        """The request's token ids on the host (prompt, then output), start:end."""
+        slot = state.slot
+        end = self.num_host_tokens[slot] if end is None else end
+        return self.token_ids[slot, start:end].tolist()
+
+    def suppressed_ids(self, state: CachedRequestState) -> list[int]:
+        p, slot = state.sampling_params, state.slot
+        longest = max((len(w) for w in p.bad_words_token_ids), default=1)
+        num_host = int(self.num_host_tokens[slot])
+        tail_start = max(state.num_prompt_tokens, num_host - longest + 1)
+        return suppressed_ids(p, state.eos_token_id, int(self.num_tokens[slot]) - state.num_prompt_tokens,
+                              self.token_list(state, tail_start, num_host))

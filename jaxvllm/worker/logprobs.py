@@ -13,6 +13,7 @@ so every prompt position passes through here exactly once per (re)computation.
 """
 from __future__ import annotations
 
+import jax
 import numpy as np
 
 from jaxvllm.outputs import LogprobsLists
@@ -25,33 +26,36 @@ def _rows(ids: np.ndarray, lps: np.ndarray, first_ids, first_lps, ranks, k: int)
                          [int(r) for r in ranks])
 
 
-def sampled_logprobs(states, commits, sampled, lp) -> list[LogprobsLists | None]:
-    """Each committing row's logprobs, for the requests that asked for them."""
+def sampled_logprobs(num_logprobs: np.ndarray, commit: np.ndarray, sampled,
+                     lp) -> list[LogprobsLists | None]:
+    """Each committing row's logprobs, for the requests that asked for them (num_logprobs:
+    the k each row asked for, -1 for none)."""
     token_lp, rank, top_ids, top_lp = lp
-    out = []
-    for i, (s, commit) in enumerate(zip(states, commits)):
-        k = s.sampling_params.logprobs
-        out.append(None if k is None or not commit else
-                   _rows(top_ids[i:i + 1], top_lp[i:i + 1], sampled[i:i + 1], token_lp[i:i + 1],
-                         rank[i:i + 1], k))
+    out: list[LogprobsLists | None] = [None] * len(num_logprobs)
+    for i in np.flatnonzero((num_logprobs >= 0) & commit).tolist():
+        out[i] = _rows(top_ids[i:i + 1], top_lp[i:i + 1], sampled[i:i + 1], token_lp[i:i + 1],
+                       rank[i:i + 1], int(num_logprobs[i]))
     return out
 
 
-def prompt_positions(states, counts, T: int):
+def prompt_positions(batch, owing, step_index: dict[int, int], rows, counts, T: int):
     """Flat-axis rows to score this step, padded to T: (indices i32[T], targets i32[T],
-    per request (state, first row, its targets)) for requests still owed prompt logprobs."""
+    per request (state, first row, its targets)) for the requests `owing` prompt logprobs
+    that this step schedules (step_index: batch row -> index in the step)."""
     indices, targets, spans = [], [], []
-    offset = 0
-    for s, n in zip(states, counts):
-        if s.prompt_logprobs is not None:
-            start = s.num_computed_tokens
-            end = min(start + n, s.num_prompt_tokens - 1)  # the last prompt token scores nothing
-            if end > start:
-                span_targets = s.token_ids[start + 1:end + 1]
-                spans.append((s, len(indices), span_targets))
-                indices.extend(range(offset, offset + end - start))
-                targets.extend(span_targets)
-        offset += n
+    offsets = np.cumsum(counts) - counts
+    for s in owing:
+        i = step_index.get(s.slot)
+        if i is None:
+            continue
+        start = int(batch.num_computed_tokens[rows[i]])
+        end = min(start + int(counts[i]), s.num_prompt_tokens - 1)  # the last prompt token scores nothing
+        if end > start:
+            span_targets = batch.token_list(s, start + 1, end + 1)
+            spans.append((s, len(indices), span_targets))
+            offset = int(offsets[i])
+            indices.extend(range(offset, offset + end - start))
+            targets.extend(span_targets)
     pad = T - len(indices)
     return (np.asarray(indices + [0] * pad, np.int32), np.asarray(targets + [0] * pad, np.int32),
             spans)
@@ -68,3 +72,21 @@ def accumulate_prompt_logprobs(spans, lp) -> None:
         pending.logprob_token_ids.extend(rows.logprob_token_ids)
         pending.logprobs.extend(rows.logprobs)
         pending.sampled_token_ranks.extend(rows.sampled_token_ranks)
+
+
+def step_prompt_logprobs(batch, rows, counts, commit, T: int, score) -> dict[str, LogprobsLists]:
+    """Scores this step's prompt positions of the requests that asked (score(indices,
+    targets): the device's logprobs arrays); returns the prompt logprobs of those that sample
+    their first token now, which are sent with it."""
+    step_index = {r: i for i, r in enumerate(rows.tolist())}
+    indices, targets, spans = prompt_positions(batch, batch.owing_prompt_logprobs, step_index,
+                                               rows, counts, T)
+    if spans:
+        accumulate_prompt_logprobs(spans, jax.device_get(score(indices, targets)))
+    done = {}
+    for state in list(batch.owing_prompt_logprobs):
+        i = step_index.get(state.slot)
+        if i is not None and commit[i]:
+            done[state.req_id], state.prompt_logprobs = state.prompt_logprobs, None
+            batch.owing_prompt_logprobs.discard(state)
+    return done

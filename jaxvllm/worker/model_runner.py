@@ -19,6 +19,7 @@ import logging
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec as P
@@ -26,17 +27,19 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec as P
 from jaxvllm.config import EngineConfig
 from jaxvllm.core.sched_output import SchedulerOutput
 from jaxvllm.layers.attention import AttentionMetadata
-from jaxvllm.outputs import ModelRunnerOutput
+from jaxvllm.outputs import LogprobsLists, ModelRunnerOutput
 from jaxvllm.platforms import Platform
 from jaxvllm.sampling_params import SamplingParams
 from jaxvllm.worker import penalties
+from jaxvllm.worker.async_output import AsyncModelRunnerOutput
 from jaxvllm.worker.compiled_programs import (CompiledProgram, executables_dir, fingerprint,
                                               persistent_cache_off, warm_all)
 from jaxvllm.worker.input_batch import InputBatch
 from jaxvllm.worker.kv_swap import KVSwapper
-from jaxvllm.worker.logprobs import accumulate_prompt_logprobs, prompt_positions, sampled_logprobs
+from jaxvllm.worker.logprobs import step_prompt_logprobs
 from jaxvllm.worker.model_runner_utils import make_buckets, pick_bucket
 from jaxvllm.worker.sampler import compute_logprobs, sample, sample_extended
+from jaxvllm.worker.step_inputs import build_step_inputs, metadata_rows
 from jaxvllm.worker.sampling_inputs import (penalty_metadata, sampler_variant, sampler_variants,
                                             sampling_metadata)
 
@@ -62,7 +65,7 @@ class ModelRunner:
         self.hidden_size = model.args.hidden_size
         self.hidden_dtype = jax.numpy.dtype(config.dtype)
         self.kv_cache = kv_cache
-        self.input_batch = InputBatch(self.max_num_seqs)
+        self.input_batch = InputBatch(self.max_num_seqs, sched.max_model_len, self.max_pages_per_seq)
         # Replicated over the mesh, like the hidden states the sampler reads beside it.
         # Made by one jitted program (three eager zeros compiled three: ~0.5 s of start-up).
         self.penalty_state = jax.jit(penalties.init_state, static_argnums=(0, 1),
@@ -77,25 +80,35 @@ class ModelRunner:
         graphdef, self.params = nnx.split(model)
         abstract_mesh = abstract_mesh or mesh.abstract_mesh
 
-        def forward(params, kv_cache, input_ids, md, logits_indices):
+        S = self.max_num_seqs
+
+        # prev_rows: positions whose input is the token a row sampled last step, still on
+        # device (async scheduling); S where the host's id stands.
+        def forward(params, kv_cache, input_ids, prev_rows, last_sampled, md, logits_indices):
+            input_ids = jnp.where(prev_rows < S, last_sampled[jnp.minimum(prev_rows, S - 1)], input_ids)
             with jax.sharding.use_abstract_mesh(abstract_mesh):  # for the model's constraints
                 hidden, kv_cache = nnx.merge(graphdef, params)(input_ids, kv_cache, md, attend,
                                                                platform.layer_loop)
             return hidden[logits_indices], hidden, kv_cache
 
         # num_reqs: the real rows of the request bucket; the LM head skips the others.
-        def sample_fn(params, hidden, sampling_md, num_reqs, all_greedy, top_k_top_p):
+        # Each sampler also keeps its tokens on device, by batch row (`last_sampled`, S past
+        # the real rows), for the next step's inputs.
+        def sample_fn(params, hidden, sampling_md, num_reqs, last_sampled, rows, all_greedy, top_k_top_p):
             with jax.sharding.use_abstract_mesh(abstract_mesh):
                 R = sampling_md.temperature.shape[0]
                 logits = nnx.merge(graphdef, params).compute_logits(hidden[:R], num_reqs)
-                return sample(logits, sampling_md, all_greedy, top_k_top_p)
+                tokens = sample(logits, sampling_md, all_greedy, top_k_top_p)
+                return tokens, last_sampled.at[rows].set(tokens, mode="drop")
 
-        def sample_extended_fn(params, hidden, sampling_md, num_reqs, penalty_state, penalty_md, all_greedy,
-                               top_k_top_p):
+        def sample_extended_fn(params, hidden, sampling_md, num_reqs, penalty_state, penalty_md, last_sampled,
+                               rows, all_greedy, top_k_top_p):
             with jax.sharding.use_abstract_mesh(abstract_mesh):
                 R = sampling_md.temperature.shape[0]
                 logits = nnx.merge(graphdef, params).compute_logits(hidden[:R], num_reqs)
-                return sample_extended(logits, sampling_md, penalty_state, penalty_md, all_greedy, top_k_top_p)
+                tokens, lp, penalty_state = sample_extended(logits, sampling_md, penalty_state, penalty_md,
+                                                            all_greedy, top_k_top_p)
+                return tokens, lp, penalty_state, last_sampled.at[rows].set(tokens, mode="drop")
 
         def prompt_logprobs_fn(params, hidden, indices, targets):
             with jax.sharding.use_abstract_mesh(abstract_mesh):
@@ -116,14 +129,17 @@ class ModelRunner:
             return CompiledProgram(name, fn, jax.jit(traced, **jit_kwargs), key, directory,
                                    list(mesh.devices.flat), fixed_argnums)
 
-        # fixed_argnums: the weights, the KV cache and the penalty rows never change shape.
-        self._forward = program("forward", forward, (0, 1), donate_argnums=(1,),
-                                in_shardings=(params_sharding, kv_cache.sharding, rep, rep, rep),
+        # fixed_argnums: the weights, the KV cache, the penalty rows and last_sampled never
+        # change shape.
+        self.last_sampled = jax.device_put(np.zeros(S, np.int32), rep)
+        self._forward = program("forward", forward, (0, 1, 4), donate_argnums=(1,),
+                                in_shardings=(params_sharding, kv_cache.sharding, rep, rep, rep, rep, rep),
                                 out_shardings=(rep, rep, kv_cache.sharding))
         sampler_static = ("all_greedy", "top_k_top_p")
-        self._sample = program("sample", sample_fn, (0,), static_argnames=sampler_static)
-        self._sample_extended = program("sample_extended", sample_extended_fn, (0, 4),
-                                        static_argnames=sampler_static, donate_argnums=(4,))
+        self._sample = program("sample", sample_fn, (0, 4), static_argnames=sampler_static,
+                               donate_argnums=(4,))
+        self._sample_extended = program("sample_extended", sample_extended_fn, (0, 4, 6),
+                                        static_argnames=sampler_static, donate_argnums=(4, 6))
         self._set_row = program("set_row", penalties.set_row, (0,), donate_argnums=(0,))
         self._prompt_logprobs = program("prompt_logprobs", prompt_logprobs_fn, (0,))
 
@@ -132,103 +148,81 @@ class ModelRunner:
 
     # ---- one step -----------------------------------------------------------------
     def execute_model(self, out: SchedulerOutput) -> ModelRunnerOutput:
-        for state in self.input_batch.update_states(out):
+        return self.execute_model_async(out).get_output()
+
+    def execute_model_async(self, out: SchedulerOutput) -> AsyncModelRunnerOutput:
+        """Dispatches the step and returns before its tokens are back: the device reads a
+        token still in flight from the last step's sampler (`last_sampled`), never the host."""
+        batch = self.input_batch
+        for state in batch.update_states(out):
             if state.has_row:
                 self._write_row(state)
         if out.blocks_to_swap_out or out.blocks_to_swap_in:
             self.kv_cache = self.swapper.swap(self.kv_cache, out.blocks_to_swap_out, out.blocks_to_swap_in)
+        N = len(out.num_scheduled_tokens)
         if out.total_num_scheduled_tokens == 0:
-            return ModelRunnerOutput([], [])
+            return AsyncModelRunnerOutput(batch, [], *(np.zeros(0, t) for t in (np.int32, bool, np.int64)),
+                                          np.zeros(0, np.int32))
         req_ids = list(out.num_scheduled_tokens)
-        states = [self.input_batch.requests[r] for r in req_ids]
-        counts = [out.num_scheduled_tokens[r] for r in req_ids]
+        counts = np.fromiter(out.num_scheduled_tokens.values(), np.int32, N)
+        requests = batch.requests
+        rows = np.fromiter((requests[r].slot for r in req_ids), np.int32, N)
         with jax.profiler.TraceAnnotation("prepare_inputs"):
-            input_ids, md, logits_indices = self._prepare_inputs(states, counts)
+            T = pick_bucket(self.token_buckets, out.total_num_scheduled_tokens)
+            inputs = build_step_inputs(batch, rows, counts, T, self.block_size)
         with jax.profiler.TraceAnnotation("model_step"):
-            hidden, all_hidden, self.kv_cache = self._forward(self.params, self.kv_cache, input_ids, md,
-                                                              logits_indices)
-        if any(s.prompt_logprobs is not None for s in states):
-            with jax.profiler.TraceAnnotation("prompt_logprobs"):
-                indices, targets, spans = prompt_positions(states, counts, len(input_ids))
-                if spans:
-                    accumulate_prompt_logprobs(spans, jax.device_get(
-                        self._prompt_logprobs(self.params, all_hidden, indices, targets)))
+            hidden, all_hidden, self.kv_cache = self._forward(
+                self.params, self.kv_cache, inputs.input_ids, inputs.prev_rows, self.last_sampled,
+                inputs.md, inputs.logits_indices)
+        prompt_logprobs = self._prompt_logprobs_of(rows, counts, inputs.commit, all_hidden, T)
         with jax.profiler.TraceAnnotation("prepare_inputs"):
-            R = pick_bucket(self.request_buckets, len(states))
-            sampling_md, all_greedy = sampling_metadata(states, R, self.vocab_size)
+            R = pick_bucket(self.request_buckets, N)
+            sampling_md, all_greedy = sampling_metadata(batch, rows, R, self.vocab_size)
             variant = sampler_variant(sampling_md, all_greedy, self.vocab_size, self.step_may_branch)
-            num_reqs = np.int32(len(states))
-        # Rows whose token is kept: the others are prefill chunks short of the prompt's end.
-        commits = [s.num_computed_tokens + n >= len(s.token_ids) for s, n in zip(states, counts)]
-        logprobs = None
+            sample_rows = np.full(R, self.max_num_seqs, np.int32)  # padding rows write nothing
+            sample_rows[:N] = rows
+        logprobs = num_logprobs = None
         with jax.profiler.TraceAnnotation("sampling"):
-            if any(s.extended for s in states):
-                penalty_md = penalty_metadata(states, commits, R, self.max_num_seqs, self.vocab_size,
-                                              out.grammar_bitmask)
-                sampled, lp, self.penalty_state = self._sample_extended(
-                    self.params, hidden, sampling_md, num_reqs, self.penalty_state, penalty_md, **variant)
-                sampled, lp = jax.device_get((sampled, lp))
-                logprobs = sampled_logprobs(states, commits, sampled, lp)
+            if batch.extended[rows].any():
+                grammar_rows = {}
+                if out.grammar_bitmask:
+                    index = {r: i for i, r in enumerate(req_ids)}
+                    grammar_rows = {index[r]: words for r, words in out.grammar_bitmask.items()}
+                penalty_md = penalty_metadata(batch, rows, inputs.commit, R, self.max_num_seqs,
+                                              self.vocab_size, grammar_rows)
+                sampled, logprobs, self.penalty_state, self.last_sampled = self._sample_extended(
+                    self.params, hidden, sampling_md, np.int32(N), self.penalty_state, penalty_md,
+                    self.last_sampled, sample_rows, **variant)
+                num_logprobs = batch.num_logprobs[rows]
+                if not (num_logprobs >= 0).any():
+                    logprobs = None
             else:
-                sampled = np.asarray(self._sample(self.params, hidden, sampling_md, num_reqs, **variant))
-
-        sampled_token_ids, prompt_logprobs = [], {}
-        for i, (state, n, commit) in enumerate(zip(states, counts, commits)):
-            state.num_computed_tokens += n
-            if commit:
-                token = int(sampled[i])
-                state.token_ids.append(token)
-                sampled_token_ids.append([token])
-                if state.prompt_logprobs is not None:
-                    prompt_logprobs[state.req_id], state.prompt_logprobs = state.prompt_logprobs, None
-            else:
-                sampled_token_ids.append([])
-        if self.after_first_step is not None:
-            self.after_first_step, after = None, self.after_first_step
-            after()
+                sampled, self.last_sampled = self._sample(self.params, hidden, sampling_md, np.int32(N),
+                                                          self.last_sampled, sample_rows, **variant)
+        batch.num_computed_tokens[rows] += counts
+        batch.num_tokens[rows[inputs.commit]] += 1  # its value arrives with get_output
         if self.config.check_recompilation and self.num_compilations > self.num_warmup_compilations:
             raise RuntimeError(
                 f"check_recompilation: {self.num_compilations - self.num_warmup_compilations} "
                 f"program(s) compiled after warm-up (a shape outside the warmed buckets).")
-        return ModelRunnerOutput(req_ids, sampled_token_ids, logprobs, prompt_logprobs)
+        on_ready, self.after_first_step = self.after_first_step, None
+        return AsyncModelRunnerOutput(batch, req_ids, rows, inputs.commit, batch.generation[rows], sampled,
+                                      logprobs, num_logprobs, prompt_logprobs, on_ready)
+
+    def _prompt_logprobs_of(self, rows, counts, commit, all_hidden, T) -> dict[str, LogprobsLists]:
+        if not self.input_batch.owing_prompt_logprobs:
+            return {}
+        with jax.profiler.TraceAnnotation("prompt_logprobs"):
+            return step_prompt_logprobs(self.input_batch, rows, counts, commit, T, lambda indices, targets:
+                                        self._prompt_logprobs(self.params, all_hidden, indices, targets))
 
     def _write_row(self, state) -> None:
+        batch, n = self.input_batch, state.num_prompt_tokens
         counts, prompt_mask, bias = penalties.build_row(
-            state.sampling_params, state.token_ids[:state.num_prompt_tokens],
-            state.token_ids[state.num_prompt_tokens:], self.vocab_size)
+            state.sampling_params, batch.token_list(state, 0, n), batch.token_list(state, n),
+            self.vocab_size)
         self.penalty_state = self._set_row(self.penalty_state, np.int32(state.slot), counts,
                                            prompt_mask, bias)
-
-    def _prepare_inputs(self, states, counts):
-        num_tokens = sum(counts)
-        T = pick_bucket(self.token_buckets, num_tokens)
-        S, bs = self.max_num_seqs, self.block_size
-        input_ids = np.zeros(T, np.int32)
-        positions = np.zeros(T, np.int32)
-        slot_mapping = np.arange(T, dtype=np.int32) % bs  # padding writes into the null block 0
-        kv_lens = np.zeros(S, np.int32)
-        page_indices = np.zeros((S, self.max_pages_per_seq), np.int32)
-        cu_q_lens = np.full(S + 1, num_tokens, np.int32)
-        cu_q_lens[0] = 0
-        logits_indices = np.zeros(S, np.int32)
-
-        offset = 0
-        for i, (state, n) in enumerate(zip(states, counts)):
-            start = state.num_computed_tokens
-            pos = np.arange(start, start + n, dtype=np.int32)
-            blocks = np.asarray(state.block_ids, np.int32)
-            input_ids[offset:offset + n] = state.token_ids[start:start + n]
-            positions[offset:offset + n] = pos
-            slot_mapping[offset:offset + n] = blocks[pos // bs] * bs + pos % bs
-            kv_lens[i] = start + n
-            page_indices[i, :len(blocks)] = blocks
-            offset += n
-            cu_q_lens[i + 1] = offset
-            logits_indices[i] = offset - 1
-        md = AttentionMetadata(positions=positions, slot_mapping=slot_mapping, kv_lens=kv_lens,
-                               page_indices=page_indices, cu_q_lens=cu_q_lens,
-                               num_seqs=np.array([len(states)], np.int32))
-        return input_ids, md, logits_indices
 
     # ---- compile discipline -------------------------------------------------------
     def warmup(self) -> None:
@@ -263,22 +257,27 @@ class ModelRunner:
         # sample first, smallest buckets first; then logprobs, penalties and the row writer.
         jobs, extra = [], []
         for T in self.token_buckets:
+            M = metadata_rows(T, S)
             md = AttentionMetadata(
                 positions=np.zeros(T, np.int32), slot_mapping=np.arange(T, dtype=np.int32) % self.block_size,
-                kv_lens=np.zeros(S, np.int32), page_indices=np.zeros((S, self.max_pages_per_seq), np.int32),
-                cu_q_lens=np.zeros(S + 1, np.int32), num_seqs=np.zeros(1, np.int32))
+                kv_lens=np.zeros(M, np.int32), page_indices=np.zeros((M, self.max_pages_per_seq), np.int32),
+                cu_q_lens=np.zeros(M + 1, np.int32), num_seqs=np.zeros(1, np.int32))
             all_hidden = jax.ShapeDtypeStruct((T, self.hidden_size), self.hidden_dtype, sharding=rep)
-            jobs.append((self._forward, (self.params, self.kv_cache, np.zeros(T, np.int32), md,
+            jobs.append((self._forward, (self.params, self.kv_cache, np.zeros(T, np.int32),
+                                         np.full(T, S, np.int32), self.last_sampled, md,
                                          np.zeros(S, np.int32)), {}))
             extra.append((self._prompt_logprobs, (self.params, all_hidden, np.zeros(T, np.int32),
                                                   np.zeros(T, np.int32)), {}))
+        no_rows = np.zeros(0, np.int32)
         for R in self.request_buckets:
-            md, _ = sampling_metadata([], R, self.vocab_size)
-            penalty_md = penalty_metadata([], [], R, self.max_num_seqs, self.vocab_size)
+            md, _ = sampling_metadata(None, no_rows, R, self.vocab_size)
+            penalty_md = penalty_metadata(None, no_rows, no_rows, R, S, self.vocab_size)
+            rows = np.full(R, S, np.int32)
             for variant in sampler_variants(self.step_may_branch):
-                jobs.append((self._sample, (self.params, hidden, md, np.int32(R)), variant))
+                jobs.append((self._sample, (self.params, hidden, md, np.int32(R), self.last_sampled, rows),
+                             variant))
                 extra.append((self._sample_extended, (self.params, hidden, md, np.int32(R), self.penalty_state,
-                                                      penalty_md), variant))
+                                                      penalty_md, self.last_sampled, rows), variant))
         extra.append((self._set_row, (self.penalty_state, np.int32(0)) + penalties.build_row(
             SamplingParams(), [0], [], self.vocab_size), {}))
         return jobs + extra

@@ -1,39 +1,44 @@
 """The sampler's inputs for one step: per-row numpy arrays padded to the request bucket,
-built on the host from the requests' SamplingParams and state."""
+gathered from the persistent batch's rows (worker/input_batch.py); only rows that suppress
+tokens (min_tokens, multi-token bad words) are visited one by one."""
 from __future__ import annotations
 
 import numpy as np
 
+from jaxvllm.worker.input_batch import InputBatch
 from jaxvllm.worker.penalties import PenaltyMetadata
 from jaxvllm.worker.sampler import SamplingMetadata
 
 MIN_SUPPRESS_BUCKET = 8  # token ids suppressed per row: powers of two from here
 
 
-def sampling_metadata(states, R: int, vocab_size: int) -> tuple[SamplingMetadata, bool]:
-    """The sampler's per-row inputs for R (bucketed) rows, and whether every row is greedy.
-    Rows past `states` are padding (greedy, nothing suppressed)."""
+def sampling_metadata(batch: InputBatch | None, rows: np.ndarray, R: int,
+                      vocab_size: int) -> tuple[SamplingMetadata, bool]:
+    """The sampler's per-row inputs for R (bucketed) rows, gathered from the batch's rows, and
+    whether every row is greedy. Rows past `rows` are padding (greedy, nothing suppressed)."""
+    N = len(rows)
     temperature = np.zeros(R, np.float32)
     top_k = np.zeros(R, np.int32)
     top_p = np.ones(R, np.float32)
     min_p = np.zeros(R, np.float32)
     seed = np.zeros((R, 2), np.uint32)
     step = np.zeros(R, np.int32)
-    suppress = [s.ids_to_suppress() for s in states]
+    suppress = {}
+    if N:
+        temperature[:N], top_k[:N] = batch.temperature[rows], batch.top_k[rows]
+        top_p[:N], min_p[:N], seed[:N] = batch.top_p[rows], batch.min_p[rows], batch.seed[rows]
+        step[:N] = batch.num_tokens[rows] - batch.num_prompt_tokens[rows]  # counts one in flight
+        for i in np.flatnonzero(batch.suppresses[rows]).tolist():  # min_tokens, bad words only
+            suppress[i] = batch.suppressed_ids(batch.states[rows[i]])
     K = MIN_SUPPRESS_BUCKET  # powers of two, so any number of stop ids compiles few shapes
-    while K < max(map(len, suppress), default=0):
+    while K < max(map(len, suppress.values()), default=0):
         K *= 2
     suppress_ids = np.full((R, K), vocab_size, np.int32)
-    for i, s in enumerate(states):
-        p = s.sampling_params
-        temperature[i] = 0.0 if p.sampling_type_greedy else p.temperature
-        top_k[i], top_p[i], min_p[i] = p.top_k, p.top_p, p.min_p
-        seed[i] = (s.sampling_seed >> 32, s.sampling_seed & 0xFFFFFFFF)
-        step[i] = s.num_output_tokens
-        suppress_ids[i, :len(suppress[i])] = suppress[i]
+    for i, ids in suppress.items():
+        suppress_ids[i, :len(ids)] = ids
     md = SamplingMetadata(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                           seed=seed, step=step, suppress_token_ids=suppress_ids)
-    return md, bool(np.all(temperature == 0.0))
+    return md, not temperature.any()
 
 
 def sampler_variant(md: SamplingMetadata, all_greedy: bool, vocab_size: int,
@@ -55,10 +60,12 @@ def sampler_variants(step_may_branch: bool) -> list[dict]:
             dict(all_greedy=False, top_k_top_p=True)]
 
 
-def penalty_metadata(states, commits, R: int, max_num_seqs: int, vocab_size: int,
-                     grammar_bitmask=None) -> PenaltyMetadata:
+def penalty_metadata(batch: InputBatch | None, rows: np.ndarray, commit: np.ndarray, R: int,
+                     max_num_seqs: int, vocab_size: int, grammar_rows=None) -> PenaltyMetadata:
     """The extended sampler's per-row inputs; padding rows and uncommitted prefill chunks
-    record nothing (their commit slot is max_num_seqs, which is dropped)."""
+    record nothing (their commit slot is max_num_seqs, which is dropped). grammar_rows: step
+    row -> structured output's allowed-token words."""
+    N = len(rows)
     slot = np.zeros(R, np.int32)
     commit_slot = np.full(R, max_num_seqs, np.int32)
     has_row = np.zeros(R, bool)
@@ -66,15 +73,15 @@ def penalty_metadata(states, commits, R: int, max_num_seqs: int, vocab_size: int
     frequency = np.zeros(R, np.float32)
     repetition = np.ones(R, np.float32)
     token_bitmask = np.full((R, -(-vocab_size // 32)), -1, np.int32)  # all allowed
-    for i, (s, commit) in enumerate(zip(states, commits)):
-        if grammar_bitmask and s.req_id in grammar_bitmask:
-            token_bitmask[i] = grammar_bitmask[s.req_id]
-        if s.has_row:
-            p = s.sampling_params
-            slot[i], has_row[i] = s.slot, True
-            commit_slot[i] = s.slot if commit else max_num_seqs
-            presence[i], frequency[i] = p.presence_penalty, p.frequency_penalty
-            repetition[i] = p.repetition_penalty
+    if N:
+        has_row[:N] = row = batch.has_row[rows]
+        slot[:N] = np.where(row, rows, 0)
+        commit_slot[:N] = np.where(row & commit, rows, max_num_seqs)
+        presence[:N] = np.where(row, batch.presence[rows], 0.0)
+        frequency[:N] = np.where(row, batch.frequency[rows], 0.0)
+        repetition[:N] = np.where(row, batch.repetition[rows], 1.0)
+    for i, words in (grammar_rows or {}).items():
+        token_bitmask[i] = words
     return PenaltyMetadata(slot=slot, commit_slot=commit_slot, has_row=has_row,
                            presence=presence, frequency=frequency, repetition=repetition,
                            token_bitmask=token_bitmask)

@@ -25,6 +25,7 @@ from jaxvllm.models.weight_update import WeightUpdater
 from jaxvllm.outputs import ModelRunnerOutput
 from jaxvllm.platforms.huge_pages import advise_huge_pages, huge_page_ranges
 from jaxvllm.worker import sleep_mode
+from jaxvllm.worker.async_output import AsyncModelRunnerOutput
 from jaxvllm.worker.memory_profiling import MemoryProfile, peak_step_bytes
 from jaxvllm.worker.model_runner import ModelRunner
 
@@ -146,6 +147,9 @@ class Worker:
     # ---- what an executor calls (in process, or by collective_rpc in a worker process) ----
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.model_runner.execute_model(scheduler_output)
+
+    def execute_model_async(self, scheduler_output: SchedulerOutput) -> AsyncModelRunnerOutput:
+        return self.model_runner.execute_model_async(scheduler_output)
 
     def get_num_compilations(self) -> int:
         return self.model_runner.num_compilations

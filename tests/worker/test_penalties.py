@@ -6,9 +6,10 @@ import jax
 import numpy as np
 import pytest
 
+from jaxvllm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
 from jaxvllm.sampling_params import MAX_LOGPROBS, SamplingParams
 from jaxvllm.worker import penalties, sampler
-from jaxvllm.worker.input_batch import CachedRequestState
+from jaxvllm.worker.input_batch import InputBatch
 from jaxvllm.worker.penalties import PenaltyMetadata, PenaltyState
 from jaxvllm.worker.sampler import SamplingMetadata
 
@@ -121,20 +122,24 @@ def test_sample_extended_counts_committed_tokens_and_returns_raw_logprobs():
     assert tokens[0] == np.argmax(logits[0]) and rank[0] == 1  # no row counts yet: plain greedy
 
 
-def state_with(outputs, bad_words, min_tokens=0):
+def suppressed_after(outputs, bad_words, min_tokens=0):
+    """What the persistent batch suppresses for a request with `outputs` generated so far."""
     params = SamplingParams(min_tokens=min_tokens, stop_token_ids=[9], max_tokens=50)
     params._bad_words_token_ids = bad_words
-    return CachedRequestState("r", [5, 6] + outputs, 2, params, 0, 2, [], 0, slot=0)
+    batch = InputBatch(max_num_seqs=2, max_model_len=16, max_pages_per_seq=1)
+    batch.update_states(SchedulerOutput([NewRequestData("r", [5, 6], outputs, params, 0, 2, [1], 0)],
+                                        CachedRequestData(), {}, 0, set(), set()))
+    return batch.suppressed_ids(batch.requests["r"])
 
 
 def test_bad_words_ban_the_last_token_once_the_rest_ends_the_output():
     words = [[7], [1, 2], [3, 4, 5]]  # [7] lives in the bias row, not here
-    assert state_with([], words).ids_to_suppress() == []
-    assert state_with([1], words).ids_to_suppress() == [2]
-    assert state_with([3, 4], words).ids_to_suppress() == [5]
-    assert state_with([4, 4], words).ids_to_suppress() == []
-    assert state_with([3, 4, 1], words).ids_to_suppress() == [2]
-    assert state_with([1], words, min_tokens=3).ids_to_suppress() == [9, 2, 2]  # stop ids + EOS, then the word
+    assert suppressed_after([], words) == []
+    assert suppressed_after([1], words) == [2]
+    assert suppressed_after([3, 4], words) == [5]
+    assert suppressed_after([4, 4], words) == []
+    assert suppressed_after([3, 4, 1], words) == [2]
+    assert suppressed_after([1], words, min_tokens=3) == [9, 2, 2]  # stop ids + EOS, then the word
 
 
 @pytest.mark.parametrize("kwargs, field", [
