@@ -46,6 +46,14 @@ from jaxvllm.worker.sampling_inputs import (penalty_metadata, sampler_variant, s
 logger = logging.getLogger(__name__)
 
 
+def with_tokens_in_flight(input_ids: jax.Array, prev_rows: jax.Array, last_sampled: jax.Array) -> jax.Array:
+    """The step's input ids, where a position whose prev_rows names a batch row takes the
+    token that row sampled last step, still on device (async scheduling); prev_rows is
+    len(last_sampled) where the host's id stands."""
+    S = last_sampled.shape[0]
+    return jnp.where(prev_rows < S, last_sampled[jnp.minimum(prev_rows, S - 1)], input_ids)
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig, model: nnx.Module, kv_cache: jax.Array, attend,
                  num_swap_blocks: int = 0, *, mesh: Mesh, platform: Platform,
@@ -82,10 +90,8 @@ class ModelRunner:
 
         S = self.max_num_seqs
 
-        # prev_rows: positions whose input is the token a row sampled last step, still on
-        # device (async scheduling); S where the host's id stands.
         def forward(params, kv_cache, input_ids, prev_rows, last_sampled, md, logits_indices):
-            input_ids = jnp.where(prev_rows < S, last_sampled[jnp.minimum(prev_rows, S - 1)], input_ids)
+            input_ids = with_tokens_in_flight(input_ids, prev_rows, last_sampled)
             with jax.sharding.use_abstract_mesh(abstract_mesh):  # for the model's constraints
                 hidden, kv_cache = nnx.merge(graphdef, params)(input_ids, kv_cache, md, attend,
                                                                platform.layer_loop)

@@ -21,12 +21,12 @@ from jaxvllm.config import EngineConfig
 from jaxvllm.layers.attention import AttentionMetadata
 from jaxvllm.platforms import Platform
 from jaxvllm.worker.compiled_programs import CompiledProgram, fingerprint
-from jaxvllm.worker.model_runner import ModelRunner
+from jaxvllm.worker.model_runner import ModelRunner, with_tokens_in_flight
 
 
 class PipelineForward:
-    """Called as ModelRunner's forward program is: (params, kv_caches, input_ids, md,
-    logits_indices) -> (hidden[logits_indices], hidden, kv_caches), where kv_caches holds
+    """Called as ModelRunner's forward program is: (params, kv_caches, input_ids, prev_rows,
+    last_sampled, md, logits_indices) -> (hidden[logits_indices], hidden, kv_caches), where kv_caches holds
     one cache per stage. `params` is the last stage's (the sampler's); each stage's own are
     held here."""
 
@@ -38,12 +38,14 @@ class PipelineForward:
         for s, (model, kv_cache, attend, mesh) in enumerate(zip(stages, kv_caches, attends, meshes)):
             graphdef, params = nnx.split(model)
 
-            def stage(params, kv_cache, x, md, logits_indices, graphdef=graphdef, attend=attend,
-                      mesh=mesh, first=s == 0, is_last=s == last):
+            # The first stage also takes (prev_rows, last_sampled): the tokens still in flight
+            # from the last step's sampler, as ModelRunner's forward does.
+            def stage(params, kv_cache, x, md, logits_indices, *in_flight, graphdef=graphdef,
+                      attend=attend, mesh=mesh, first=s == 0, is_last=s == last):
                 count_compilation()  # runs at trace time: one trace is one compilation
                 with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
                     model = nnx.merge(graphdef, params)
-                    h = model.embed(x) if first else x
+                    h = model.embed(with_tokens_in_flight(x, *in_flight)) if first else x
                     h, kv_cache = model.forward_layers(h, kv_cache, md, attend, platform.layer_loop)
                     if not is_last:
                         return h, kv_cache
@@ -52,31 +54,37 @@ class PipelineForward:
 
             rep = NamedSharding(mesh, P())
             outs = (rep, rep, kv_cache.sharding) if s == last else (rep, kv_cache.sharding)
-            jitted = jax.jit(stage, donate_argnums=(1,), out_shardings=outs, in_shardings=(
-                jax.tree.map(lambda x: x.sharding, params), kv_cache.sharding, rep, rep, rep))
+            ins = (jax.tree.map(lambda x: x.sharding, params), kv_cache.sharding, rep, rep, rep)
+            jitted = jax.jit(stage, donate_argnums=(1,), out_shardings=outs,
+                             in_shardings=ins + (rep, rep) * (s == 0))
             key = fingerprint(config, model.args, mesh.devices.shape, s)
             self.programs.append(CompiledProgram(f"forward_stage{s}", stage, jitted, key, directory,
                                                  list(mesh.devices.flat), (0, 1)))
             self.params.append(params)
             self.replicated.append(rep)
 
-    def __call__(self, params, kv_caches, input_ids, md, logits_indices):
+    def __call__(self, params, kv_caches, input_ids, prev_rows, last_sampled, md, logits_indices):
         x, caches = input_ids, list(kv_caches)
+        in_flight = (prev_rows, jax.device_put(last_sampled, self.replicated[0]))
         for s, program in enumerate(self.programs[:-1]):
-            x, caches[s] = program(self.params[s], caches[s], x, md, logits_indices)
-            x = jax.device_put(x, self.replicated[s + 1])  # device to device, to the next stage
+            x, caches[s] = program(self.params[s], caches[s], x, md, logits_indices, *in_flight)
+            x, in_flight = jax.device_put(x, self.replicated[s + 1]), ()  # on to the next stage
         selected, hidden, caches[-1] = self.programs[-1](self.params[-1], caches[-1], x, md,
-                                                         logits_indices)
+                                                         logits_indices, *in_flight)
         return selected, hidden, tuple(caches)
 
     def warmup_jobs(self, kv_caches, T: int, md: AttentionMetadata, logits_indices, hidden_size: int,
-                    dtype) -> list[tuple[CompiledProgram, tuple, dict]]:
+                    dtype, last_sampled) -> list[tuple[CompiledProgram, tuple, dict]]:
         """Every stage's program for token bucket T (later stages take hidden states)."""
         jobs = []
         for s, program in enumerate(self.programs):
-            x = (np.zeros(T, np.int32) if s == 0 else
-                 jax.ShapeDtypeStruct((T, hidden_size), dtype, sharding=self.replicated[s]))
-            jobs.append((program, (self.params[s], kv_caches[s], x, md, logits_indices), {}))
+            if s == 0:
+                S = last_sampled.shape[0]
+                x = (np.zeros(T, np.int32), np.full(T, S, np.int32), jax.ShapeDtypeStruct(
+                    last_sampled.shape, last_sampled.dtype, sharding=self.replicated[0]))
+            else:
+                x = (jax.ShapeDtypeStruct((T, hidden_size), dtype, sharding=self.replicated[s]),)
+            jobs.append((program, (self.params[s], kv_caches[s], x[0], md, logits_indices, *x[1:]), {}))
         return jobs
 
 
@@ -101,9 +109,9 @@ class PipelineModelRunner(ModelRunner):
         jobs = []
         for program, args, static in super().warmup_jobs():
             if program is self._forward:
-                _, _, input_ids, md, logits_indices = args
+                _, _, input_ids, _, last_sampled, md, logits_indices = args
                 jobs += self._forward.warmup_jobs(self.kv_cache, len(input_ids), md, logits_indices,
-                                                  self.hidden_size, self.hidden_dtype)
+                                                  self.hidden_size, self.hidden_dtype, last_sampled)
             else:
                 jobs.append((program, args, static))
         return jobs
