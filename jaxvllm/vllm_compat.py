@@ -22,8 +22,6 @@ IGNORED = {
 }
 # name: (neutral value, what to say when another value is given)
 REFUSED = {
-    "quantization": (None, "quantized weights are not supported yet"),
-    "kv_cache_dtype": ("auto", "the KV cache is stored in the model dtype only"),
     "pipeline_parallel_size": (1, "pipeline parallelism is not supported yet; use tensor_parallel_size"),
     "data_parallel_size": (1, "data parallelism is not supported yet; run one server per replica"),
     "enable_lora": (False, "LoRA adapters are not supported"),

@@ -70,9 +70,13 @@ class Platform:
     def load_native_kernels(self) -> None:
         raise ValueError(f"attention_backend='native' runs on the CPU only, not on {self.device_name!r}.")
 
-    def linear_method(self, attention_backend: str, num_devices: int):
+    def linear_method(self, attention_backend: str, num_devices: int, quantization: str | None = None):
         """How the model's matmuls run and store their weights (jaxvllm/layers/linear.py):
-        XLA's."""
+        XLA's; with `quantization`, int8 / fp8 weights dequantized into XLA's dot
+        (jaxvllm/layers/quantization/weight_only.py)."""
+        if quantization is not None:
+            from jaxvllm.layers.quantization.weight_only import WeightOnlyLinearMethod
+            return WeightOnlyLinearMethod(quantization)
         from jaxvllm.layers.linear import UnquantizedLinearMethod
         return UnquantizedLinearMethod()
 

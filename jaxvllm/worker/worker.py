@@ -10,6 +10,7 @@ import threading
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from jaxvllm import platforms
 from jaxvllm.config import EngineConfig
@@ -17,6 +18,7 @@ from jaxvllm.core.sched_output import SchedulerOutput
 from jaxvllm.distributed.mesh import make_mesh
 from jaxvllm.distributed.partition import kv_cache_sharding
 from jaxvllm.layers.attention import get_attention
+from jaxvllm.layers.kv_cache_dtype import kv_cache_dtype
 from jaxvllm.models.model_loader import get_model
 from jaxvllm.outputs import ModelRunnerOutput
 from jaxvllm.platforms.huge_pages import advise_huge_pages, huge_page_ranges
@@ -45,10 +47,11 @@ class Worker:
         self.device = self.mesh.devices.flat[0]
         self.dtype = jnp.dtype(config.dtype)
         platform = platforms.current_platform
-        self.model = get_model(config, model_path, hf_config, self.mesh,
-                               linear_method=platform.linear_method(config.attention_backend, self.mesh.size))
+        method = platform.linear_method(config.attention_backend, self.mesh.size, config.quantization)
+        self.model = get_model(config, model_path, hf_config, self.mesh, linear_method=method)
         self.args = self.model.args
-        self.attend = get_attention(config.attention_backend, platform, self.mesh)
+        self.kv_dtype = kv_cache_dtype(config.kv_cache_dtype, self.dtype)
+        self.attend = get_attention(config.attention_backend, platform, self.mesh, self.kv_dtype)
 
     @property
     def kv_cache_shape_per_block(self) -> tuple[int, ...]:
@@ -57,7 +60,7 @@ class Worker:
 
     @property
     def block_bytes(self) -> int:
-        return math.prod(self.kv_cache_shape_per_block) * self.dtype.itemsize
+        return math.prod(self.kv_cache_shape_per_block) * self.kv_dtype.dtype.itemsize
 
     def determine_num_blocks(self) -> int:
         """From num_gpu_blocks_override, else kv_cache_memory_bytes, else the fraction
@@ -78,6 +81,12 @@ class Worker:
             limit, in_use = memory
             budget = (int(limit * c.hbm_utilization) - in_use) * self.mesh.size
         num_blocks = budget // block_bytes
+        weights = sum(s.data.nbytes for x in jax.tree.leaves(nnx.state(self.model))
+                      for s in x.addressable_shards if s.device == self.device)
+        logger.info("Memory plan per device: weights %.1f MiB (quantization=%s), KV cache %.1f MiB of %s "
+                    "in blocks of %d bytes: %d blocks.", weights / 2**20, self.config.quantization,
+                    budget / self.mesh.size / 2**20, self.config.kv_cache_dtype,
+                    block_bytes // self.mesh.size, num_blocks)
         if num_blocks < 2:
             raise ValueError(f"The KV cache budget ({budget} bytes) holds fewer than 2 blocks of "
                              f"{block_bytes} bytes; raise kv_cache_memory_bytes or hbm_utilization.")
@@ -87,7 +96,8 @@ class Worker:
         a, bs = self.args, self.config.cache.block_size
         shape = (a.num_layers, 2, num_blocks, bs, a.num_kv_heads, a.head_dim)
         # Created in place, each device allocating only its KV heads.
-        kv_cache = jax.jit(lambda: jnp.zeros(shape, self.dtype), out_shardings=kv_cache_sharding(self.mesh))()
+        kv_cache = jax.jit(lambda: jnp.zeros(shape, self.kv_dtype.dtype),
+                           out_shardings=kv_cache_sharding(self.mesh))()
         logger.info("KV cache: %d blocks of %d tokens (%.1f MiB).", num_blocks, bs,
                     kv_cache.nbytes / 2**20)
         if num_swap_blocks:

@@ -1,7 +1,8 @@
 """Ragged paged attention on the CPU through the native kernel (ragged_paged_attention.cc).
 
 Same arguments and result as jaxvllm/kernels/xla/ragged_paged_attention.py. The kernel reads
-float32 caches; any other dtype goes to the XLA kernel.
+float32 caches; any other dtype (bfloat16, or a quantized int8 / fp8 cache) goes to the XLA
+kernel.
 """
 from __future__ import annotations
 

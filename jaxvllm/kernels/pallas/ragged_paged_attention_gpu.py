@@ -67,8 +67,9 @@ def _kernel(layer_ref, kv_lens_ref, pages_ref, cu_ref, block_ref, seq_ref,  # sc
         def body(i, carry):
             m, l, acc = carry
             pages = pages_ref[pl.ds(seq * pages_per_seq + i * pages_per_block, pages_per_block)]
-            k = kv_ref[layer, 0, pages, :, h, :].reshape(block_kv, head_dim)
-            v = kv_ref[layer, 1, pages, :, h, :].reshape(block_kv, head_dim)
+            # A quantized cache (int8, fp8) is converted as loaded; its scales are the caller's.
+            k = kv_ref[layer, 0, pages, :, h, :].reshape(block_kv, head_dim).astype(q.dtype)
+            v = kv_ref[layer, 1, pages, :, h, :].reshape(block_kv, head_dim).astype(q.dtype)
             kv_pos = i * block_kv + jax.lax.broadcasted_iota(jnp.int32, (block_kv,), 0)
             mask = attention_mask(q_pos[:, None], kv_pos[None, :], row_valid[:, None], sliding_window)
             return softmax_update(qk(q, k, precision) * sm_scale, mask, m, l, acc, v,

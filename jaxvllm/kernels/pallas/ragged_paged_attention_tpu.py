@@ -18,8 +18,9 @@ an online softmax keeps m, l and the accumulator in VMEM scratch.
 
 Verified only in interpret mode (interpret=True and pltpu.InterpretParams) so far: no TPU
 has compiled it yet. The likeliest Mosaic objection is the strided sublane load of a
-16-bit cache (JAX's own TPU kernel loads bfloat16 K/V through a uint32 bitcast for that
-reason); page_size * kv_heads should be a multiple of 8 (16 for bfloat16).
+16-bit or 8-bit cache (JAX's own TPU kernel loads bfloat16 K/V through a uint32 bitcast for
+that reason); page_size * kv_heads should be a multiple of 8 (16 for bfloat16, 32 for an
+int8 or fp8 cache).
 """
 from __future__ import annotations
 
@@ -97,8 +98,9 @@ def _kernel(layer_ref, kv_lens_ref, pages_ref, cu_ref, block_ref, seq_ref, first
             mask = attention_mask(q_pos, kv_pos, row_valid, sliding_window)
             for h in range(num_kv_heads):
                 # Rows h, h + kv_heads, ...: head h of every token of the block's pages.
-                k = buf.at[slot, 0][pl.ds(h, block_kv, stride=num_kv_heads), :]
-                v = buf.at[slot, 1][pl.ds(h, block_kv, stride=num_kv_heads), :]
+                # A quantized cache (int8, fp8) is converted as loaded; its scales are the caller's.
+                k = buf.at[slot, 0][pl.ds(h, block_kv, stride=num_kv_heads), :].astype(q_ref.dtype)
+                v = buf.at[slot, 1][pl.ds(h, block_kv, stride=num_kv_heads), :].astype(q_ref.dtype)
                 m, l, acc = softmax_update(
                     qk(q_ref[h], k, precision) * sm_scale, mask, m_ref[h][:, :1], l_ref[h][:, :1],
                     acc_ref[h], v, soft_cap=soft_cap, precision=precision)
