@@ -53,7 +53,8 @@ def get_attention(backend: str, platform: Platform, mesh: Mesh | None = None,
         kv_cache = write_kv(kv_cache, layer, k, v, md.slot_mapping, kv_dtype)
         fmt = kv_dtype or KVCacheDtype(kv_cache.dtype)
         out = impl(q, kv_cache, layer, md.kv_lens, md.page_indices, md.cu_q_lens, md.num_seqs,
-                   sm_scale=sm_scale * fmt.k_scale, sliding_window=sliding_window)
+                   sm_scale=sm_scale * fmt.k_scale, sliding_window=sliding_window,
+                   kv_dtype=fmt.kernel_kv_dtype)
         return (out * fmt.v_scale).astype(q.dtype) if fmt.v_scale != 1.0 else out, kv_cache
 
     if mesh is None or mesh.size == 1:

@@ -22,13 +22,27 @@ import jax.numpy as jnp
 
 @dataclasses.dataclass(frozen=True)
 class KVCacheDtype:
-    dtype: jnp.dtype   # what a page element is stored as
+    dtype: jnp.dtype   # what a page element is
     k_scale: float = 1.0
     v_scale: float = 1.0
+    # Where XLA cannot update an fp8 array in place (the CPU: it converts the whole cache
+    # through float32 on every write), fp8 pages are stored as their bits, uint8, and the
+    # kernels reinterpret what they load (their `kv_dtype` argument).
+    as_bits: bool = False
 
     @property
     def quantized(self) -> bool:
         return self.dtype in (jnp.int8, jnp.float8_e4m3fn, jnp.float8_e5m2)
+
+    @property
+    def storage(self) -> jnp.dtype:
+        """The cache array's dtype."""
+        return jnp.dtype(jnp.uint8) if self.as_bits else self.dtype
+
+    @property
+    def kernel_kv_dtype(self):
+        """The kernels' `kv_dtype`: the element dtype of a cache stored as bits, else None."""
+        return self.dtype if self.as_bits else None
 
     def quantize(self, x: jax.Array, scale: float) -> jax.Array:
         """x / scale in the stored dtype, clipped to its finite range (a cast to fp8 of a value
@@ -39,21 +53,26 @@ class KVCacheDtype:
         if self.dtype == jnp.int8:
             return jnp.clip(jnp.round(x), -127, 127).astype(jnp.int8)
         big = float(jnp.finfo(self.dtype).max)
-        return jnp.clip(x, -big, big).astype(self.dtype)
+        x = jnp.clip(x, -big, big).astype(self.dtype)
+        return jax.lax.bitcast_convert_type(x, jnp.uint8) if self.as_bits else x
 
     def dequantize(self, x: jax.Array, scale: float, dtype=jnp.float32) -> jax.Array:
+        if self.as_bits:
+            x = jax.lax.bitcast_convert_type(x, self.dtype)
         return x.astype(dtype) * scale if self.quantized else x.astype(dtype)
 
 
 _INT8 = KVCacheDtype(jnp.dtype(jnp.int8), k_scale=24 / 127, v_scale=16 / 127)
 
 
-def kv_cache_dtype(name: str, model_dtype) -> KVCacheDtype:
-    """The format for an EngineArgs.kv_cache_dtype name (validated in jaxvllm/config.py)."""
+def kv_cache_dtype(name: str, model_dtype, fp8_as_bits: bool = False) -> KVCacheDtype:
+    """The format for an EngineArgs.kv_cache_dtype name (validated in jaxvllm/config.py);
+    fp8_as_bits: the platform's `kv_cache_fp8_as_bits`."""
+    e4m3, e5m2 = jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2)
     formats = {"auto": KVCacheDtype(jnp.dtype(model_dtype)),
-               "fp8": KVCacheDtype(jnp.dtype(jnp.float8_e4m3fn)),
-               "fp8_e4m3": KVCacheDtype(jnp.dtype(jnp.float8_e4m3fn)),
-               "fp8_e5m2": KVCacheDtype(jnp.dtype(jnp.float8_e5m2)),
+               "fp8": KVCacheDtype(e4m3, as_bits=fp8_as_bits),
+               "fp8_e4m3": KVCacheDtype(e4m3, as_bits=fp8_as_bits),
+               "fp8_e5m2": KVCacheDtype(e5m2, as_bits=fp8_as_bits),
                "int8": _INT8}
     if name not in formats:
         raise ValueError(f"kv_cache_dtype must be one of {sorted(formats)}, got {name!r}.")

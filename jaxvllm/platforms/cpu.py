@@ -25,6 +25,7 @@ class CpuPlatform(Platform):
     step_may_branch = True
     serialize_executables = True
     huge_pages = True
+    kv_cache_fp8_as_bits = True  # XLA:CPU writes into an fp8 array by converting all of it
 
     def auto_attention_backend(self) -> str:
         from jaxvllm.kernels.cpu import build

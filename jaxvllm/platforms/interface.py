@@ -36,6 +36,9 @@ class Platform:
     # back weights and KV cache with huge pages: measured to pay on the CPU only.
     serialize_executables = False
     huge_pages = False
+    # Store an fp8 KV cache as its bits (uint8), for an XLA that updates fp8 arrays by
+    # converting them whole (layers/kv_cache_dtype.py).
+    kv_cache_fp8_as_bits = False
 
     def attention_kernel(self, backend: str) -> tuple[str, bool]:
         """(kernel, interpret) for an `attention_backend`: kernel is `xla`, `native`,

@@ -50,7 +50,7 @@ class Worker:
         method = platform.linear_method(config.attention_backend, self.mesh.size, config.quantization)
         self.model = get_model(config, model_path, hf_config, self.mesh, linear_method=method)
         self.args = self.model.args
-        self.kv_dtype = kv_cache_dtype(config.kv_cache_dtype, self.dtype)
+        self.kv_dtype = kv_cache_dtype(config.kv_cache_dtype, self.dtype, platform.kv_cache_fp8_as_bits)
         self.attend = get_attention(config.attention_backend, platform, self.mesh, self.kv_dtype)
 
     @property
@@ -60,7 +60,7 @@ class Worker:
 
     @property
     def block_bytes(self) -> int:
-        return math.prod(self.kv_cache_shape_per_block) * self.kv_dtype.dtype.itemsize
+        return math.prod(self.kv_cache_shape_per_block) * self.kv_dtype.storage.itemsize
 
     def determine_num_blocks(self) -> int:
         """From num_gpu_blocks_override, else kv_cache_memory_bytes, else the fraction
@@ -96,7 +96,7 @@ class Worker:
         a, bs = self.args, self.config.cache.block_size
         shape = (a.num_layers, 2, num_blocks, bs, a.num_kv_heads, a.head_dim)
         # Created in place, each device allocating only its KV heads.
-        kv_cache = jax.jit(lambda: jnp.zeros(shape, self.kv_dtype.dtype),
+        kv_cache = jax.jit(lambda: jnp.zeros(shape, self.kv_dtype.storage),
                            out_shardings=kv_cache_sharding(self.mesh))()
         logger.info("KV cache: %d blocks of %d tokens (%.1f MiB).", num_blocks, bs,
                     kv_cache.nbytes / 2**20)

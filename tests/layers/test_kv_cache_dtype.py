@@ -20,11 +20,14 @@ from jaxvllm.layers.kv_cache_dtype import kv_cache_dtype  # noqa: E402
 from jaxvllm.platforms import get_platform  # noqa: E402
 
 SEQS = [(1, 9), (5, 12), (4, 4), (1, 20)]
-# Every format in every backend; the native CPU kernel reads float32 pages only and hands a
+# Every format in every backend, fp8 stored as itself (TPU, GPU) and as its bits (the CPU's
+# `kv_cache_fp8_as_bits`); the native CPU kernel reads float32 pages only and hands a
 # quantized cache to the XLA kernel, so one format shows that route.
-CASES = [(name, backend) for name in ("fp8", "fp8_e5m2", "int8") for backend in ("xla", "pallas-tpu", "pallas-gpu")]
-CASES.append(pytest.param("int8", "native", marks=pytest.mark.skipif(not native_build.available(),
-                                                                     reason="no C++ compiler")))
+CASES = [(name, backend, backend == "xla") for name in ("fp8", "fp8_e5m2", "int8")
+         for backend in ("xla", "pallas-tpu", "pallas-gpu")]
+CASES += [("fp8", "xla", False), ("fp8", "pallas-tpu", True), ("fp8_e5m2", "pallas-gpu", True),
+          pytest.param("fp8", "native", True, marks=pytest.mark.skipif(not native_build.available(),
+                                                                        reason="no C++ compiler"))]
 # Largest error of one stored element: half an int8 step; fp8's relative half-ulp.
 WRITE_TOL = {"fp8": dict(rtol=2**-4, atol=1e-2), "fp8_e5m2": dict(rtol=2**-3, atol=1e-3),
              "int8": dict(rtol=0, atol=24 / 127 / 2 + 1e-6)}
@@ -35,13 +38,13 @@ def dequantized(fmt, cache) -> np.ndarray:
                      np.asarray(fmt.dequantize(cache[:, 1], fmt.v_scale))], axis=1)
 
 
-@pytest.mark.parametrize("name,backend", CASES)
-def test_attention_over_quantized_pages_matches_reference_on_dequantized_pages(name, backend):
+@pytest.mark.parametrize("name,backend,as_bits", CASES)
+def test_attention_over_quantized_pages_matches_reference_on_dequantized_pages(name, backend, as_bits):
     rng = np.random.default_rng(5)
     q, cache, layer, kv_lens, page_indices, cu_q_lens, num_seqs = build(rng, SEQS, nq=4, nkv=2, hd=64, ps=16)
-    fmt = kv_cache_dtype(name, jnp.float32)
+    fmt = kv_cache_dtype(name, jnp.float32, fp8_as_bits=as_bits)
     stored = jnp.stack([fmt.quantize(cache[:, 0], fmt.k_scale), fmt.quantize(cache[:, 1], fmt.v_scale)], axis=1)
-    assert stored.dtype == fmt.dtype and fmt.quantized
+    assert stored.dtype == fmt.storage and fmt.quantized
     ps, slots = cache.shape[3], []
     for s, (q_len, kv) in enumerate(SEQS):
         pos = np.arange(kv - q_len, kv)
@@ -53,7 +56,7 @@ def test_attention_over_quantized_pages_matches_reference_on_dequantized_pages(n
                            page_indices=page_indices, cu_q_lens=cu_q_lens, num_seqs=num_seqs)
     attend = get_attention(backend, get_platform("cpu"), None, fmt)
     out, stored = attend(q, jnp.asarray(k), jnp.asarray(v), stored, layer, md, 0.125, None)
-    assert stored.dtype == fmt.dtype
+    assert stored.dtype == fmt.storage
     pages = dequantized(fmt, stored)
     assert_matches_naive(out, (q, pages, layer, kv_lens, page_indices, cu_q_lens, num_seqs), 1e-4,
                          sm_scale=0.125)
@@ -66,7 +69,10 @@ def test_formats_and_their_storage():
     assert not kv_cache_dtype("auto", jnp.float32).quantized
     assert kv_cache_dtype("fp8", jnp.float32) == kv_cache_dtype("fp8_e4m3", jnp.bfloat16)
     for name in ("fp8", "fp8_e5m2", "int8"):
-        assert kv_cache_dtype(name, jnp.float32).dtype.itemsize == 1
+        for as_bits in (False, True):
+            assert kv_cache_dtype(name, jnp.float32, as_bits).storage.itemsize == 1
+    assert kv_cache_dtype("fp8", jnp.float32, fp8_as_bits=True).storage == jnp.uint8
+    assert kv_cache_dtype("int8", jnp.float32, fp8_as_bits=True).storage == jnp.int8
     # Values past a format's range are clipped, never NaN or wrapped.
     fmt = kv_cache_dtype("fp8", jnp.float32)
     assert float(fmt.dequantize(fmt.quantize(jnp.float32(1e6), 1.0), 1.0)) == 448.0

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from jaxvllm.kernels.pallas.common import attention_mask, kv_range, precision_for, qk, softmax_update, work_list
+from jaxvllm.kernels.pallas.common import as_elements, attention_mask, kv_range, precision_for, qk, softmax_update, work_list
 
 _LANES = 128
 
@@ -43,7 +43,7 @@ def _kernel(layer_ref, kv_lens_ref, pages_ref, cu_ref, block_ref, seq_ref, first
             buf, sems,  # [2 (slot), 2 (K, V), pages_per_block * page_size * kv_heads, head_dim], DMA[2]
             m_ref, l_ref, acc_ref,  # [kv_heads, rows, 128], same, [kv_heads, rows, head_dim]
             *, block_q, group, page_size, pages_per_block, pages_per_seq, sm_scale,
-            sliding_window, soft_cap, precision):
+            sliding_window, soft_cap, kv_dtype, precision):
     j = pl.program_id(0)
     seq = seq_ref[j]
     num_kv_heads, rows, head_dim = q_ref.shape
@@ -99,8 +99,9 @@ def _kernel(layer_ref, kv_lens_ref, pages_ref, cu_ref, block_ref, seq_ref, first
             for h in range(num_kv_heads):
                 # Rows h, h + kv_heads, ...: head h of every token of the block's pages.
                 # A quantized cache (int8, fp8) is converted as loaded; its scales are the caller's.
-                k = buf.at[slot, 0][pl.ds(h, block_kv, stride=num_kv_heads), :].astype(q_ref.dtype)
-                v = buf.at[slot, 1][pl.ds(h, block_kv, stride=num_kv_heads), :].astype(q_ref.dtype)
+                k = as_elements(buf.at[slot, 0][pl.ds(h, block_kv, stride=num_kv_heads), :], kv_dtype)
+                v = as_elements(buf.at[slot, 1][pl.ds(h, block_kv, stride=num_kv_heads), :], kv_dtype)
+                k, v = k.astype(q_ref.dtype), v.astype(q_ref.dtype)
                 m, l, acc = softmax_update(
                     qk(q_ref[h], k, precision) * sm_scale, mask, m_ref[h][:, :1], l_ref[h][:, :1],
                     acc_ref[h], v, soft_cap=soft_cap, precision=precision)
@@ -116,7 +117,7 @@ def _kernel(layer_ref, kv_lens_ref, pages_ref, cu_ref, block_ref, seq_ref, first
             o_ref[h] = jnp.where(row_valid, out.astype(o_ref.dtype), o_ref[h])
 
 
-@functools.partial(jax.jit, static_argnames=("sm_scale", "sliding_window", "soft_cap", "block_q",
+@functools.partial(jax.jit, static_argnames=("sm_scale", "sliding_window", "soft_cap", "kv_dtype", "block_q",
                                              "pages_per_block", "interpret", "vmem_limit_bytes"))
 def ragged_paged_attention(
     q: jax.Array,             # [num_tokens, num_q_heads, head_dim]
@@ -130,6 +131,7 @@ def ragged_paged_attention(
     sm_scale: float,
     sliding_window: int | None = None,
     soft_cap: float | None = None,
+    kv_dtype=None,
     block_q: int | None = None,
     pages_per_block: int | None = None,
     interpret=False,
@@ -160,7 +162,7 @@ def ragged_paged_attention(
     kernel = functools.partial(
         _kernel, block_q=block_q, group=group, page_size=page_size, pages_per_block=pages_per_block,
         pages_per_seq=page_indices.shape[1], sm_scale=sm_scale, sliding_window=sliding_window,
-        soft_cap=soft_cap, precision=precision_for(q.dtype))
+        soft_cap=soft_cap, kv_dtype=kv_dtype, precision=precision_for(q.dtype))
     out = pl.pallas_call(
         kernel,
         grid_spec=pltpu.PrefetchScalarGridSpec(
