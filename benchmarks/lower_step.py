@@ -40,12 +40,14 @@ TOKENS = REQUESTS = 64  # the buckets lowered: a decode step of 64 sequences
 SAMPLERS = ("sample", "sample_extended")
 
 
-def lower_step(platform_name: str, args: LlamaArgs,
-               tensor_parallel_size: int = 1) -> tuple[dict[str, str], jax.ShapeDtypeStruct]:
+def lower_step(platform_name: str, args: LlamaArgs, tensor_parallel_size: int = 1,
+               model_cls=LlamaForCausalLM) -> tuple[dict[str, str], jax.ShapeDtypeStruct]:
     """{program: StableHLO text} of the forward for TOKENS tokens and of every sampler
     variant for REQUESTS rows, lowered for `platform_name` (`tpu` or `cuda`); and the KV
     cache's abstract array. Tensor parallel over that many of this machine's devices, which
-    stand in for the accelerators (on a CPU: --xla_force_host_platform_device_count)."""
+    stand in for the accelerators (on a CPU: --xla_force_host_platform_device_count).
+    model_cls: the family whose args these are (models/registry.py); a mixture-of-experts
+    class gets the platform's grouped matmul."""
     platform = get_platform(platform_name)
     # max_num_seqs: the batch lowered (the penalty rows ModelRunner allocates grow with it).
     config = EngineArgs(max_num_seqs=REQUESTS, num_gpu_blocks_override=NUM_BLOCKS,
@@ -55,7 +57,8 @@ def lower_step(platform_name: str, args: LlamaArgs,
     mesh = make_mesh(tensor_parallel_size)
     num_heads, num_kv_heads = padded_heads(args.num_heads, args.num_kv_heads, tensor_parallel_size)
     args = dataclasses.replace(args, num_heads=num_heads, num_kv_heads=num_kv_heads)
-    model = nnx.eval_shape(lambda: LlamaForCausalLM(args, dtype=dtype))
+    moe = dict(moe_method=platform.fused_moe_method()) if hasattr(args, "num_experts") else {}
+    model = nnx.eval_shape(lambda: model_cls(args, dtype=dtype, **moe))
     nnx.update(model, jax.tree_util.tree_map_with_path(lambda path, x: jax.ShapeDtypeStruct(
         x.shape, x.dtype, sharding=param_sharding(param_name(path), x.shape, mesh)), nnx.state(model)))
     kv_cache = jax.ShapeDtypeStruct(

@@ -79,6 +79,10 @@ class EngineArgs:
     """Raise if any program compiles after warm-up."""
     tensor_parallel_size: int = 1
     """Devices the weights, heads and KV cache are split over."""
+    enable_expert_parallel: bool = False
+    """Mixture-of-experts models: split the experts whole over the tensor-parallel devices
+    (EP size = TP size) instead of splitting each expert's features; attention stays
+    tensor parallel."""
     nnodes: int = 1
     """Hosts in a multi-host slice (jax.distributed)."""
     node_rank: int = 0
@@ -146,7 +150,8 @@ class EngineArgs:
                               profile_dir=self.profile_dir,
                               check_recompilation=self.check_recompilation,
                               parallel=ParallelConfig(
-                                  tensor_parallel_size=self.tensor_parallel_size, nnodes=self.nnodes,
+                                  tensor_parallel_size=self.tensor_parallel_size,
+                                  enable_expert_parallel=self.enable_expert_parallel, nnodes=self.nnodes,
                                   node_rank=self.node_rank, master_addr=self.master_addr,
                                   master_port=self.master_port,
                                   distributed_executor_backend=self.distributed_executor_backend))
@@ -190,6 +195,7 @@ class SchedulerConfig:
 @dataclass(frozen=True)
 class ParallelConfig:
     tensor_parallel_size: int = 1
+    enable_expert_parallel: bool = False
     nnodes: int = 1
     node_rank: int = 0
     master_addr: str | None = None

@@ -87,3 +87,33 @@ def fresh_executables(tmp_path, monkeypatch):
     path = tmp_path / "executables"
     monkeypatch.setattr("jaxvllm.worker.model_runner.executables_dir", lambda: str(path))
     return path
+
+
+MOE_FAMILIES = {  # architecture prefix -> its config's expert fields
+    "Mixtral": dict(num_local_experts=8, num_experts_per_tok=2),
+    "Qwen3Moe": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=48, norm_topk_prob=True,
+                     head_dim=32),
+    "Qwen2Moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+                     shared_expert_intermediate_size=80),
+}
+
+
+def write_tiny_moe(path, arch: str, *, seed=0, **extra):
+    """A random mixture-of-experts checkpoint written by transformers (from_config, weights
+    redrawn at a scale where routing and greedy choices are far from ties) and its config."""
+    import torch
+    import transformers
+
+    cfg = getattr(transformers, f"{arch}Config")(
+        vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, eos_token_id=2, bos_token_id=1,
+        tie_word_embeddings=False, **{**MOE_FAMILIES[arch], **extra})
+    torch.manual_seed(seed)
+    model = getattr(transformers, f"{arch}ForCausalLM")._from_config(cfg, dtype=torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            scale = 0.5 if "embed" in name else 0.3 if "lm_head" in name else 0.1 if "norm" in name else 0.08
+            p.copy_(torch.randn_like(p) * scale + (1.0 if "norm" in name else 0.0))
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    return cfg

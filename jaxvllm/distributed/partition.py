@@ -36,6 +36,37 @@ PARAM_SPECS: dict[str, tuple] = {
     "layers.o_proj": (M, None),
     "layers.gate_up_proj": (None, None, M),  # [hidden, 2, intermediate]
     "layers.down_proj": (M, None),
+    # Qwen3, Gemma: per-head q/k norms and Gemma's norms around the MLP.
+    "layers.q_norm": (None,),
+    "layers.k_norm": (None,),
+    "layers.pre_feedforward_layernorm": (None,),
+    "layers.post_feedforward_layernorm": (None,),
+    # OPT: biases, LayerNorms, learned positions, the narrower embedding's projections.
+    "embed_positions": (None, None),
+    "final_layer_norm": (None,),
+    "final_layer_norm_bias": (None,),
+    "project_in": (None, None),
+    "project_out": (None, None),
+    "layers.self_attn_layer_norm": (None,),
+    "layers.self_attn_layer_norm_bias": (None,),
+    "layers.final_layer_norm": (None,),
+    "layers.final_layer_norm_bias": (None,),
+    "layers.o_bias": (None,),
+    "layers.fc1": (None, M),
+    "layers.fc1_bias": (M,),
+    "layers.fc2": (M, None),
+    "layers.fc2_bias": (None,),
+    # Mixture of experts (models/mixtral.py): experts split on their intermediate features
+    # like the MLP above; the router and a shared expert's gate replicated.
+    "layers.router": (None, None),
+    "layers.experts_gate_up": (None, None, None, M),  # [experts, hidden, 2, intermediate]
+    "layers.experts_down": (None, M, None),  # [experts, intermediate, hidden]
+    "layers.shared_expert_gate": (None, None),
+}
+# enable_expert_parallel: whole experts per device instead (EP size = TP size).
+EXPERT_PARALLEL_SPECS: dict[str, tuple] = {
+    "layers.experts_gate_up": (M, None, None, None),
+    "layers.experts_down": (M, None, None),
 }
 # [layers, K/V, pages, page_size, kv_heads, head_dim]
 KV_CACHE_SPEC = P(None, None, None, None, M, None)
@@ -61,10 +92,16 @@ def fit_spec(spec: tuple, shape: tuple[int, ...], mesh: Mesh) -> P:
                for axis, dim in zip(spec, shape)))
 
 
-def param_sharding(name: str, shape: tuple[int, ...], mesh: Mesh) -> NamedSharding:
+def param_sharding(name: str, shape: tuple[int, ...], mesh: Mesh,
+                   expert_parallel: bool = False) -> NamedSharding:
     key = re.sub(r"^layers\.\d+\.", "layers.", name)
     if key not in PARAM_SPECS:
         raise ValueError(f"No partition spec for weight {name!r}.")
+    if expert_parallel and key in EXPERT_PARALLEL_SPECS:
+        if shape[0] % mesh.shape[M]:
+            raise ValueError(f"enable_expert_parallel: the model's {shape[0]} experts do not divide "
+                             f"over tensor_parallel_size={mesh.shape[M]} devices.")
+        return NamedSharding(mesh, P(*EXPERT_PARALLEL_SPECS[key]))
     return NamedSharding(mesh, fit_spec(PARAM_SPECS[key], shape, mesh))
 
 
@@ -72,11 +109,11 @@ def kv_cache_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, KV_CACHE_SPEC)
 
 
-def place(mesh: Mesh, name: str, value: np.ndarray) -> jax.Array:
+def place(mesh: Mesh, name: str, value: np.ndarray, expert_parallel: bool = False) -> jax.Array:
     """A host array put onto the mesh shard by shard: each device receives only its slice
     (and each process supplies only its own devices' slices), so no device ever holds a
     whole tensor that is meant to be split."""
-    sharding = param_sharding(name, value.shape, mesh)
+    sharding = param_sharding(name, value.shape, mesh, expert_parallel)
     return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
 
 

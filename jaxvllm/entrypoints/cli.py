@@ -110,9 +110,23 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+class _ListModels(argparse.Action):
+    """--list-models: the architectures the model registry serves, then exit (as --version)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from jaxvllm.models.registry import supported_architectures  # imports JAX: only when asked
+        print("\n".join(supported_architectures()))
+        parser.exit()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="jaxvllm")
     parser.add_argument("--version", action="version", version=f"jaxvllm {jaxvllm.__version__}")
+    parser.add_argument("--list-models", action=_ListModels,
+                        help="Print the supported model architectures (config.json's `architectures`) and exit.")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="Complete one or more prompts.")
     gen.add_argument("prompts", nargs="+")

@@ -40,8 +40,9 @@ class AttentionMetadata:
 def get_attention(backend: str, platform: Platform, mesh: Mesh | None = None,
                   kv_dtype: KVCacheDtype | None = None) -> Callable:
     """The model's attention call, chosen once (`auto` picks the platform's fastest):
-    attend(q, k, v, kv_cache, layer, md, sm_scale, sliding_window) -> (out, kv_cache)
-    writes this step's K/V into their slots, then attends.
+    attend(q, k, v, kv_cache, layer, md, sm_scale, sliding_window, soft_cap) -> (out, kv_cache)
+    writes this step's K/V into their slots, then attends (soft_cap: Gemma 2's tanh cap on
+    the scaled scores).
 
     On a mesh of several devices it runs per shard (shard_map over the KV-head axis): each
     device writes and reads only its own KV heads with its own query heads, the kernels see
@@ -49,11 +50,12 @@ def get_attention(backend: str, platform: Platform, mesh: Mesh | None = None,
     """
     impl = platform.attention_impl(backend)
 
-    def local(q, k, v, kv_cache, layer, md: AttentionMetadata, sm_scale, sliding_window):
+    def local(q, k, v, kv_cache, layer, md: AttentionMetadata, sm_scale, sliding_window=None,
+              soft_cap=None):
         kv_cache = write_kv(kv_cache, layer, k, v, md.slot_mapping, kv_dtype)
         fmt = kv_dtype or KVCacheDtype(kv_cache.dtype)
         out = impl(q, kv_cache, layer, md.kv_lens, md.page_indices, md.cu_q_lens, md.num_seqs,
-                   sm_scale=sm_scale * fmt.k_scale, sliding_window=sliding_window,
+                   sm_scale=sm_scale * fmt.k_scale, sliding_window=sliding_window, soft_cap=soft_cap,
                    kv_dtype=fmt.kernel_kv_dtype)
         return (out * fmt.v_scale).astype(q.dtype) if fmt.v_scale != 1.0 else out, kv_cache
 
@@ -63,8 +65,9 @@ def get_attention(backend: str, platform: Platform, mesh: Mesh | None = None,
     heads = P(None, MODEL_AXIS, None)
 
     def attend(q, k, v, kv_cache, layer, md: AttentionMetadata, sm_scale: float,
-               sliding_window: int | None = None):
-        f = jax.shard_map(functools.partial(local, sm_scale=sm_scale, sliding_window=sliding_window),
+               sliding_window: int | None = None, soft_cap: float | None = None):
+        f = jax.shard_map(functools.partial(local, sm_scale=sm_scale, sliding_window=sliding_window,
+                                            soft_cap=soft_cap),
                           mesh=mesh, in_specs=(heads, heads, heads, KV_CACHE_SPEC, P(), P()),
                           out_specs=(heads, KV_CACHE_SPEC), check_vma=False)
         return f(q, k, v, kv_cache, layer, md)

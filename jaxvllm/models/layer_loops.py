@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.numpy as jnp
 
 
 def unrolled_layers(weights: list, qkv, attend, mlp, h: jax.Array, kv_cache: jax.Array):
@@ -32,3 +33,17 @@ def switched_layers(weights: list, qkv, attend, mlp, h: jax.Array, kv_cache: jax
         return jax.lax.switch(i, mlps, h, o), kv_cache
 
     return jax.lax.fori_loop(0, len(weights), layer, (h, kv_cache))
+
+
+def by_layer(layer, values: tuple, fn):
+    """fn(values[layer]) for a value that differs by layer but must be static (a sliding
+    window: the kernels compile it in). Under the unrolled loop the index is static and so is
+    the choice; under the switched loop it is traced, and a `lax.switch` picks among the
+    distinct values (one attention per value)."""
+    if isinstance(layer, int):
+        return fn(values[layer])
+    distinct = list(dict.fromkeys(values))
+    if len(distinct) == 1:
+        return fn(distinct[0])
+    index = jnp.asarray([distinct.index(v) for v in values], jnp.int32)[layer]
+    return jax.lax.switch(index, [functools.partial(fn, v) for v in distinct])

@@ -2,7 +2,8 @@
 
 float32 (bfloat16 ran 3-5x slower in XLA here), small buckets and KV cache (warm-up is one
 compile per bucket), the native C++ kernels (jaxvllm/kernels/cpu) for attention and packed matmuls
-where the CPU has AVX-512, the layers in a `fori_loop` + `lax.switch` (a conditional costs
+where the CPU has AVX-512, a grouped matmul for the experts that skips the pairs of row tile
+and expert holding no rows, the layers in a `fori_loop` + `lax.switch` (a conditional costs
 nothing here, and the attention compiles once instead of once per layer), and the caches that
 pay on a host: serialized step programs and huge pages.
 """
@@ -57,6 +58,14 @@ class CpuPlatform(Platform):
             from jaxvllm.kernels.cpu.packed_matmul import PackedLinearMethod
             return PackedLinearMethod()
         return super().linear_method(attention_backend, num_devices, quantization)
+
+    def fused_moe_method(self):
+        """The experts through a loop over the (row tile, expert) pairs that hold rows
+        (jaxvllm/kernels/xla/grouped_matmul.py): XLA:CPU lowers ragged_dot to every row times
+        every expert, masked."""
+        from jaxvllm.kernels.xla.grouped_matmul import grouped_matmul
+        from jaxvllm.layers.fused_moe import UnquantizedFusedMoEMethod
+        return UnquantizedFusedMoEMethod(grouped_matmul)
 
     @property
     def layer_loop(self) -> Callable:

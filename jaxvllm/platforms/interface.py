@@ -83,6 +83,12 @@ class Platform:
         from jaxvllm.layers.linear import UnquantizedLinearMethod
         return UnquantizedLinearMethod()
 
+    def fused_moe_method(self):
+        """How a mixture-of-experts layer runs its experts (jaxvllm/layers/fused_moe.py): a
+        grouped matmul over the token copies sorted by expert, XLA's `ragged_dot`."""
+        from jaxvllm.layers.fused_moe import UnquantizedFusedMoEMethod
+        return UnquantizedFusedMoEMethod()
+
     @property
     def layer_loop(self) -> Callable:
         """How the model runs its layers: unrolled in Python, one static layer index each,

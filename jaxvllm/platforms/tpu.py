@@ -1,4 +1,5 @@
-"""TPUs: the Mosaic Pallas attention kernel, bfloat16, no conditionals in a step."""
+"""TPUs: the Mosaic Pallas attention kernel and megablox grouped matmul, bfloat16, no
+conditionals in a step."""
 from __future__ import annotations
 
 from jaxvllm.platforms.interface import Platform
@@ -10,3 +11,10 @@ class TpuPlatform(Platform):
     # The Mosaic kernel DMAs one page of a chip's KV heads at a time and wants
     # page_size * kv_heads_per_chip to be a multiple of 16 in bfloat16.
     default_block_size = 32
+
+    def fused_moe_method(self):
+        """The experts through Pallas megablox `gmm`, the grouped kernel written for the MXU
+        (MaxText's and tpu-inference's choice)."""
+        from jaxvllm.kernels.pallas.grouped_matmul_tpu import grouped_matmul
+        from jaxvllm.layers.fused_moe import UnquantizedFusedMoEMethod
+        return UnquantizedFusedMoEMethod(grouped_matmul)

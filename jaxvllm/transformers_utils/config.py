@@ -23,6 +23,8 @@ def load_hf_config(model: str) -> transformers.PretrainedConfig:
         if name is not None:
             config[name] = field.contents()
     config["tie_word_embeddings"] = "output.weight" not in {t.name for t in reader.tensors}
+    if (key_length := reader.fields.get(f"{config['model_type']}.attention.key_length")) is not None:
+        config["head_dim"] = key_length.contents()  # Qwen3's is not hidden_size / heads
     if "vocab_size" not in config:  # older files state it only as the token list's length
         config["vocab_size"] = len(reader.fields["tokenizer.ggml.tokens"].data)
     return transformers.AutoConfig.for_model(**config)

@@ -13,8 +13,9 @@ import gguf
 
 from jaxvllm.models.gguf_cache import cached_hf_dir
 
-# GGUF architectures whose tensors map 1:1 onto Hugging Face's Llama-style names.
-GGUF_ARCHS = ("llama", "qwen2")
+# GGUF architectures whose tensors map 1:1 onto Hugging Face's Llama-style names (Qwen3's
+# with its q/k norms).
+GGUF_ARCHS = ("llama", "qwen2", "qwen3")
 
 
 def is_gguf(model: str) -> bool:

@@ -48,7 +48,8 @@ class Worker:
         self.dtype = jnp.dtype(config.dtype)
         platform = platforms.current_platform
         method = platform.linear_method(config.attention_backend, self.mesh.size, config.quantization)
-        self.model = get_model(config, model_path, hf_config, self.mesh, linear_method=method)
+        self.model = get_model(config, model_path, hf_config, self.mesh, linear_method=method,
+                               moe_method=platform.fused_moe_method())
         self.args = self.model.args
         self.kv_dtype = kv_cache_dtype(config.kv_cache_dtype, self.dtype, platform.kv_cache_fp8_as_bits)
         self.attend = get_attention(config.attention_backend, platform, self.mesh, self.kv_dtype)

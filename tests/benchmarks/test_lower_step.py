@@ -50,6 +50,21 @@ def test_tensor_parallel_step_over_eight_devices(platform):
     assert len(rows) == 6 and all(r == ("0", "0", "0") for r in rows), out
 
 
+@pytest.mark.parametrize("platform", sorted(KERNEL_TARGETS))
+def test_gemma_step_picks_each_layers_window_statically(platform):
+    """Gemma 3's sliding-window and global layers (two windows, soft-capped scores): unrolled,
+    each layer's window is static, so the step still holds no conditional."""
+    from jaxvllm.models.gemma import GemmaArgs, GemmaForCausalLM
+    args = GemmaArgs(vocab_size=1024, hidden_size=256, intermediate_size=512, num_layers=6, num_heads=4,
+                     num_kv_heads=2, head_dim=128, rms_norm_eps=1e-6, rope_theta=1e6, rope_scaling=None,
+                     tie_word_embeddings=True, attention_bias=False, max_position_embeddings=4096,
+                     sliding_window=512, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+                     sliding_layers=(True,) * 5 + (False,), local_rope_theta=1e4, qk_norm=True)
+    texts, kv_cache = lower_step(platform, args, model_cls=GemmaForCausalLM)
+    forward = program_rows(platform, {"forward": texts["forward"]}, kv_cache)[0]
+    assert (forward["case"], forward["loops"], forward["kernels"]) == (0, 0, 6)
+
+
 def test_conditionals_and_loops_are_counted(monkeypatch):
     """The CPU's layer loop (fori_loop + switch) lowered for a GPU shows what the test above
     rules out: the counts are not vacuous."""

@@ -43,6 +43,17 @@ def test_version_and_the_api_server_module():
     assert proc.returncode == 0 and proc.stdout.startswith("usage: jaxvllm serve"), proc.stderr
 
 
+def test_list_models_prints_the_registry(capsys):
+    from jaxvllm.entrypoints.cli import main
+    from jaxvllm.models.registry import supported_architectures
+    with pytest.raises(SystemExit) as exit_:
+        main(["--list-models"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.split() == supported_architectures()
+    assert {"Gemma2ForCausalLM", "Gemma3ForCausalLM", "LlamaForCausalLM", "OPTForCausalLM",
+            "Phi3ForCausalLM", "Qwen3ForCausalLM"} <= set(supported_architectures())
+
+
 def test_every_engine_flag_has_help_and_default():
     import dataclasses
 

@@ -99,3 +99,13 @@ def test_engine_allocates_quantized_weights_and_cache(tiny_model_dir):
     stored = sum(x.nbytes for x in matmul)
     as_float32 = sum(x.size * 4 for x in matmul if x.dtype == jnp.int8)
     assert as_float32 and stored <= 0.27 * as_float32
+
+
+@pytest.mark.parametrize("platform", ["cpu", "cuda", "tpu"])
+def test_every_platform_runs_quantized_weights_through_xla(platform):
+    from jaxvllm.platforms import get_platform
+    p = get_platform(platform)
+    backend = "xla" if platform != "cpu" else "auto"
+    method = p.linear_method(backend, 1, "fp8")
+    assert isinstance(method, WeightOnlyLinearMethod) and method.qtype == jnp.float8_e4m3fn
+    assert not isinstance(p.linear_method(backend, 1), WeightOnlyLinearMethod)

@@ -45,6 +45,14 @@ def test_packed_matmul_only_with_the_native_kernels_on_one_cpu_device():
     assert not packed(tpu, "pallas", 1)
 
 
+def test_each_platform_picks_its_grouped_matmul_for_the_experts():
+    from jaxvllm.kernels.pallas import grouped_matmul_tpu
+    from jaxvllm.kernels.xla import grouped_matmul
+    grouped = {name: get_platform(name).fused_moe_method().grouped_matmul for name in ("cpu", "cuda", "tpu")}
+    assert grouped == {"cpu": grouped_matmul.grouped_matmul, "cuda": jax.lax.ragged_dot,
+                       "tpu": grouped_matmul_tpu.grouped_matmul}
+
+
 def test_device_memory_from_the_backend_or_none():
     full = types.SimpleNamespace(memory_stats=lambda: {"bytes_limit": 100, "bytes_in_use": 7})
     silent = types.SimpleNamespace(memory_stats=lambda: None)

@@ -1,0 +1,107 @@
+"""Mixture-of-experts MLP (vLLM's FusedMoE): route each token to its top-k experts, run the
+experts as one grouped matmul over the token copies sorted by expert, and sum each token's
+expert outputs weighted by its router probabilities.
+
+Expert weights are stacked: gate/up `[experts, hidden, 2, intermediate]` (one matmul reads a
+row once for both halves) and down `[experts, intermediate, hidden]`. The grouped matmul is
+the platform's (`Platform.fused_moe_method`): `jax.lax.ragged_dot` by default (the GPU), Pallas
+megablox `gmm` on a TPU, a loop over the row tiles each expert's rows occupy on the CPU. The
+experts do not go through the linear method: a grouped matmul needs every expert's weight in
+one stacked array, in the layout it multiplies, which the packed CPU layout is not.
+
+On a mesh the layer runs per device (`shard_map` over the model axis). The hidden states are
+replicated between layers, so every device already holds every token: with tensor
+parallelism each device runs all experts on its slice of their intermediate features; with
+expert parallelism (`expert_parallel`) it runs its own experts on all their features and
+skips token copies routed elsewhere. Either way one all-reduce sums the devices' outputs, the
+same collective a dense MLP's row-parallel down projection needs; no all-to-all is needed
+because no token has to travel to reach an expert.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from jaxvllm.distributed.mesh import MODEL_AXIS as M
+
+# grouped_matmul(lhs [m, k], rhs [groups, k, n], group_sizes i32[groups]) -> [m, n]: rows of
+# lhs in consecutive groups, group g multiplied by rhs[g]; rows past the last group are
+# undefined (ragged_dot writes zeros, megablox leaves them unwritten), and dropped below.
+# Implementations: jax.lax.ragged_dot, jaxvllm/kernels/{xla,pallas}/grouped_matmul*.py.
+GroupedMatmul = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
+
+
+def select_experts(router_logits: jax.Array, top_k: int, renormalize: bool) -> tuple[jax.Array, jax.Array]:
+    """(weights [tokens, top_k] float32, expert ids [tokens, top_k]): softmax over all experts,
+    then the top k; renormalized, the weights are the softmax of the top-k logits (Mixtral
+    always; Qwen-MoE where `norm_topk_prob`)."""
+    logits = router_logits.astype(jnp.float32)
+    if renormalize:
+        top, ids = jax.lax.top_k(logits, top_k)
+        return jax.nn.softmax(top, axis=-1), ids
+    top, ids = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), top_k)
+    return top, ids
+
+
+class UnquantizedFusedMoEMethod:
+    """Experts in the checkpoint's dtype, through a grouped matmul (vLLM's name)."""
+
+    def __init__(self, grouped_matmul: GroupedMatmul = jax.lax.ragged_dot):
+        self.grouped_matmul = grouped_matmul
+
+    def apply(self, x: jax.Array, w_gate_up: jax.Array, w_down: jax.Array, topk_weights: jax.Array,
+              topk_ids: jax.Array, first_expert: jax.Array | int = 0) -> jax.Array:
+        """x [tokens, hidden] through the experts w_gate_up/w_down hold, numbered from
+        first_expert (a device's share under expert parallelism); token copies routed to
+        other experts contribute nothing. Returns [tokens, hidden] in x's dtype."""
+        T, k = topk_ids.shape
+        E, hidden, _, inter = w_gate_up.shape
+        expert = topk_ids.reshape(-1) - first_expert
+        local = (expert >= 0) & (expert < E)
+        expert = jnp.where(local, expert, E)  # others sort after every local group
+        order = jnp.argsort(expert, stable=True)
+        group_sizes = jnp.bincount(expert, length=E + 1)[:E].astype(jnp.int32)
+        token = order // k
+        gate_up = self.grouped_matmul(x[token], w_gate_up.reshape(E, hidden, 2 * inter), group_sizes)
+        gate_up = gate_up.reshape(-1, 2, inter)
+        out = self.grouped_matmul(jax.nn.silu(gate_up[:, 0]) * gate_up[:, 1], w_down, group_sizes)
+        weight = jnp.where(local, topk_weights.reshape(-1), 0)[order]
+        out = jnp.where(weight[:, None] != 0, out * weight[:, None].astype(out.dtype), 0)
+        return jnp.zeros((T, hidden), out.dtype).at[token].add(out).astype(x.dtype)
+
+
+def dense_moe(x: jax.Array, w_gate_up: jax.Array, w_down: jax.Array, topk_weights: jax.Array,
+              topk_ids: jax.Array) -> jax.Array:
+    """The reference: every expert over every token, combined with each token's router
+    weights (zero for experts it was not routed to)."""
+    E = w_gate_up.shape[0]
+    combine = (jax.nn.one_hot(topk_ids, E, dtype=jnp.float32) * topk_weights[..., None]).sum(1)
+    gate_up = jnp.einsum("th,ehci->etci", x, w_gate_up)
+    out = jnp.einsum("eti,eih->eth", jax.nn.silu(gate_up[:, :, 0]) * gate_up[:, :, 1], w_down)
+    return jnp.einsum("eth,te->th", out, combine.astype(out.dtype)).astype(x.dtype)
+
+
+def fused_moe(method: UnquantizedFusedMoEMethod, x: jax.Array, w_gate_up: jax.Array, w_down: jax.Array,
+              topk_weights: jax.Array, topk_ids: jax.Array, expert_parallel: bool = False) -> jax.Array:
+    """The experts' output for replicated x, per device on the mesh set while tracing (see
+    the module's docstring); directly without one. Under expert parallelism the experts
+    divide over the mesh (distributed/partition.py refuses them otherwise)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    # Intermediate features that do not divide over the mesh stay replicated (fit_spec):
+    # then every device runs every expert whole.
+    if mesh.empty or mesh.size == 1 or not expert_parallel and w_gate_up.shape[-1] % mesh.shape[M]:
+        return method.apply(x, w_gate_up, w_down, topk_weights, topk_ids)
+    if expert_parallel:
+        specs = (P(M, None, None, None), P(M, None, None))
+    else:
+        specs = (P(None, None, None, M), P(None, M, None))
+
+    def local(x, w_gate_up, w_down, topk_weights, topk_ids):
+        first = jax.lax.axis_index(M) * w_gate_up.shape[0] if expert_parallel else 0
+        return jax.lax.psum(method.apply(x, w_gate_up, w_down, topk_weights, topk_ids, first), M)
+
+    return jax.shard_map(local, mesh=mesh, in_specs=(P(), *specs, P(), P()), out_specs=P(),
+                         check_vma=False)(x, w_gate_up, w_down, topk_weights, topk_ids)

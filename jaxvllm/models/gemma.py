@@ -1,0 +1,153 @@
+"""Gemma 2 and Gemma 3 (text) decoders: the embedding scaled by sqrt(hidden), (1 + w)
+RMSNorms before and after both attention and MLP, GeGLU (tanh GELU), queries scaled by
+query_pre_attn_scalar**-0.5, sliding-window layers interleaved with global ones, tanh
+soft-capping of attention scores and final logits (Gemma 2), per-head q/k norms and a rope
+base of their own for the sliding-window layers (Gemma 3).
+
+The weights are Llama's (models/llama.py) plus the extra norms, so Llama's loader and
+weight layout serve. The layer loop gets (layer index, weights) pairs: the index picks the
+layer's rope statically, and its window through layer_loops.by_layer.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxvllm.distributed.mesh import MODEL_AXIS as M, constrain
+from jaxvllm.layers.attention import AttentionMetadata
+from jaxvllm.layers.rotary import apply_rotary, compute_inv_freq
+from jaxvllm.models import hf_weights
+from jaxvllm.models.layer_loops import by_layer
+from jaxvllm.models.llama import LlamaArgs, LlamaForCausalLM, _from_hf
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmaArgs(LlamaArgs):
+    query_pre_attn_scalar: float = 256.0
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
+    sliding_layers: tuple[bool, ...] = ()    # per layer: attends over sliding_window only
+    local_rope_theta: float | None = None    # Gemma 3: the sliding layers' rope base
+    qk_norm: bool = False                    # Gemma 3
+
+    @classmethod
+    def from_hf_config(cls, cfg) -> "GemmaArgs":
+        act = getattr(cfg, "hidden_activation", None) or getattr(cfg, "hidden_act", "gelu_pytorch_tanh")
+        if act != "gelu_pytorch_tanh":
+            raise ValueError(f"Gemma with hidden_activation={act!r} is not supported (gelu_pytorch_tanh).")
+        if getattr(cfg, "attention_bias", False) or getattr(cfg, "use_bidirectional_attention", False):
+            raise ValueError("Gemma with attention_bias or use_bidirectional_attention is not supported.")
+        rope, local = dict(cfg.rope_parameters), None
+        if "full_attention" in rope:  # Gemma 3: one rope per layer type
+            local, rope = rope["sliding_attention"], dict(rope["full_attention"])
+            if local.get("rope_type", "default") != "default":
+                raise ValueError(f"Gemma 3 sliding-layer rope_type {local['rope_type']!r} is not supported.")
+        theta = rope.pop("rope_theta")
+        return cls(
+            vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+            num_layers=cfg.num_hidden_layers, num_heads=cfg.num_attention_heads,
+            num_kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, rms_norm_eps=cfg.rms_norm_eps,
+            rope_theta=float(theta),
+            rope_scaling=tuple(sorted(rope.items())) if rope.get("rope_type", "default") != "default" else None,
+            tie_word_embeddings=bool(cfg.tie_word_embeddings), attention_bias=False,
+            max_position_embeddings=cfg.max_position_embeddings, sliding_window=cfg.sliding_window,
+            query_pre_attn_scalar=float(cfg.query_pre_attn_scalar),
+            attn_logit_softcapping=cfg.attn_logit_softcapping,
+            final_logit_softcapping=cfg.final_logit_softcapping,
+            sliding_layers=tuple(t == "sliding_attention" for t in cfg.layer_types),
+            local_rope_theta=None if local is None else float(local["rope_theta"]),
+            qk_norm=cfg.model_type == "gemma3_text")
+
+
+def gemma_rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """Gemma's RMSNorm: the weight is an offset from 1, applied in float32."""
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (x32 * (1.0 + weight.astype(jnp.float32))).astype(x.dtype)
+
+
+def attention_inputs(a: GemmaArgs, linear, layer: tuple[int, dict], h: jax.Array, *, positions: jax.Array,
+                     inv_freqs: tuple[jax.Array, jax.Array], num_tokens: jax.Array):
+    """q, k, v of one layer (Llama's fused projection); inv_freqs: (global, sliding layers')."""
+    i, w = layer
+    T, group = h.shape[0], a.num_heads // a.num_kv_heads
+    x = gemma_rms_norm(h, w["input_layernorm"], a.rms_norm_eps)
+    qkv = linear(x, w["qkv_proj"], num_tokens).reshape(T, a.num_kv_heads, group + 2, a.head_dim)
+    qkv = constrain(qkv, None, M, None, None)
+    q, k = qkv[:, :, :group], qkv[:, :, group]
+    if a.qk_norm:
+        q, k = gemma_rms_norm(q, w["q_norm"], a.rms_norm_eps), gemma_rms_norm(k, w["k_norm"], a.rms_norm_eps)
+    q = constrain(q.reshape(T, a.num_heads, a.head_dim), None, M, None)
+    inv_freq = inv_freqs[1] if a.sliding_layers[i] and a.local_rope_theta else inv_freqs[0]
+    return apply_rotary(q, positions, inv_freq), apply_rotary(k, positions, inv_freq), qkv[:, :, group + 1]
+
+
+def mlp_block(a: GemmaArgs, linear, layer: tuple[int, dict], h: jax.Array, o: jax.Array, *,
+              num_tokens: jax.Array) -> jax.Array:
+    """Output projection, normed, residual; pre-norm, GeGLU MLP, post-norm, residual."""
+    _, w = layer
+    T, eps = h.shape[0], a.rms_norm_eps
+    attn = constrain(linear(o.reshape(T, -1), w["o_proj"], num_tokens), None, None)
+    h = h + gemma_rms_norm(attn, w["post_attention_layernorm"], eps)
+    x = gemma_rms_norm(h, w["pre_feedforward_layernorm"], eps)
+    gate_up = linear(x, w["gate_up_proj"], num_tokens).reshape(T, 2, a.intermediate_size)
+    up = constrain(jax.nn.gelu(gate_up[:, 0], approximate=True) * gate_up[:, 1], None, M)
+    out = constrain(linear(up, w["down_proj"], num_tokens), None, None)
+    return h + gemma_rms_norm(out, w["post_feedforward_layernorm"], eps)
+
+
+def soft_cap(x: jax.Array, cap: float | None) -> jax.Array:
+    return x if cap is None else cap * jnp.tanh(x / cap)
+
+
+class GemmaForCausalLM(LlamaForCausalLM):
+    def __init__(self, args: GemmaArgs, *, dtype=jnp.float32, linear_method=None):
+        super().__init__(args, dtype=dtype, linear_method=linear_method)
+        for layer in self.layers:
+            for name, n in self._extra_norms(args):
+                layer[name] = nnx.Param(jnp.zeros((n,), dtype))
+
+    @staticmethod
+    def _extra_norms(a: GemmaArgs) -> list[tuple[str, int]]:
+        norms = [("pre_feedforward_layernorm", a.hidden_size), ("post_feedforward_layernorm", a.hidden_size)]
+        return norms + ([("q_norm", a.head_dim), ("k_norm", a.head_dim)] if a.qk_norm else [])
+
+    def __call__(self, input_ids: jax.Array, kv_cache: jax.Array, md: AttentionMetadata,
+                 attend, layer_loop) -> tuple[jax.Array, jax.Array]:
+        a = self.args
+        inv_freqs = (jnp.asarray(compute_inv_freq(a.head_dim, a.rope_theta, dict(a.rope_scaling or ()))),
+                     jnp.asarray(compute_inv_freq(a.head_dim, a.local_rope_theta or a.rope_theta, None)))
+        num_tokens = md.cu_q_lens[md.num_seqs[0]]
+        linear = self.linear_method.apply
+        qkv = functools.partial(attention_inputs, a, linear, positions=md.positions, inv_freqs=inv_freqs,
+                                num_tokens=num_tokens)
+        mlp = functools.partial(mlp_block, a, linear, num_tokens=num_tokens)
+        windows = tuple(a.sliding_window if s else None for s in a.sliding_layers)
+
+        def attend_layer(q, k, v, kv_cache, layer):
+            return by_layer(layer, windows, lambda window: attend(
+                q, k, v, kv_cache, layer, md, a.query_pre_attn_scalar ** -0.5, window, a.attn_logit_softcapping))
+
+        weights = [(i, {k: v.get_value() for k, v in layer.items()}) for i, layer in enumerate(self.layers)]
+        embed = self.embed_tokens.get_value()
+        h = constrain(embed[input_ids] * jnp.asarray(a.hidden_size ** 0.5, embed.dtype), None, None)
+        h, kv_cache = layer_loop(weights, qkv, attend_layer, mlp, h, kv_cache)
+        return gemma_rms_norm(h, self.norm.get_value(), a.rms_norm_eps), kv_cache
+
+    def compute_logits(self, hidden: jax.Array, num_rows: jax.Array | None = None) -> jax.Array:
+        return soft_cap(super().compute_logits(hidden, num_rows), self.args.final_logit_softcapping)
+
+    def load_hf_weights(self, weights: dict[str, np.ndarray], place=None) -> None:
+        place = place or (lambda name, value: jnp.asarray(value))
+        dtype = self.embed_tokens.get_value().dtype
+        prefix = {"q_norm": "self_attn.", "k_norm": "self_attn."}
+        norms = ((f"layers.{i}.{name}", hf_weights.load(
+                     weights, f"model.layers.{i}.{prefix.get(name, '')}{name}.weight", (n,), dtype))
+                 for i in range(self.args.num_layers) for name, n in self._extra_norms(self.args))
+        self.load_weights((name, place(name, value)) for name, value in itertools.chain(_from_hf(self, weights), norms))

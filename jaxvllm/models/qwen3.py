@@ -1,0 +1,76 @@
+"""Qwen3: the Llama decoder with an RMSNorm over each query and key head (q_norm, k_norm:
+one weight of head_dim shared by the heads) before the rotary embedding."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxvllm.distributed.mesh import MODEL_AXIS as M, constrain
+from jaxvllm.layers.attention import AttentionMetadata
+from jaxvllm.layers.rotary import apply_rotary, compute_inv_freq
+from jaxvllm.models import hf_weights
+from jaxvllm.models.llama import LlamaArgs, LlamaForCausalLM, _from_hf, mlp_block, rms_norm
+
+
+@dataclasses.dataclass(frozen=True)
+class Qwen3Args(LlamaArgs):
+    @classmethod
+    def from_hf_config(cls, cfg) -> "Qwen3Args":
+        if getattr(cfg, "use_sliding_window", False):
+            raise ValueError("Qwen3 with use_sliding_window=True (per-layer windows) is not supported.")
+        if getattr(cfg, "attention_bias", False):
+            raise ValueError("Qwen3 with attention_bias=True is not supported.")
+        return super().from_hf_config(cfg)
+
+
+def attention_inputs(a: Qwen3Args, linear, w: dict, h: jax.Array, *, positions: jax.Array,
+                     inv_freq: jax.Array, num_tokens: jax.Array):
+    """As Llama's (models/llama.py), with each query and key head normalized before rotation."""
+    T, group = h.shape[0], a.num_heads // a.num_kv_heads
+    x = rms_norm(h, w["input_layernorm"], a.rms_norm_eps)
+    qkv = linear(x, w["qkv_proj"], num_tokens).reshape(T, a.num_kv_heads, group + 2, a.head_dim)
+    qkv = constrain(qkv, None, M, None, None)
+    q = rms_norm(qkv[:, :, :group], w["q_norm"], a.rms_norm_eps).reshape(T, a.num_heads, a.head_dim)
+    k = rms_norm(qkv[:, :, group], w["k_norm"], a.rms_norm_eps)
+    q = constrain(q, None, M, None)
+    return apply_rotary(q, positions, inv_freq), apply_rotary(k, positions, inv_freq), qkv[:, :, group + 1]
+
+
+class Qwen3ForCausalLM(LlamaForCausalLM):
+    def __init__(self, args: Qwen3Args, *, dtype=jnp.float32, linear_method=None):
+        super().__init__(args, dtype=dtype, linear_method=linear_method)
+        for layer in self.layers:
+            layer["q_norm"] = nnx.Param(jnp.ones((args.head_dim,), dtype))
+            layer["k_norm"] = nnx.Param(jnp.ones((args.head_dim,), dtype))
+
+    def __call__(self, input_ids: jax.Array, kv_cache: jax.Array, md: AttentionMetadata,
+                 attend, layer_loop) -> tuple[jax.Array, jax.Array]:
+        a = self.args
+        inv_freq = jnp.asarray(compute_inv_freq(a.head_dim, a.rope_theta, dict(a.rope_scaling or ())))
+        num_tokens = md.cu_q_lens[md.num_seqs[0]]
+        linear = self.linear_method.apply
+        qkv = functools.partial(attention_inputs, a, linear, positions=md.positions, inv_freq=inv_freq,
+                                num_tokens=num_tokens)
+        mlp = functools.partial(mlp_block, a, linear, num_tokens=num_tokens)
+
+        def attend_layer(q, k, v, kv_cache, layer):
+            return attend(q, k, v, kv_cache, layer, md, a.head_dim ** -0.5)
+
+        weights = [{k: v.get_value() for k, v in layer.items()} for layer in self.layers]
+        h = constrain(self.embed_tokens.get_value()[input_ids], None, None)
+        h, kv_cache = layer_loop(weights, qkv, attend_layer, mlp, h, kv_cache)
+        return rms_norm(h, self.norm.get_value(), a.rms_norm_eps), kv_cache
+
+    def load_hf_weights(self, weights: dict[str, np.ndarray], place=None) -> None:
+        place = place or (lambda name, value: jnp.asarray(value))
+        dtype = self.embed_tokens.get_value().dtype
+        norms = ((f"layers.{i}.{n}", hf_weights.load(weights, f"model.layers.{i}.self_attn.{n}.weight",
+                                                      (self.args.head_dim,), dtype))
+                 for i in range(self.args.num_layers) for n in ("q_norm", "k_norm"))
+        self.load_weights((name, place(name, value)) for name, value in itertools.chain(_from_hf(self, weights), norms))

@@ -1,0 +1,46 @@
+"""Tensor parallelism for every model family beyond Llama: greedy tokens (and the extended
+sampler's) at TP=2 equal TP=1's on simulated CPU devices (tp_check.py, one subprocess for
+all families)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "tests", "models"))
+
+from family_checkpoints import FAMILIES, write_family_checkpoint  # noqa: E402
+
+PROMPTS = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15] * 3, [40, 41]]
+
+
+@pytest.fixture(scope="module")
+def tp_results(tmp_path_factory) -> dict:
+    paths = {arch: tmp_path_factory.mktemp(arch) for arch in FAMILIES}
+    for arch, path in paths.items():
+        write_family_checkpoint(arch, path)
+    script = (f"import sys; sys.path.insert(0, {HERE!r}); import tp_check\n"
+              f"for path in {[str(p) for p in paths.values()]!r}:\n"
+              f"    tp_check.main(path, '1,2', {json.dumps(PROMPTS)!r}, '8')")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    return dict(zip(paths, map(json.loads, lines)))
+
+
+@pytest.mark.parametrize("arch", sorted(FAMILIES))
+def test_tp2_matches_tp1(tp_results, arch):
+    r = tp_results[arch]
+    assert r["2"]["tokens"] == r["1"]["tokens"]
+    for (tokens, cum), (ref_tokens, ref_cum) in zip(r["2"]["extended"], r["1"]["extended"]):
+        assert tokens == ref_tokens and abs(cum - ref_cum) < 1e-4
+    # Really split: the KV cache by KV head, the fused q/k/v by KV head.
+    assert [s[4] for s in r["2"]["kv_cache"]["shards"]] == [r["1"]["kv_cache"]["shape"][4] // 2] * 2
+    qkv = r["2"]["weights"]["layers.0.qkv_proj"]
+    assert qkv["shards"] == [[qkv["shape"][0], qkv["shape"][1] // 2, *qkv["shape"][2:]]] * 2

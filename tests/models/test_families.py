@@ -1,0 +1,160 @@
+"""Each model family beyond Llama against transformers on a tiny random checkpoint:
+prefill logits, greedy generation through LLM with chunked prefill and with preemption, a
+checkpoint missing a tensor or with one of the wrong shape; opt-350m's layout, Qwen3 from a
+GGUF, and an architecture the registry does not serve."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from flax import nnx
+
+from conftest import run_prefill
+from family_checkpoints import FAMILIES, write_family_checkpoint
+from jaxvllm.models.layer_loops import unrolled_layers
+from jaxvllm.models.loader import load_weights
+from jaxvllm.models.registry import get_model_class
+from jaxvllm.transformers_utils.config import load_hf_config
+
+ARCHS = sorted(FAMILIES)
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def family(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(request.param)
+    return request.param, path, write_family_checkpoint(request.param, path)
+
+
+def load_model(path):
+    hf_config = load_hf_config(str(path))
+    model_cls, args_cls = get_model_class(hf_config)
+    model = nnx.eval_shape(lambda: model_cls(args_cls.from_hf_config(hf_config)))
+    model.load_hf_weights(load_weights(str(path)))
+    return model
+
+
+def test_prefill_logits_match_transformers(family):
+    arch, path, ref = family
+    model = load_model(path)
+    token_ids = [int(t) for t in np.random.default_rng(0).integers(3, 256, 40)]  # crosses 3 pages
+    with torch.no_grad():
+        theirs = ref(torch.tensor([token_ids])).logits[0].numpy()
+    # Both layer loops: the switched one picks each layer's window with lax.switch.
+    for loop in (None, unrolled_layers):
+        ours = run_prefill(model, token_ids, layer_loop=loop)
+        err = np.abs(ours - theirs).max() / np.abs(theirs).max()
+        print(f"{arch} prefill max relative error {err:.2e}")
+        assert err < 1e-4
+
+
+def test_opt_350m_layout_post_layer_norm(tmp_path):
+    """opt-350m's layout: LayerNorms after attention and MLP, no final LayerNorm; its
+    decoder named without "model.", as the facebook/opt-* checkpoints name it."""
+    from safetensors.numpy import load_file, save_file
+    ref = write_family_checkpoint("OPTForCausalLM", tmp_path, do_layer_norm_before=False)
+    tensors = load_file(tmp_path / "model.safetensors")
+    save_file({k.removeprefix("model."): v for k, v in tensors.items()}, str(tmp_path / "model.safetensors"))
+    token_ids = [int(t) for t in np.random.default_rng(0).integers(3, 256, 20)]
+    with torch.no_grad():
+        theirs = ref(torch.tensor([token_ids])).logits[0].numpy()
+    ours = run_prefill(load_model(tmp_path), token_ids)
+    assert np.abs(ours - theirs).max() / np.abs(theirs).max() < 1e-4
+
+
+PROMPTS = [[int(t) for t in np.random.default_rng(i).integers(3, 256, n)] for i, n in enumerate([5, 70, 17])]
+N_NEW = 32
+
+
+def test_greedy_matches_transformers_chunked_and_preempted(family):
+    """One engine both chunks prefills (a 32-token budget: the 70-token prompt takes three
+    steps) and preempts (9 usable pages of 16 for three requests needing 14)."""
+    from jaxvllm import LLM, SamplingParams
+    arch, path, ref = family
+    with torch.no_grad():
+        want = [ref.generate(torch.tensor([p]), do_sample=False, max_new_tokens=N_NEW, min_new_tokens=N_NEW,
+                             pad_token_id=0)[0, len(p):].tolist() for p in PROMPTS]
+    llm = LLM(str(path), max_num_seqs=4, max_num_batched_tokens=32, max_model_len=128,
+              num_gpu_blocks_override=10, skip_warmup=True)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS],
+                           SamplingParams(temperature=0, max_tokens=N_NEW, min_tokens=N_NEW), use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outputs] == want
+    core = llm.llm_engine.engine_core
+    assert core.scheduler.num_preemptions > 0
+    pool = core.scheduler.kv_cache_manager.block_pool
+    assert pool.get_num_free_blocks() == pool.num_blocks - 1
+
+
+# A tensor each family adds to Llama's, dropped or given a wrong shape.
+FAMILY_TENSOR = {
+    "Qwen3ForCausalLM": "model.layers.1.self_attn.q_norm.weight",
+    "Gemma2ForCausalLM": "model.layers.2.pre_feedforward_layernorm.weight",
+    "Gemma3ForCausalLM": "model.layers.0.self_attn.k_norm.weight",
+    "OPTForCausalLM": "model.decoder.layers.1.fc1.bias",
+    "Phi3ForCausalLM": "model.layers.0.self_attn.qkv_proj.weight",
+}
+
+
+def test_missing_or_misshapen_tensor_is_named(family):
+    arch, path, _ = family
+    hf_config = load_hf_config(str(path))
+    model_cls, args_cls = get_model_class(hf_config)
+    weights = load_weights(str(path))
+    key = FAMILY_TENSOR[arch]
+    model = nnx.eval_shape(lambda: model_cls(args_cls.from_hf_config(hf_config)))
+    with pytest.raises(ValueError, match=f"missing tensor '{key}'"):
+        model.load_hf_weights({k: v for k, v in weights.items() if k != key})
+    with pytest.raises(ValueError, match=f"Tensor '{key}' of shape"):
+        model.load_hf_weights({**weights, key: np.zeros((weights[key].shape[0] + 3, *weights[key].shape[1:]),
+                                                       np.float32)})
+
+
+def test_unsupported_architecture_is_named_with_the_supported_ones(tiny_model_dir, tmp_path):
+    import json
+    import shutil
+    from jaxvllm import LLM
+    shutil.copytree(tiny_model_dir, tmp_path, dirs_exist_ok=True)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "architectures": ["FalconForCausalLM"]}))
+    with pytest.raises(ValueError, match=r"\['FalconForCausalLM'\] are not supported; supported: .*"
+                                         r"Gemma2ForCausalLM, Gemma3ForCausalLM, .*OPTForCausalLM"):
+        LLM(str(tmp_path), skip_warmup=True)
+
+
+def test_qwen3_gguf_loads_as_transformers_writes_it(tmp_path_factory):
+    """A GGUF written with llama.cpp's own tensor names for qwen3 (no Q/K row permutation):
+    its architecture, model args and weights are the safetensors checkpoint's."""
+    import gguf
+    path = tmp_path_factory.mktemp("qwen3-gguf")
+    ref = write_family_checkpoint("Qwen3ForCausalLM", path)
+    cfg = ref.config
+    writer = gguf.GGUFWriter(path / "tiny.gguf", "qwen3")
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_key_length(cfg.head_dim)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    writer.add_vocab_size(cfg.vocab_size)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3, cfg.num_hidden_layers)
+    for name, w in load_weights(str(path)).items():
+        writer.add_tensor(names.get_name(name, try_suffixes=(".weight",)), w)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    gguf_path = str(path / "tiny.gguf")
+    gguf_config = load_hf_config(gguf_path)
+    model_cls, args_cls = get_model_class(gguf_config)
+    assert model_cls is get_model_class(cfg)[0]
+    args, want_args = args_cls.from_hf_config(gguf_config), args_cls.from_hf_config(cfg)
+    assert args.rms_norm_eps == pytest.approx(want_args.rms_norm_eps)  # float32 in the GGUF
+    assert dataclasses.replace(args, rms_norm_eps=want_args.rms_norm_eps) == want_args
+    weights, want = load_weights(gguf_path), load_weights(str(path))
+    assert weights.keys() == want.keys()
+    for name, w in weights.items():
+        np.testing.assert_array_equal(w, want[name], err_msg=name)
