@@ -80,3 +80,17 @@ def test_formats_and_their_storage():
     assert float(int8.dequantize(int8.quantize(jnp.float32(-1e6), int8.k_scale), int8.k_scale)) == pytest.approx(-24)
     with pytest.raises(ValueError, match="kv_cache_dtype must be one of"):
         kv_cache_dtype("fp4", jnp.float32)
+
+
+@pytest.mark.parametrize("platform", ["tpu", "cuda"])
+@pytest.mark.parametrize("dtype", [jnp.float8_e4m3fn, jnp.float8_e5m2, jnp.int8], ids=lambda d: jnp.dtype(d).name)
+def test_pallas_kernels_lower_over_8bit_pages(platform, dtype):
+    # On their real targets (Mosaic, Triton), as the accelerators store them: bfloat16
+    # queries, 8-bit pages (page_size * kv_heads a multiple of 32 for Mosaic's int8 tiling).
+    import functools
+
+    from test_pallas_lowering import MODULES, TARGETS, lower
+    args = build(np.random.default_rng(0), SEQS, nq=8, nkv=2, hd=128, ps=32, dtype=jnp.bfloat16)
+    args = (args[0], jnp.zeros(args[1].shape, dtype)) + args[2:]
+    text = lower(functools.partial(MODULES[platform].ragged_paged_attention, sm_scale=0.1), platform, *args)
+    assert TARGETS[platform] in text
