@@ -46,3 +46,11 @@ def test_profiling_parses_the_trace_and_plots():
         assert f"  {span} " in text
     assert "compilations after warm-up: 0" in text
     assert len(images_of(nb)) == 2  # per-step host/device bars, throughput curve
+
+
+@pytest.mark.slow
+def test_rl_loop_changes_the_outputs_without_compiling():
+    text = text_of(execute("rl_loop.ipynb"))
+    assert "is_sleeping=True" in text
+    assert "outputs changed: True" in text
+    assert "step programs compiled since the first generate: 0" in text

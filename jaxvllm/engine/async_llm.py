@@ -15,7 +15,7 @@ from typing import AsyncIterator
 from jaxvllm.config import EngineArgs, EngineConfig
 from jaxvllm.core.stats import SchedulerStats
 from jaxvllm.engine.core_client import AsyncMPClient
-from jaxvllm.engine.exceptions import EngineDeadError
+from jaxvllm.engine.exceptions import EngineDeadError, EngineSleepingError
 from jaxvllm.engine.output_processor import OutputProcessor, RequestOutputCollector
 from jaxvllm.engine.parallel_sampling import ParentRequest
 from jaxvllm.engine.processor import Processor, eos_token_id
@@ -46,6 +46,7 @@ class AsyncLLM:
         self._output_handler: asyncio.Task | None = None
         self._errored_with: Exception | None = None
         self._children: dict[str, list[str]] = {}  # request id -> its engine request ids
+        self.sleeping = False  # as the last sleep / wake_up / update_weights left the engine
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs, stat_loggers=None) -> "AsyncLLM":
@@ -61,6 +62,8 @@ class AsyncLLM:
         self._ensure_output_handler()
         if self.errored:
             raise EngineDeadError()
+        if self.sleeping:
+            raise EngineSleepingError()
         collector = RequestOutputCollector(sampling_params.output_kind)
         parent = ParentRequest.from_params(request_id, sampling_params)
         children = (parent.child_requests() if parent is not None
@@ -175,6 +178,20 @@ class AsyncLLM:
 
     async def reset_prefix_cache(self) -> bool:
         return await self.engine_core.call_utility_async("reset_prefix_cache")
+
+    async def sleep(self, level: int = 1) -> None:
+        await self.engine_core.call_utility_async("sleep", level)
+        self.sleeping = True
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        self.sleeping = await self.engine_core.call_utility_async("wake_up", tags)
+
+    async def is_sleeping(self) -> bool:
+        return await self.engine_core.call_utility_async("is_sleeping")
+
+    async def update_weights(self, path: str) -> None:
+        """New weights from a safetensors directory or an Orbax checkpoint."""
+        self.sleeping = await self.engine_core.call_utility_async("update_weights", path)
 
     def shutdown(self) -> None:
         if self._output_handler is not None:

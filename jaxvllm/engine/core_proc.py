@@ -27,7 +27,8 @@ from jaxvllm.serial_utils import decode, encode
 logger = logging.getLogger(__name__)
 
 # Methods the front end may call by name; nothing else is reachable over the socket.
-UTILITY_METHODS = ("get_stats", "reset_prefix_cache", "start_profile", "stop_profile")
+UTILITY_METHODS = ("get_stats", "reset_prefix_cache", "start_profile", "stop_profile", "sleep",
+                   "wake_up", "is_sleeping", "update_weights")
 _SHUTDOWN = object()
 
 

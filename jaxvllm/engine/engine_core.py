@@ -17,6 +17,7 @@ from jaxvllm.core.scheduler import Scheduler
 from jaxvllm.core.stats import SchedulerStats
 from jaxvllm.core.structured_output import StructuredOutputManager
 from jaxvllm.distributed.multihost import SchedulerOutputBroadcaster
+from jaxvllm.engine.exceptions import EngineSleepingError
 from jaxvllm.engine.messages import EngineCoreRequest
 from jaxvllm.executor.multiproc import MultiprocExecutor
 from jaxvllm.executor.uniproc import UniProcExecutor
@@ -67,10 +68,13 @@ class EngineCore:
         self.vocab_size = hf_config.vocab_size
         self.step_num = 0
         self.profiling = False
+        self.sleeping_tags: set[str] = set()
 
     def add_request(self, request: EngineCoreRequest) -> None:
         """Raises ValueError for a request this engine cannot hold; the front end checks the
         same limits, but the engine protects itself from any client of its socket."""
+        if self.sleeping_tags:
+            raise EngineSleepingError()
         if request.request_id in self.scheduler.requests:
             raise ValueError(f"Request id {request.request_id!r} is already running.")
         ids, vocab = request.prompt_token_ids, self.vocab_size
@@ -120,6 +124,54 @@ class EngineCore:
         if self.broadcaster is not None:
             self.broadcaster.close()  # the followers' loops end
             self.broadcaster = None
+
+    # ---- sleep mode and weight updates (every worker, by collective_rpc) -------------
+    def sleep(self, level: int = 1) -> None:
+        """Free the device for another job (worker/worker.py: level 1 keeps the weights in
+        host memory, level 2 drops them). vLLM leaves requests in flight to the caller; here
+        sleeping with any is refused, naming them, so none is lost."""
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level!r}.")
+        self._refuse_in_flight("sleep")
+        self.scheduler.reset_prefix_cache()  # the KV pages it names are about to go
+        self.model_executor.collective_rpc("sleep", (level,))
+        self.sleeping_tags = {"weights", "kv_cache"}
+
+    def wake_up(self, tags: list[str] | None = None) -> bool:
+        """Restore the weights and/or the KV cache (default both); returns is_sleeping()."""
+        self._check_single_host("wake_up")
+        self.model_executor.collective_rpc("wake_up", (tags,))
+        self.sleeping_tags -= {"weights", "kv_cache"} if tags is None else set(tags)
+        return self.is_sleeping()
+
+    def is_sleeping(self) -> bool:
+        return bool(self.sleeping_tags)
+
+    def update_weights(self, weights) -> bool:
+        """New weights ({name: array} or a path), between steps, with no request in flight
+        (their KV pages came from the old weights); a bad update changes nothing. Returns
+        is_sleeping() (an update wakes the weights, not the KV cache)."""
+        self._refuse_in_flight("update_weights")
+        self.model_executor.update_weights(weights)
+        self.sleeping_tags.discard("weights")
+        self.scheduler.reset_prefix_cache()
+        return self.is_sleeping()
+
+    def device_memory_in_use(self) -> int:
+        """Bytes the engine's devices hold (worker/sleep_mode.py), summed over the workers."""
+        return sum(self.model_executor.collective_rpc("device_memory_in_use"))
+
+    def _refuse_in_flight(self, what: str) -> None:
+        self._check_single_host(what)
+        if self.scheduler.requests:
+            ids = sorted(self.scheduler.requests)
+            raise RuntimeError(f"Cannot {what} with {len(ids)} request(s) in flight "
+                               f"({', '.join(ids[:5])}{', ...' if len(ids) > 5 else ''}); "
+                               f"let them finish or abort them first.")
+
+    def _check_single_host(self, what: str) -> None:
+        if self.broadcaster is not None:
+            raise ValueError(f"{what} is not supported with nnodes > 1.")
 
     # ---- profiling ----------------------------------------------------------------
     def start_profile(self, profile_dir: str | None = None) -> str:

@@ -15,3 +15,11 @@ class EngineGenerateError(RuntimeError):
 
     def __init__(self, message: str):
         super().__init__(message)
+
+
+class EngineSleepingError(RuntimeError):
+    """The engine is asleep (LLM.sleep, POST /sleep): it takes requests again after wake_up."""
+
+    def __init__(self, message: str = "The engine is sleeping; wake it up (LLM.wake_up, "
+                                      "POST /wake_up) to serve requests."):
+        super().__init__(message)

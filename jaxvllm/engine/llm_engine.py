@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import tempfile
 
 import jax
 
@@ -16,6 +17,7 @@ from jaxvllm.core.stats import SchedulerStats
 from jaxvllm.distributed.multihost import initialize_distributed
 from jaxvllm.engine.core_client import InprocClient, SyncMPClient
 from jaxvllm.engine.engine_core import EngineCore
+from jaxvllm.engine.exceptions import EngineSleepingError
 from jaxvllm.engine.output_processor import OutputProcessor
 from jaxvllm.engine.parallel_sampling import ParentRequest
 from jaxvllm.engine.processor import Processor, eos_token_id
@@ -24,6 +26,7 @@ from jaxvllm.sampling_params import SamplingParams
 from jaxvllm.transformers_utils.config import load_hf_config
 from jaxvllm.transformers_utils.model_path import resolve_model
 from jaxvllm.transformers_utils.tokenizer import load_tokenizer
+from jaxvllm.transformers_utils.weights_dir import write_weights_dir
 
 
 class LLMEngine:
@@ -44,6 +47,7 @@ class LLMEngine:
                                    eos_token_id(tokenizer, hf_config))
         self.output_processor = OutputProcessor(tokenizer)
         self._children: dict[str, list[str]] = {}  # n > 1 requests: parent id -> child ids
+        self.sleeping = False  # as the last sleep / wake_up / update_weights left the engine
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs, multiprocess_mode: bool | None = None) -> "LLMEngine":
@@ -80,6 +84,8 @@ class LLMEngine:
 
     def _add_request(self, request_id, prompt, params, arrival_time, priority, parent=None,
                      parent_index=0) -> None:
+        if self.sleeping:
+            raise EngineSleepingError()
         request, prompt_text = self.processor.process_inputs(request_id, prompt, params, arrival_time,
                                                              priority)
         self.output_processor.add_request(request, prompt_text, parent=parent, parent_index=parent_index)
@@ -109,6 +115,27 @@ class LLMEngine:
 
     def stop_profile(self) -> None:
         self.engine_core_client.call_utility("stop_profile")
+
+    def sleep(self, level: int = 1) -> None:
+        self.engine_core_client.call_utility("sleep", level)
+        self.sleeping = True
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self.sleeping = self.engine_core_client.call_utility("wake_up", tags)
+
+    def is_sleeping(self) -> bool:
+        return self.engine_core_client.call_utility("is_sleeping")
+
+    def update_weights(self, weights) -> None:
+        """A dict of arrays reaches an engine in another process as a temporary safetensors
+        file (messages carry no arrays); in this process it is passed as it is."""
+        if isinstance(weights, (str, os.PathLike)) or isinstance(self.engine_core_client, InprocClient):
+            self.sleeping = self.engine_core_client.call_utility(
+                "update_weights", os.fspath(weights) if isinstance(weights, os.PathLike) else weights)
+            return
+        with tempfile.TemporaryDirectory(prefix="jaxvllm-weights-") as path:
+            write_weights_dir(weights, path)
+            self.sleeping = self.engine_core_client.call_utility("update_weights", path)
 
     def step(self) -> list[RequestOutput]:
         outputs = self.engine_core_client.get_output()

@@ -70,6 +70,31 @@ class LLM:
         """Forget the cached prefixes; False (and nothing done) while requests hold blocks."""
         return self.llm_engine.reset_prefix_cache()
 
+    # ---- sleep mode and weight updates (vLLM's names; RL: generate, train, update) ----
+    def sleep(self, level: int = 1) -> None:
+        """Free the device for another job: level 1 moves the weights to host memory and
+        frees the KV cache, level 2 frees both (update_weights, or wake_up reloading the
+        checkpoint, brings weights back). Compiled programs are kept, the prefix cache is
+        reset; refused while requests are in flight, and generate raises while asleep."""
+        self.llm_engine.sleep(level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Restore the weights and the KV cache, or only those `tags` names ("weights",
+        "kv_cache")."""
+        self.llm_engine.wake_up(tags)
+
+    def is_sleeping(self) -> bool:
+        return self.llm_engine.is_sleeping()
+
+    def update_weights(self, weights) -> None:
+        """Replace weights between generate calls: {name: numpy or jax array}, named as the
+        checkpoint names them ('model.layers.0.mlp.up_proj.weight') or as the engine's
+        parameter tree ('layers.0.gate_up_proj'; jax arrays of its dtype and sharding are
+        used without a copy), or a path (a safetensors directory, an Orbax checkpoint). All
+        are checked before any weight changes; the prefix cache is reset. Asleep, the weights
+        wake with the update (the KV cache with wake_up)."""
+        self.llm_engine.update_weights(weights)
+
     def start_profile(self, profile_dir: str | None = None) -> str:
         """Start capturing a jax.profiler trace (profile_dir, else the engine's profile_dir);
         open it with TensorBoard/XProf or Perfetto. Returns the directory."""

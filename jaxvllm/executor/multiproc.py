@@ -33,11 +33,17 @@ from jaxvllm.outputs import ModelRunnerOutput
 from jaxvllm.process_utils import (has_exited, init_child_process, spawn_process, start_spawned,
                                    stop_processes, wait_for_exit)
 from jaxvllm.serial_utils import decode, encode
+from jaxvllm.transformers_utils.weights_dir import write_weights_dir
 
 logger = logging.getLogger(__name__)
 # The Worker methods served, with the types their arguments and results are decoded into.
 METHODS = {"determine_num_blocks": (None, int), "initialize_cache": (tuple[int], None),
-           "execute_model": (tuple[SchedulerOutput], ModelRunnerOutput), "get_num_compilations": (None, int)}
+           "execute_model": (tuple[SchedulerOutput], ModelRunnerOutput), "get_num_compilations": (None, int),
+           "sleep": (tuple[int], None), "wake_up": (tuple[list[str] | None], None),
+           "update_weights": (tuple[str], None), "device_memory_in_use": (None, int)}
+# Methods whose ValueError is a refused argument (a tensor of the wrong shape, an unknown
+# tag), checked before anything changes: the caller gets it and the engine goes on.
+REFUSABLE = ("sleep", "wake_up", "update_weights")
 _SHUTDOWN = b"__shutdown__"
 _POLL_MS = 100
 
@@ -94,17 +100,30 @@ class MultiprocExecutor:
     def num_compilations(self) -> int:
         return self.collective_rpc("get_num_compilations")[0]
 
+    def update_weights(self, weights) -> None:
+        """weights: a path, or {name: array}, which crosses to the workers as a temporary
+        safetensors file: each worker reads its own shards of it."""
+        if isinstance(weights, (str, os.PathLike)):
+            self.collective_rpc("update_weights", (os.fspath(weights),))
+            return
+        with tempfile.TemporaryDirectory(prefix="jaxvllm-weights-") as path:
+            write_weights_dir(weights, path)
+            self.collective_rpc("update_weights", (path,))
+
     # ---- RPC ------------------------------------------------------------------------
     def collective_rpc(self, method: str, args: tuple = ()) -> list:
         """Run `method(*args)` on every worker; their results in rank order. Raises
         WorkerDiedError within 0.1 s of a worker's death."""
         self._check_alive()
         self.rpc.send_multipart([method.encode(), encode(list(args))])
-        results = []
+        results, refused = [], None
         for rank, sock in enumerate(self.responses):
             while not sock.poll(_POLL_MS):
                 self._check_alive()
             ok, payload = sock.recv_multipart()
+            if ok == b"2":
+                refused = payload.decode()
+                continue
             if ok != b"1":
                 # A peer's death fails the others' collectives too: name the cause if it is that.
                 deadline = time.monotonic() + 2.0
@@ -114,6 +133,8 @@ class MultiprocExecutor:
                 self._check_alive()
             kind = METHODS[method][1]
             results.append(None if kind is None else decode(kind, payload))
+        if refused is not None:
+            raise ValueError(refused)
         return results
 
     def _check_alive(self) -> None:
@@ -217,6 +238,9 @@ def _worker_main(config_bytes: bytes, model_path: str, rank: int, world_size: in
             arg_types, result_type = METHODS[name]
             result = getattr(worker, name)(*(decode(arg_types, payload) if arg_types else ()))
             out.send_multipart([b"1", b"" if result_type is None else encode(result)])
-        except Exception as e:  # reported to the executor, which fails the engine
+        except Exception as e:  # reported to the executor, which fails the engine unless refused
+            if isinstance(e, ValueError) and name in REFUSABLE:
+                out.send_multipart([b"2", str(e).encode()])
+                continue
             logger.exception("Worker %d failed in %s.", rank, name)
             out.send_multipart([b"0", f"{type(e).__name__}: {e}".encode()])

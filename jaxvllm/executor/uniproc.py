@@ -38,6 +38,10 @@ class UniProcExecutor:
         """The KV cache, for waiting on the last step's device work (profiling)."""
         return self.driver_worker.model_runner.kv_cache
 
+    def update_weights(self, weights) -> None:
+        """weights: {name: array} (jax arrays used as they are) or a path."""
+        self.collective_rpc("update_weights", (weights,))
+
     def collective_rpc(self, method: str, args: tuple = ()) -> list:
         """Run `method(*args)` on the one worker; its result in a list, as for several."""
         return [getattr(self.driver_worker, method)(*args)]

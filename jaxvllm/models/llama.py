@@ -183,7 +183,7 @@ class LlamaForCausalLM(nnx.Module):
         """(name, array) pairs of the model's weights as loaded (linears [in, *out], on
         device), named as in the parameter tree ('layers.0.qkv_proj'); each linear is stored
         as the linear method keeps it. A tied head the method keeps its own copy of comes
-        from the embedding."""
+        from the embedding (again whenever the embedding is loaded: updates may be partial)."""
         loaded = set()
         for name, value in weights:
             *layer, leaf = name.split(".")
@@ -191,7 +191,7 @@ class LlamaForCausalLM(nnx.Module):
                 value = self.linear_method.process_weights_after_loading(value)
             (self.layers[int(layer[1])][leaf] if layer else getattr(self, leaf)).set_value(value)
             loaded.add(name)
-        if self.lm_head is not None and "lm_head" not in loaded:
+        if self.lm_head is not None and self.args.tie_word_embeddings and "embed_tokens" in loaded:
             self.lm_head.set_value(self.linear_method.process_weights_after_loading(
                 self.embed_tokens.get_value().T))
 

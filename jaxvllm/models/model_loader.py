@@ -22,12 +22,14 @@ logger = logging.getLogger(__name__)
 
 
 def get_model(config: EngineConfig, model_path: str, hf_config, mesh: Mesh, *,
-              pad_heads: bool = True, linear_method=None, moe_method=None) -> nnx.Module:
+              pad_heads: bool = True, linear_method=None, moe_method=None,
+              weights: dict | None = None) -> nnx.Module:
     """pad_heads: pad attention heads so they split evenly over the mesh (serving); off for
     `convert`, which stores the checkpoint's own shapes. linear_method: the platform's
     (jaxvllm/layers/linear.py; default XLA's), kept for the whole model: where it cannot take
     every matmul weight of this model, XLA's runs them all. moe_method: the platform's, for
-    mixture-of-experts models (layers/fused_moe.py)."""
+    mixture-of-experts models (layers/fused_moe.py). weights: the checkpoint's tensors if the
+    caller has read them (load_weights), else read here."""
     model_cls, args_cls = get_model_class(hf_config)
     args = args_cls.from_hf_config(hf_config)
     dtype = jnp.dtype(config.dtype)
@@ -53,13 +55,19 @@ def get_model(config: EngineConfig, model_path: str, hf_config, mesh: Mesh, *,
     # Abstract: no random init, and no device ever holds a whole tensor meant to be split.
     model = nnx.eval_shape(lambda: model_cls(padded, dtype=dtype, linear_method=method, **moe))
     if is_orbax_checkpoint(model_path):
-        stored = nnx.eval_shape(lambda: model_cls(args, dtype=dtype))
-        wanted = nnx.eval_shape(lambda: model_cls(padded, dtype=dtype))
-        model.load_weights(_restore(stored, wanted, model_path, mesh, dtype, expert_parallel))
+        model.load_weights(restore_orbax(hf_config, padded, model_path, mesh, dtype, expert_parallel))
     else:
-        model.load_hf_weights(load_weights(model_path), functools.partial(place, mesh,
-                                                                          expert_parallel=expert_parallel))
+        model.load_hf_weights(load_weights(model_path) if weights is None else weights,
+                              functools.partial(place, mesh, expert_parallel=expert_parallel))
     return model
+
+
+def restore_orbax(hf_config, padded_args, path: str, mesh: Mesh, dtype, expert_parallel: bool = False):
+    """(name, array) of an Orbax checkpoint's weights on the mesh, heads padded to padded_args."""
+    model_cls, args_cls = get_model_class(hf_config)
+    stored = nnx.eval_shape(lambda: model_cls(args_cls.from_hf_config(hf_config), dtype=dtype))
+    wanted = nnx.eval_shape(lambda: model_cls(padded_args, dtype=dtype))
+    return _restore(stored, wanted, path, mesh, dtype, expert_parallel)
 
 
 def _restore(stored: nnx.Module, wanted: nnx.Module, path: str, mesh: Mesh, dtype,

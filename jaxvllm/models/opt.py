@@ -166,7 +166,7 @@ class OPTForCausalLM(nnx.Module):
                 value = self.linear_method.process_weights_after_loading(value)
             (self.layers[int(layer[1])][leaf] if layer else getattr(self, leaf)).set_value(value)
             loaded.add(name)
-        if self.lm_head is not None and "lm_head" not in loaded:
+        if self.lm_head is not None and self.args.tie_word_embeddings and "embed_tokens" in loaded:
             self.lm_head.set_value(self.linear_method.process_weights_after_loading(self.embed_tokens.get_value().T))
 
 

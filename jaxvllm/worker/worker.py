@@ -19,12 +19,18 @@ from jaxvllm.distributed.mesh import make_mesh
 from jaxvllm.distributed.partition import kv_cache_sharding
 from jaxvllm.layers.attention import get_attention
 from jaxvllm.layers.kv_cache_dtype import kv_cache_dtype
+from jaxvllm.models.loader import load_weights
 from jaxvllm.models.model_loader import get_model
+from jaxvllm.models.orbax_checkpoint import is_orbax_checkpoint
+from jaxvllm.models.weight_update import WeightUpdater
 from jaxvllm.outputs import ModelRunnerOutput
 from jaxvllm.platforms.huge_pages import advise_huge_pages, huge_page_ranges
+from jaxvllm.worker import sleep_mode
+from jaxvllm.worker.memory_profiling import MemoryProfile, peak_step_bytes
 from jaxvllm.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
+SLEEP_TAGS = ("weights", "kv_cache")  # what sleep frees and wake_up(tags) restores (vLLM's)
 
 
 def enable_compilation_cache() -> None:
@@ -47,12 +53,22 @@ class Worker:
         self.device = self.mesh.devices.flat[0]
         self.dtype = jnp.dtype(config.dtype)
         platform = platforms.current_platform
+        self.model_path = model_path
+        # Read here so that update_weights knows the checkpoint's names and shapes.
+        weights = None if is_orbax_checkpoint(model_path) else load_weights(model_path)
         method = platform.linear_method(config.attention_backend, self.mesh.size, config.quantization)
-        self.model = get_model(config, model_path, hf_config, self.mesh, linear_method=method,
+        self.model = get_model(config, model_path, hf_config, self.mesh, weights=weights, linear_method=method,
                                moe_method=platform.fused_moe_method())
+        self.weight_updater = WeightUpdater(self.model, self.mesh, hf_config,
+                                            weights and {name: w.shape for name, w in weights.items()},
+                                            expert_parallel=config.parallel.enable_expert_parallel)
+        del weights
         self.args = self.model.args
         self.kv_dtype = kv_cache_dtype(config.kv_cache_dtype, self.dtype, platform.kv_cache_fp8_as_bits)
         self.attend = get_attention(config.attention_backend, platform, self.mesh, self.kv_dtype)
+        self.memory_profile: MemoryProfile | None = None  # where the device reports its memory
+        self.sleeping_tags: set[str] = set()
+        self._host_weights = None  # sleep level 1's copy of the weights
 
     @property
     def kv_cache_shape_per_block(self) -> tuple[int, ...]:
@@ -64,8 +80,8 @@ class Worker:
         return math.prod(self.kv_cache_shape_per_block) * self.kv_dtype.storage.itemsize
 
     def determine_num_blocks(self) -> int:
-        """From num_gpu_blocks_override, else kv_cache_memory_bytes, else the fraction
-        `hbm_utilization` of the device memory that the backend reports."""
+        """From num_gpu_blocks_override, else kv_cache_memory_bytes, else by profiling the
+        device memory that the backend reports (worker/memory_profiling.py)."""
         c = self.config.cache
         if c.num_gpu_blocks_override is not None:
             return c.num_gpu_blocks_override
@@ -78,9 +94,9 @@ class Worker:
             if memory is None:
                 raise ValueError(f"The {platform.device_name} backend does not report its memory; "
                                  "set kv_cache_memory_bytes or num_gpu_blocks_override.")
-            # Every device of the mesh holds 1/size of each block (its KV heads).
-            limit, in_use = memory
-            budget = (int(limit * c.hbm_utilization) - in_use) * self.mesh.size
+            self.memory_profile = MemoryProfile(*memory, peak_step=self._peak_step_bytes())
+            budget = self.memory_profile.kv_cache_budget(c.hbm_utilization, self.mesh.size)
+            logger.info("KV cache budget: %s.", self.memory_profile.describe(c.hbm_utilization, self.mesh.size))
         num_blocks = budget // block_bytes
         weights = sum(s.data.nbytes for x in jax.tree.leaves(nnx.state(self.model))
                       for s in x.addressable_shards if s.device == self.device)
@@ -89,16 +105,29 @@ class Worker:
                     budget / self.mesh.size / 2**20, self.config.kv_cache_dtype,
                     block_bytes // self.mesh.size, num_blocks)
         if num_blocks < 2:
-            raise ValueError(f"The KV cache budget ({budget} bytes) holds fewer than 2 blocks of "
+            how = f": {self.memory_profile.describe(c.hbm_utilization, self.mesh.size)}" if self.memory_profile else ""
+            raise ValueError(f"The KV cache budget ({budget} bytes{how}) holds fewer than 2 blocks of "
                              f"{block_bytes} bytes; raise kv_cache_memory_bytes or hbm_utilization.")
         return num_blocks
+
+    def _peak_step_bytes(self) -> int:
+        """The largest step's memory beyond its arguments, from its programs compiled for a
+        small abstract KV cache (a step's temporaries scale with its tokens, not the cache)."""
+        a, bs = self.args, self.config.cache.block_size
+        blocks = -(-self.config.scheduler.max_model_len // bs) + 1
+        kv_cache = jax.ShapeDtypeStruct((a.num_layers, 2, blocks, bs, a.num_kv_heads, a.head_dim),
+                                        self.kv_dtype.storage, sharding=kv_cache_sharding(self.mesh))
+        return peak_step_bytes(ModelRunner(self.config, self.model, kv_cache, self.attend, mesh=self.mesh,
+                                           platform=platforms.current_platform))
 
     def initialize_cache(self, num_blocks: int, num_swap_blocks: int = 0) -> ModelRunner:
         a, bs = self.args, self.config.cache.block_size
         shape = (a.num_layers, 2, num_blocks, bs, a.num_kv_heads, a.head_dim)
-        # Created in place, each device allocating only its KV heads.
-        kv_cache = jax.jit(lambda: jnp.zeros(shape, self.kv_dtype.storage),
-                           out_shardings=kv_cache_sharding(self.mesh))()
+        # Created in place, each device allocating only its KV heads; kept to create it again
+        # at wake-up without compiling.
+        self._new_kv_cache = jax.jit(lambda: jnp.zeros(shape, self.kv_dtype.storage),
+                                     out_shardings=kv_cache_sharding(self.mesh))
+        kv_cache = self._new_kv_cache()
         logger.info("KV cache: %d blocks of %d tokens (%.1f MiB).", num_blocks, bs,
                     kv_cache.nbytes / 2**20)
         if num_swap_blocks:
@@ -129,3 +158,67 @@ class Worker:
 
     def get_num_compilations(self) -> int:
         return self.model_runner.num_compilations
+
+    def device_memory_in_use(self) -> int:
+        return sleep_mode.device_memory_in_use(list(self.mesh.local_devices))
+
+    # ---- sleep mode and weight updates (vLLM's Worker.sleep, wake_up, update_weights) ----
+    def sleep(self, level: int = 1) -> None:
+        """Level 1: the weights to host memory, the KV cache freed; level 2: both freed (the
+        weights come back from update_weights or, at wake-up, from the checkpoint). The
+        compiled programs stay."""
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level!r}.")
+        runner = self.model_runner
+        runner.after_first_step = None  # its huge-page ranges are about to be freed
+        if "weights" not in self.sleeping_tags:
+            self._host_weights = sleep_mode.offload(runner.params) if level == 1 else None
+            sleep_mode.free(runner.params)
+            self.sleeping_tags.add("weights")
+        elif level == 2:
+            self._host_weights = None
+        if "kv_cache" not in self.sleeping_tags:
+            sleep_mode.free(runner.kv_cache)
+            runner.kv_cache = None
+            self.sleeping_tags.add("kv_cache")
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Restore what `tags` names (default: both) that is asleep; the rest of a partial
+        wake-up stays asleep. The KV cache comes back zeroed (its prefixes were forgotten)."""
+        tags = list(SLEEP_TAGS) if tags is None else tags
+        if unknown := sorted(set(tags) - set(SLEEP_TAGS)):
+            raise ValueError(f"wake_up tags must be among {list(SLEEP_TAGS)}, got {unknown}.")
+        if "weights" in tags and "weights" in self.sleeping_tags:
+            if self._host_weights is not None:
+                self._set_params(sleep_mode.restore(self._host_weights))
+            else:  # level 2: the checkpoint the engine started from
+                self._load(self.weight_updater.prepare(self.model_path))
+            self._host_weights = None
+            self.sleeping_tags.discard("weights")
+        if "kv_cache" in tags and "kv_cache" in self.sleeping_tags:
+            self.model_runner.kv_cache = self._new_kv_cache()
+            self.sleeping_tags.discard("kv_cache")
+
+    def update_weights(self, weights) -> None:
+        """New weights from {name: array} or a path (models/weight_update.py), all validated
+        and placed before any weight changes. Asleep, the weights wake with the update (after
+        level 2 the update must hold every weight); the KV cache stays as it is."""
+        pairs = self.weight_updater.prepare(weights)
+        if "weights" in self.sleeping_tags:
+            if self._host_weights is None and (missing := self.weight_updater.missing(n for n, _ in pairs)):
+                raise ValueError(f"update_weights after sleep(level=2) needs every weight: "
+                                 f"{len(missing)} missing, e.g. {missing[0]!r}.")
+            if self._host_weights is not None:
+                self._set_params(sleep_mode.restore(self._host_weights))
+            self._host_weights = None
+            self.sleeping_tags.discard("weights")
+        self._load(pairs)
+
+    def _load(self, pairs) -> None:
+        """The loader's own path: each linear method stores its weights its way again."""
+        self.model.load_weights(pairs)
+        self._set_params(nnx.state(self.model))
+
+    def _set_params(self, params) -> None:
+        nnx.update(self.model, params)
+        self.model_runner.params = nnx.split(self.model)[1]

@@ -5,6 +5,7 @@ without a hang, and shutdown leaves no process behind."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import threading
 import time
@@ -42,6 +43,34 @@ def test_mp_executor_matches_in_process(mp_llm, tiny_model_dir):
     assert ours == [o.outputs[0].token_ids for o in ref.generate(PROMPTS, greedy, use_tqdm=False)]
     executor = mp_llm.llm_engine.engine_core.model_executor
     assert executor.world_size == 2 and len(executor.collective_rpc("get_num_compilations")) == 2
+
+
+def test_sleep_and_update_weights_in_every_worker(mp_llm, tiny_model_dir, tmp_path):
+    """Each worker frees its shards, and loads its own shards of an update; a refused update
+    leaves the workers serving (a worker's ValueError is not a crash)."""
+    from safetensors.numpy import load_file, save_file
+    greedy = SamplingParams(temperature=0, max_tokens=8, min_tokens=8)
+    before = [o.outputs[0].token_ids for o in mp_llm.generate(PROMPTS, greedy, use_tqdm=False)]
+    core = mp_llm.llm_engine.engine_core
+    awake = core.device_memory_in_use()
+    mp_llm.sleep(level=1)
+    assert core.device_memory_in_use() < 0.1 * awake  # what stays: the penalty rows, a few small arrays
+    tensors = load_file(str(tiny_model_dir / "model.safetensors"))
+    new = {k: v * 1.05 for k, v in tensors.items()}
+    compiled = core.model_executor.collective_rpc("get_num_compilations")
+    mp_llm.update_weights(new)
+    mp_llm.wake_up()
+    assert core.model_executor.collective_rpc("get_num_compilations") == compiled
+    ours = [o.outputs[0].token_ids for o in mp_llm.generate(PROMPTS, greedy, use_tqdm=False)]
+    fresh_dir = tmp_path / "perturbed"
+    shutil.copytree(tiny_model_dir, fresh_dir)
+    save_file(new, str(fresh_dir / "model.safetensors"))
+    assert ours == [o.outputs[0].token_ids for o in LLM(str(fresh_dir), **ENGINE).generate(PROMPTS, greedy, use_tqdm=False)]
+    assert ours != before
+    with pytest.raises(ValueError, match="tensor 'model.norm.weight' has shape"):
+        mp_llm.update_weights({"model.norm.weight": tensors["model.norm.weight"][:3]})
+    mp_llm.update_weights(str(tiny_model_dir))
+    assert [o.outputs[0].token_ids for o in mp_llm.generate(PROMPTS, greedy, use_tqdm=False)] == before
 
 
 def test_killing_a_worker_fails_requests_cleanly(mp_llm):

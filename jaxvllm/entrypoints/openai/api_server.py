@@ -34,6 +34,7 @@ from jaxvllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from jaxvllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from jaxvllm.entrypoints.openai.serving_engine import OpenAIServing
 from jaxvllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
+from jaxvllm.entrypoints.openai.sleep_routes import add_sleep_routes
 from jaxvllm.metrics.prometheus import PrometheusStatLogger
 
 logger = logging.getLogger(__name__)
@@ -159,6 +160,8 @@ def build_app(engine, model_name: str, server_args: ServerArgs) -> FastAPI:
                 raise APIError(str(e).split(": ", 1)[-1]) from e
             return Response(status_code=200)
 
+    if server_args.enable_sleep_mode:
+        add_sleep_routes(app, engine)
     return app
 
 

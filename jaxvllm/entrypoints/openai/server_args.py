@@ -29,6 +29,8 @@ class ServerArgs:
     disable_fastapi_docs: bool = False
     # On SIGINT/SIGTERM, requests in flight get this long to finish before they are ended.
     shutdown_timeout_s: float = 30.0
+    # /sleep, /wake_up, /is_sleeping, /reset_prefix_cache and /update_weights (sleep_routes.py).
+    enable_sleep_mode: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_request_bytes", "max_n", "max_prompts_per_request",
@@ -76,6 +78,10 @@ class ServerArgs:
                             default=d.shutdown_timeout_s,
                             help="On SIGINT/SIGTERM, seconds requests in flight get to finish "
                                  "(default: %(default)s).")
+
+        parser.add_argument("--enable-sleep-mode", action="store_true",
+                            help="Serve POST /sleep, /wake_up, /reset_prefix_cache, /update_weights "
+                                 "and GET /is_sleeping (vLLM's), for RL trainers and schedulers.")
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> "ServerArgs":

@@ -11,7 +11,7 @@ from typing import AsyncIterator
 
 from fastapi import Request
 
-from jaxvllm.engine.exceptions import EngineDeadError, EngineGenerateError
+from jaxvllm.engine.exceptions import EngineDeadError, EngineGenerateError, EngineSleepingError
 from jaxvllm.entrypoints.openai.chat_utils import ChatRenderer
 from jaxvllm.entrypoints.openai.errors import APIError, param_of_value_error
 from jaxvllm.entrypoints.openai.protocol import SamplingRequestBase
@@ -37,9 +37,12 @@ class OpenAIServing:
         self._background: set[asyncio.Task] = set()
 
     def check_engine(self) -> None:
-        """A dead engine fails the request now (500), not as a 200 stream of errors."""
+        """A dead engine fails the request now (500), a sleeping one too (503), not as a 200
+        stream of errors."""
         if self.engine.errored:
             raise APIError(str(EngineDeadError()), 500)
+        if self.engine.sleeping:
+            raise APIError(str(EngineSleepingError()), 503)
 
     def check_model(self, model: str | None) -> None:
         if model and model != self.model_name:

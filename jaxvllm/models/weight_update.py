@@ -1,0 +1,152 @@
+"""update_weights' model side: new weights from a dict or a path, validated against the model
+before anything changes, converted to the parameter tree's layout and placed on the mesh.
+
+Two namings are accepted. The checkpoint's own (Hugging Face: 'model.layers.0.self_attn.
+q_proj.weight', [out, in]) goes through the model family's conversion, as at loading (q/k/v
+and gate/up fused, heads padded for tensor parallelism); a tensor fused with others must
+come with them.
+The parameter tree's ('layers.0.qkv_proj', [in, *out], heads padded as the engine holds them;
+an Orbax checkpoint's names) is placed as given, and a jax array already of the engine's dtype
+and sharding is used as it is, without a copy. Either way the linear method then stores each
+weight its own way (packing, quantizing) through `model.load_weights`, as at start-up.
+"""
+from __future__ import annotations
+
+import os
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+
+from jaxvllm.distributed.partition import param_name, param_sharding, place
+from jaxvllm.models.loader import load_weights
+from jaxvllm.models.model_loader import restore_orbax
+from jaxvllm.models.orbax_checkpoint import is_orbax_checkpoint
+
+
+class _ReadTracker(dict):
+    """A dict that remembers which keys were read since `take()`: the tensors each weight
+    the conversion yields was made from."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.read: set[str] = set()
+
+    def __getitem__(self, key):
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def take(self) -> set[str]:
+        read, self.read = self.read, set()
+        return read
+
+
+class WeightUpdater:
+    def __init__(self, model: nnx.Module, mesh: Mesh, hf_config, checkpoint_shapes: dict[str, tuple] | None,
+                 expert_parallel: bool = False):
+        """checkpoint_shapes: the loaded checkpoint's tensors by name (None for an Orbax
+        checkpoint, named as the parameter tree). expert_parallel: as the model was placed."""
+        self.model, self.mesh, self.hf_config = model, mesh, hf_config
+        self.expert_parallel = expert_parallel
+        self.dtype = model.embed_tokens.get_value().dtype
+        # The tree in the layout weights are loaded in (XLA's linear method stores them as given).
+        abstract = nnx.eval_shape(lambda: type(model)(model.args, dtype=self.dtype))
+        self.param_shapes = {param_name(p): tuple(x.shape) for p, x in
+                             jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(nnx.state(abstract)))[0]}
+        self.checkpoint_shapes = checkpoint_shapes or {}
+
+    def prepare(self, weights) -> list[tuple[str, jax.Array]]:
+        """(parameter name, array on the mesh) of each weight updated, in the loaded layout.
+        weights: {name: numpy or jax array}, or a path (a directory of *.safetensors, a GGUF
+        file, an Orbax checkpoint). Raises ValueError naming the first tensor that does not fit."""
+        if isinstance(weights, (str, os.PathLike)):
+            weights = self._read(os.fspath(weights))
+            if isinstance(weights, list):
+                return weights
+        if not isinstance(weights, dict) or not weights:
+            raise ValueError("update_weights takes a non-empty dict of arrays by name, or a path.")
+        own = next(iter(weights)) in self.param_shapes or not self.checkpoint_shapes
+        shapes = self.param_shapes if own else self.checkpoint_shapes
+        for name, value in weights.items():
+            if name not in shapes:
+                like = ", ".join(repr(n) for n in list(shapes)[:2])
+                raise ValueError(f"update_weights: the model has no tensor {name!r}; name every tensor "
+                                 f"as {'its parameter tree' if own else 'its checkpoint'} does ({like}, ...).")
+            _check(name, value, shapes[name])
+        return self._place_own(weights) if own else self._convert(weights)
+
+    def _place(self, name: str, value: np.ndarray) -> jax.Array:
+        return place(self.mesh, name, value, expert_parallel=self.expert_parallel)
+
+    def missing(self, names) -> list[str]:
+        """The parameters a full update must hold that `names` lacks."""
+        return sorted(set(self.param_shapes) - set(names))
+
+    def _read(self, path: str):
+        if not os.path.exists(path):
+            raise ValueError(f"update_weights: {path!r} is neither a directory of *.safetensors files, "
+                             f"a GGUF file nor an Orbax checkpoint.")
+        try:  # a file that does not fit is the caller's error, whatever the reader raises
+            if is_orbax_checkpoint(path):
+                return list(restore_orbax(self.hf_config, self.model.args, path, self.mesh, self.dtype,
+                                          self.expert_parallel))
+            weights = load_weights(path)
+        except Exception as e:
+            raise ValueError(f"update_weights: could not read {path!r} for this model: {e}") from e
+        if not weights:
+            raise ValueError(f"update_weights: {path!r} holds no *.safetensors tensors.")
+        return weights
+
+    def _place_own(self, weights: dict) -> list[tuple[str, jax.Array]]:
+        out = []
+        for name, value in weights.items():
+            sharding = param_sharding(name, value.shape, self.mesh, self.expert_parallel)
+            if isinstance(value, jax.Array) and value.dtype == self.dtype:
+                if not value.sharding.is_equivalent_to(sharding, value.ndim):
+                    value = jax.device_put(value, sharding)
+            else:
+                value = self._place(name, np.asarray(value).astype(self.dtype, copy=False))
+            out.append((name, value))
+        return out
+
+    def _convert(self, weights: dict) -> list[tuple[str, jax.Array]]:
+        """The model family's own conversion (its load_hf_weights, with load_weights replaced
+        by a collector) over the given tensors and zero stand-ins (no memory) for the others;
+        a weight is kept when all the tensors it was made from were given."""
+        given = {name: np.asarray(value) for name, value in weights.items()}
+        tracker = _ReadTracker({name: np.broadcast_to(np.zeros((), np.float32), shape)
+                                for name, shape in self.checkpoint_shapes.items()})
+        tracker.update(given)
+        converted = []
+        vars(self.model)["load_weights"] = lambda pairs: converted.extend(
+            (name, value, tracker.take()) for name, value in pairs)
+        try:
+            self.model.load_hf_weights(tracker, lambda name, value: value)
+        finally:
+            del vars(self.model)["load_weights"]
+        full = given.keys() >= self.checkpoint_shapes.keys()
+        out = []
+        for name, value, sources in converted:
+            have = sources & given.keys()
+            if not full and not sources:  # a conversion that reads a copy of the dict
+                raise ValueError(f"update_weights: {type(self.model).__name__} takes a partial update by "
+                                 f"its parameter tree's names only (like {name!r}), or every tensor of "
+                                 f"its checkpoint.")
+            if full or have == sources:
+                out.append((name, self._place(name, value)))
+            elif have:
+                raise ValueError(f"update_weights: {sorted(have)} are fused with {sorted(sources - have)} "
+                                 f"into {name!r}; give them together.")
+        return out
+
+
+def _check(name: str, value, shape: tuple[int, ...]) -> None:
+    if not hasattr(value, "shape") or not hasattr(value, "dtype"):
+        raise ValueError(f"update_weights: tensor {name!r} is a {type(value).__name__}, not an array.")
+    if tuple(value.shape) != tuple(shape):
+        raise ValueError(f"update_weights: tensor {name!r} has shape {tuple(value.shape)}; "
+                         f"the model's is {tuple(shape)}.")
+    if not np.issubdtype(np.dtype(value.dtype), np.floating) and str(value.dtype) != "bfloat16":
+        raise ValueError(f"update_weights: tensor {name!r} has dtype {value.dtype}; "
+                         f"a floating-point one is needed.")

@@ -1,0 +1,55 @@
+"""determine_available_memory: how much device memory the KV cache may take, by profiling
+(vLLM's profile run). On a device that reports its memory, the budget is that memory times
+hbm_utilization (gpu_memory_utilization), less what is already held (the weights), less the
+peak of the largest step's temporary buffers, which XLA reports for a compiled program
+(`compiled.memory_analysis()`): so warm-up and serving never run out where the budget says
+the cache fits. The steps are compiled for it against an abstract KV cache (nothing is
+allocated); the persistent compilation cache keeps them for the next start.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import jax
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MemoryProfile:
+    """Bytes per device."""
+    limit: int  # what the device may hold
+    in_use: int  # held before the KV cache exists: the weights, mostly
+    peak_step: int  # the largest step's temporaries and outputs beyond its arguments
+
+    def kv_cache_budget(self, utilization: float, num_devices: int) -> int:
+        """KV cache bytes over the whole mesh (each device holds 1/num_devices of a block)."""
+        return (int(self.limit * utilization) - self.in_use - self.peak_step) * num_devices
+
+    def describe(self, utilization: float, num_devices: int) -> str:
+        gib = 2 ** 30
+        return (f"{self.limit / gib:.2f} GiB x {utilization} - {self.in_use / gib:.2f} GiB in use - "
+                f"{self.peak_step / gib:.2f} GiB peak step = "
+                f"{self.kv_cache_budget(utilization, 1) / gib:.2f} GiB per device for the KV cache "
+                f"({num_devices} device(s))")
+
+
+def peak_step_bytes(runner) -> int:
+    """The most memory one step needs beyond its arguments, per device: the forward at the
+    largest token bucket and each sampler at the largest request bucket, compiled (not run)
+    with the runner's abstract or real arguments."""
+    jobs = runner.warmup_jobs()
+    largest_t = max(len(args[2]) for program, args, _ in jobs if program is runner._forward)
+    largest_r = max(runner.request_buckets)
+    chosen = [(p, args, static) for p, args, static in jobs
+              if (p is runner._forward and len(args[2]) == largest_t)
+              or (p in (runner._sample, runner._sample_extended) and int(args[3]) == largest_r)]
+    return max(_extra_bytes(p.jitted.lower(*args, **static).compile()) for p, args, static in chosen)
+
+
+def _extra_bytes(compiled: jax.stages.Compiled) -> int:
+    stats = compiled.memory_analysis()
+    if stats is None:  # a backend that does not say
+        return 0
+    return stats.temp_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes
