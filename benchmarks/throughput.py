@@ -18,6 +18,7 @@ Every MFU is against the fastest matmul measured in the same run (benchmarks/mac
     python benchmarks/throughput.py [--num-requests 64] [--input-len 32 512]
         [--output-len 16 256] [--peers vllm,transformers] [--json PATH]
     python benchmarks/throughput.py --random-weights llama3-8b        # 256 requests, on a GPU/TPU
+    python benchmarks/throughput.py --peers "" --data-parallel-size 2  # against the default 1
 """
 from __future__ import annotations
 
@@ -49,10 +50,12 @@ def run_jaxvllm(w: Workload, ns, **formats) -> dict:
     engine_args = {k: v for k, v in dict(config=ns.config, dtype=ns.dtype, max_num_seqs=ns.max_num_seqs,
                                          **formats).items() if v}
     llm = LLM(ns.model, max_model_len=ns.max_model_len, max_num_batched_tokens=ns.max_num_batched_tokens,
-              **engine_args)
+              data_parallel_size=ns.data_parallel_size, **engine_args)
     engine_s = time.perf_counter() - start
-    runner = llm.llm_engine.engine_core.model_executor.driver_worker.model_runner
-    compiles_after_warmup = runner.num_compilations
+    # With data parallelism the engine cores run in their own processes: no runner to count in.
+    runner = (llm.llm_engine.engine_core.model_executor.driver_worker.model_runner
+              if ns.data_parallel_size == 1 else None)
+    compiles_after_warmup = runner.num_compilations if runner else None
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in w.output_lens]
     prompts = [{"prompt_token_ids": p} for p in w.prompts]
     llm.generate(prompts[:2], params[:2], use_tqdm=False)  # first-call warm-up, untimed, as for vLLM
@@ -62,10 +65,11 @@ def run_jaxvllm(w: Workload, ns, **formats) -> dict:
     outs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - start
     n_out = sum(len(o.outputs[0].token_ids) for o in outs)
-    decode = measure_decode(llm, llm.llm_engine.config.scheduler.max_num_seqs)
+    decode = measure_decode(llm, llm.llm_engine.config.scheduler.max_num_seqs * ns.data_parallel_size)
     return {"elapsed_s": elapsed, "output_tok_s": n_out / elapsed,
             "input_tok_s": w.num_input_tokens / elapsed, "requests_s": len(outs) / elapsed,
-            "compiles_after_warmup": runner.num_compilations - compiles_after_warmup,
+            "compiles_after_warmup": runner.num_compilations - compiles_after_warmup if runner else None,
+            "data_parallel_size": ns.data_parallel_size,
             "engine_start_s": engine_s, "first_call_s": first_call_s, "dtype": llm.llm_engine.config.dtype,
             "max_num_seqs": llm.llm_engine.config.scheduler.max_num_seqs, **decode}
 
@@ -159,6 +163,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048,
                    help="Token budget per step, the same for jaxvllm and vLLM.")
+    p.add_argument("--data-parallel-size", type=int, default=1,
+                   help="jaxvllm engine cores, each in its own process (max-num-seqs each).")
     p.add_argument("--peers", default=None, help="Comma-separated; empty for none "
                    "(default vllm,transformers; none with --random-weights).")
     p.add_argument("--hf-batch-sizes", default="16,64")
@@ -270,7 +276,8 @@ def print_table(results: dict) -> None:
         ratio = "" if name == "jaxvllm" else f"{ours['output_tok_s'] / r['output_tok_s']:.2f}x"
         print(f"{name:<14}{r['requests_s']:>8.2f}{r['input_tok_s']:>11.1f}{r['output_tok_s']:>11.1f}{ratio:>16}")
     m = results["machine"]
-    print(f"\njaxvllm ({results['model']}, {ours['dtype']}, {m['device']}): engine start {ours['engine_start_s']:.1f} s, "
+    print(f"\njaxvllm ({results['model']}, {ours['dtype']}, {m['device']}, "
+          f"data_parallel_size {ours['data_parallel_size']}): engine start {ours['engine_start_s']:.1f} s, "
           f"first call {ours['first_call_s']:.1f} s; {ours['compiles_after_warmup']} compilations after warm-up; "
           f"decode at batch {ours['decode_batch']}: {ours['decode_tok_s']:.1f} tok/s, MFU "
           f"{100 * ours['decode_mfu']:.1f}% of {m['matmul_flops'] / 1e9:.1f} GFLOP/s ({m['matmul_source']})")

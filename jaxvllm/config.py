@@ -93,7 +93,16 @@ class EngineArgs:
     """Coordinator port; the schedule broadcast uses the next one."""
     distributed_executor_backend: str = "uni"
     """uni: this process drives all local devices; mp: one worker process per device (a
-    crashing worker fails requests cleanly)."""
+    crashing worker fails requests cleanly); ray: ray_workers Ray actors (pip install
+    jaxvllm[ray]) joined by jax.distributed, on the cluster RAY_ADDRESS names, else a local one."""
+    ray_workers: int = 1
+    """With distributed_executor_backend=ray: worker actors, one per host or device group, each
+    driving tensor_parallel_size / ray_workers devices."""
+    pipeline_parallel_size: int = 1
+    """Stages the layers are split into, each on its own tensor_parallel_size devices."""
+    data_parallel_size: int = 1
+    """Engine cores, each in its own process with its own scheduler, KV cache and
+    tensor_parallel_size devices; requests go to the least-loaded one."""
 
     @classmethod
     def from_file(cls, path: str, **overrides) -> "EngineArgs":
@@ -154,7 +163,10 @@ class EngineArgs:
                                   enable_expert_parallel=self.enable_expert_parallel, nnodes=self.nnodes,
                                   node_rank=self.node_rank, master_addr=self.master_addr,
                                   master_port=self.master_port,
-                                  distributed_executor_backend=self.distributed_executor_backend))
+                                  distributed_executor_backend=self.distributed_executor_backend,
+                                  ray_workers=self.ray_workers,
+                                  pipeline_parallel_size=self.pipeline_parallel_size,
+                                  data_parallel_size=self.data_parallel_size))
         config.verify()
         return config
 
@@ -201,6 +213,9 @@ class ParallelConfig:
     master_addr: str | None = None
     master_port: int = 29501
     distributed_executor_backend: str = "uni"
+    ray_workers: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
 
 
 @dataclass(frozen=True)
@@ -225,21 +240,37 @@ class EngineConfig:
             raise ValueError("check_recompilation needs the warm-up; do not combine it with skip_warmup.")
         if p.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be at least 1, got {p.tensor_parallel_size}.")
+        if p.data_parallel_size < 1:
+            raise ValueError(f"data_parallel_size must be at least 1, got {p.data_parallel_size}.")
+        if p.data_parallel_size > 1 and p.nnodes > 1:
+            raise ValueError("data_parallel_size > 1 runs its engine cores on one host; use nnodes=1.")
+        if p.pipeline_parallel_size < 1:
+            raise ValueError(f"pipeline_parallel_size must be at least 1, got {p.pipeline_parallel_size}.")
+        if p.pipeline_parallel_size > 1 and (p.nnodes > 1 or p.distributed_executor_backend != "uni"):
+            raise ValueError("pipeline_parallel_size > 1 runs its stages from one process: use "
+                             "distributed_executor_backend='uni' and nnodes=1.")
         if p.nnodes < 1:
             raise ValueError(f"nnodes must be at least 1, got {p.nnodes}.")
         if not 0 <= p.node_rank < p.nnodes:
             raise ValueError(f"node_rank must be in [0, nnodes={p.nnodes}), got {p.node_rank}.")
         if not 0 < p.master_port < 65535:  # the next port carries the schedule broadcast
             raise ValueError(f"master_port must be in [1, 65534], got {p.master_port}.")
-        if p.distributed_executor_backend not in ("uni", "mp"):
-            raise ValueError(f"distributed_executor_backend must be 'uni' or 'mp', "
+        if p.distributed_executor_backend not in ("uni", "mp", "ray"):
+            raise ValueError(f"distributed_executor_backend must be 'uni', 'mp' or 'ray', "
                              f"got {p.distributed_executor_backend!r}.")
-        if p.distributed_executor_backend == "mp" and p.nnodes > 1:
-            raise ValueError("distributed_executor_backend='mp' runs on one host; use nnodes=1.")
-        multiprocess = p.nnodes > 1 or p.distributed_executor_backend == "mp"
+        if p.distributed_executor_backend in ("mp", "ray") and p.nnodes > 1:
+            raise ValueError(f"distributed_executor_backend={p.distributed_executor_backend!r} starts its "
+                             f"own workers (on the Ray cluster's hosts for 'ray'); use nnodes=1.")
+        if p.ray_workers < 1 or p.tensor_parallel_size % p.ray_workers:
+            raise ValueError(f"ray_workers must be at least 1 and divide tensor_parallel_size "
+                             f"({p.tensor_parallel_size}), got {p.ray_workers}.")
+        multiprocess = p.nnodes > 1 or p.distributed_executor_backend in ("mp", "ray")
         if multiprocess and self.scheduler.preemption_mode == "swap":
             raise ValueError("preemption_mode='swap' is not supported with nnodes > 1 or the 'mp' "
-                             "executor (the swap pool lives in one process); use 'recompute'.")
+                             "or 'ray' executor (the swap pool lives in one process); use 'recompute'.")
+        if p.pipeline_parallel_size > 1 and self.scheduler.preemption_mode == "swap":
+            raise ValueError("preemption_mode='swap' is not supported with pipeline_parallel_size > 1 "
+                             "(each stage holds its own KV cache); use 'recompute'.")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}.")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:

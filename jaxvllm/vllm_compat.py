@@ -22,8 +22,6 @@ IGNORED = {
 }
 # name: (neutral value, what to say when another value is given)
 REFUSED = {
-    "pipeline_parallel_size": (1, "pipeline parallelism is not supported yet; use tensor_parallel_size"),
-    "data_parallel_size": (1, "data parallelism is not supported yet; run one server per replica"),
     "enable_lora": (False, "LoRA adapters are not supported"),
     "cpu_offload_gb": (0, "weights cannot be offloaded to host memory"),
 }

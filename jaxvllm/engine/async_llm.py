@@ -15,6 +15,7 @@ from typing import AsyncIterator
 from jaxvllm.config import EngineArgs, EngineConfig
 from jaxvllm.core.stats import SchedulerStats
 from jaxvllm.engine.core_client import AsyncMPClient
+from jaxvllm.engine.dp_client import DPAsyncMPClient
 from jaxvllm.engine.exceptions import EngineDeadError, EngineSleepingError
 from jaxvllm.engine.output_processor import OutputProcessor, RequestOutputCollector
 from jaxvllm.engine.parallel_sampling import ParentRequest
@@ -35,7 +36,9 @@ class AsyncLLM:
         self.model_config = hf_config = load_hf_config(model_path)
         self.tokenizer = tokenizer = load_tokenizer(model_path)
         # The engine process loads what was resolved here (a Hub id is fetched once).
-        self.engine_core = AsyncMPClient(dataclasses.replace(args, model=model_path))
+        args = dataclasses.replace(args, model=model_path)
+        self.engine_core = (DPAsyncMPClient(args) if args.data_parallel_size > 1
+                            else AsyncMPClient(args))
         self.vllm_config: EngineConfig = self.engine_core.config
         self.model_name = args.model or model_path
         self.processor = Processor(self.vllm_config, tokenizer, hf_config.vocab_size,
@@ -127,7 +130,7 @@ class AsyncLLM:
                 if outputs.scheduler_stats is not None:
                     self.last_scheduler_stats = outputs.scheduler_stats
                 for stat_logger in self.stat_loggers:
-                    stat_logger.record(outputs.scheduler_stats, iteration_stats)
+                    stat_logger.record(outputs.scheduler_stats, iteration_stats, outputs.engine_index)
         except asyncio.CancelledError:
             raise
         except Exception as e:
@@ -168,6 +171,11 @@ class AsyncLLM:
 
     async def get_stats(self) -> SchedulerStats:
         return SchedulerStats(**await self.engine_core.call_utility_async("get_stats"))
+
+    async def get_stats_by_engine(self) -> dict[int, SchedulerStats]:
+        """Each live engine core's stats, by its data-parallel index."""
+        by_engine = await self.engine_core.call_utility_by_engine_async("get_stats")
+        return {index: SchedulerStats(**stats) for index, stats in by_engine.items()}
 
     async def start_profile(self, profile_dir: str | None = None) -> str:
         """Trace the engine process (where the device work runs) with jax.profiler."""

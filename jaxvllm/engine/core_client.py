@@ -60,25 +60,32 @@ class InprocClient:
 
 
 class _EngineProcess:
-    """The spawned engine process and its two sockets' addresses; shut down on collection."""
+    """The spawned engine process and its two sockets' addresses; shut down on collection.
+    With data parallelism, `dp_rank` picks the process's own set of devices."""
 
-    def __init__(self, args: EngineArgs, on_death):
+    def __init__(self, args: EngineArgs, on_death, dp_rank: int = 0):
         base = os.path.join(tempfile.gettempdir(), f"jaxvllm-{uuid.uuid4().hex[:12]}")
         self.input_address, self.output_address = f"ipc://{base}-in", f"ipc://{base}-out"
         reader, writer = multiprocessing.Pipe(duplex=False)
-        self.proc = spawn_process(run_engine_core, "EngineCore", args=(
-            encode(args), self.input_address, self.output_address, writer, os.getpid()))
+        per_rank = args.tensor_parallel_size * args.pipeline_parallel_size
+        device_set = (dp_rank, per_rank) if args.data_parallel_size > 1 else None
+        self.proc = spawn_process(run_engine_core, f"EngineCore_DP{dp_rank}", args=(
+            encode(args), self.input_address, self.output_address, writer, os.getpid(), device_set))
         self.on_death = on_death
         self.stopping = threading.Event()
         self._reader, self._writer = reader, writer
         self._finalizer = weakref.finalize(self, _terminate, self.proc, self.stopping)
         self.config: EngineConfig | None = None  # resolved by the engine process
 
-    def start_and_wait_ready(self) -> None:
-        """ValueError for a bad argument or model (one line to report); RuntimeError if the
-        engine failed otherwise. Interrupted (Ctrl-C), the engine process ends at once."""
+    def start(self) -> None:
+        """From a thread that outlives the engine: the child dies with the thread that
+        started it (PR_SET_PDEATHSIG follows the thread, not the process)."""
         start_spawned(self.proc)
         self._writer.close()
+
+    def wait_ready(self) -> None:
+        """ValueError for a bad argument or model (one line to report); RuntimeError if the
+        engine failed otherwise. Interrupted (Ctrl-C), the engine process ends at once."""
         try:
             while not self._reader.poll(0.1):
                 if has_exited(self.proc):
@@ -112,10 +119,11 @@ def _terminate(proc, stopping: threading.Event) -> None:
 
 
 class _MPClientBase:
-    def __init__(self, args: EngineArgs, zmq_ctx: zmq.Context):
+    def __init__(self, args: EngineArgs, zmq_ctx: zmq.Context, dp_rank: int = 0,
+                 wait_ready: bool = True):
         self.engine_dead = False
         self.ctx = zmq_ctx
-        self.engine = _EngineProcess(args, self._on_engine_death)
+        self.engine = _EngineProcess(args, self._on_engine_death, dp_rank)
         self.input_socket = self.ctx.socket(zmq.PUSH)
         self.input_socket.setsockopt(zmq.SNDTIMEO, _SEND_TIMEOUT_MS)
         self.input_socket.setsockopt(zmq.LINGER, 0)
@@ -125,8 +133,14 @@ class _MPClientBase:
         self.output_socket.bind(self.engine.output_address)
         self._call_ids = itertools.count()
         self.pending_utility: dict[int, object] = {}
-        self.engine.start_and_wait_ready()
-        self.config: EngineConfig = self.engine.config
+        self.engine.start()
+        self.config: EngineConfig | None = None
+        if wait_ready:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        self.engine.wait_ready()
+        self.config = self.engine.config
 
     @property
     def engine_core_pid(self) -> int | None:
@@ -147,8 +161,8 @@ class _MPClientBase:
 
 
 class SyncMPClient(_MPClientBase):
-    def __init__(self, args: EngineArgs):
-        super().__init__(args, zmq.Context())
+    def __init__(self, args: EngineArgs, dp_rank: int = 0, wait_ready: bool = True):
+        super().__init__(args, zmq.Context(), dp_rank, wait_ready)
         self.outputs_queue: queue.Queue = queue.Queue()
         self._stop = threading.Event()
         self._reader = threading.Thread(target=self._process_outputs_socket, daemon=True,
@@ -215,8 +229,8 @@ class SyncMPClient(_MPClientBase):
 class AsyncMPClient(_MPClientBase):
     """All socket work happens in the event loop that first uses the client."""
 
-    def __init__(self, args: EngineArgs):
-        super().__init__(args, zmq.asyncio.Context())
+    def __init__(self, args: EngineArgs, dp_rank: int = 0, wait_ready: bool = True):
+        super().__init__(args, zmq.asyncio.Context(), dp_rank, wait_ready)
         self.outputs_queue: asyncio.Queue | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reader_task: asyncio.Task | None = None
@@ -281,6 +295,9 @@ class AsyncMPClient(_MPClientBase):
         await self._send(EngineCoreRequestType.UTILITY,
                          encode(UtilityRequest(call_id, method, list(args))))
         return await future
+
+    async def call_utility_by_engine_async(self, method: str, *args) -> dict[int, object]:
+        return {0: await self.call_utility_async(method, *args)}
 
     def shutdown(self) -> None:
         if self._reader_task is not None:

@@ -20,6 +20,7 @@ from jaxvllm.distributed.multihost import SchedulerOutputBroadcaster
 from jaxvllm.engine.exceptions import EngineSleepingError
 from jaxvllm.engine.messages import EngineCoreRequest
 from jaxvllm.executor.multiproc import MultiprocExecutor
+from jaxvllm.executor.ray_executor import RayDistributedExecutor
 from jaxvllm.executor.uniproc import UniProcExecutor
 from jaxvllm.outputs import EngineCoreOutput
 from jaxvllm.sampling_params import is_int
@@ -36,8 +37,8 @@ class EngineCore:
                              "jaxvllm.distributed.multihost.run_follower.")
         # UniProcExecutor: the Worker in this process drives all local devices (JAX's way on
         # one host); the "mp" executor puts it in worker processes, with the same methods.
-        executor_class = (MultiprocExecutor if config.parallel.distributed_executor_backend == "mp"
-                          else UniProcExecutor)
+        executor_class = {"mp": MultiprocExecutor, "ray": RayDistributedExecutor}.get(
+            config.parallel.distributed_executor_backend, UniProcExecutor)
         self.model_executor = executor_class(config, model_path, hf_config)
         num_blocks = self.model_executor.determine_num_blocks()
         bs, max_len = config.cache.block_size, config.scheduler.max_model_len

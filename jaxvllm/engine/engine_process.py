@@ -4,10 +4,13 @@ or the model code for that (their import, and their teardown at exit, take secon
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import sys
 
 import msgpack
 
+from jaxvllm.platforms.device_sets import restrict_visible_devices
 from jaxvllm.process_utils import init_child_process
 from jaxvllm.serial_utils import decode, encode
 
@@ -15,11 +18,12 @@ logger = logging.getLogger(__name__)
 
 
 def run_engine_core(args_bytes: bytes, input_address: str, output_address: str,
-                    ready_pipe, parent_pid: int) -> None:
+                    ready_pipe, parent_pid: int, device_set: tuple[int, int] | None = None) -> None:
     """Entry point of the engine process (started with the spawn method). The engine
     config is resolved here, where the devices are, and sent back with READY; the front
     end never initializes a device backend of its own (on a TPU it could not share it).
-    A bad argument or model path is sent back as one line for the front end to report."""
+    A bad argument or model path is sent back as one line for the front end to report.
+    device_set: (data-parallel rank, devices per rank), fixed before jax starts."""
     if not init_child_process(parent_pid):
         return
     # jaxvllm's own INFO lines; other libraries' only from WARNING (jax logs its probe of
@@ -32,6 +36,12 @@ def run_engine_core(args_bytes: bytes, input_address: str, output_address: str,
 
     engine = None
     try:
+        if device_set is not None:
+            try:
+                restrict_visible_devices(*device_set)
+            except ValueError as e:
+                _send_failure(ready_pipe, e, invalid_argument=True)
+                raise SystemExit(2) from None
         import jax
 
         from jaxvllm.config import EngineArgs
@@ -59,10 +69,25 @@ def run_engine_core(args_bytes: bytes, input_address: str, output_address: str,
     except BaseException as e:
         logger.exception("EngineCore failed.")
         _send_failure(ready_pipe, e)
-        raise SystemExit(1)
+        try:
+            if engine is not None:
+                engine.shutdown()
+        finally:
+            _exit_now(1)
     finally:
         if engine is not None:
             engine.shutdown()
+            _exit_now(0)
+
+
+def _exit_now(code: int) -> None:
+    """Once the engine is shut down, exit without the interpreter's teardown (jax's and
+    Ray's: seconds, which the front end waits for before it fails requests or stops waiting
+    and kills this process)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _send_failure(ready_pipe, error: BaseException, invalid_argument: bool = False) -> None:

@@ -2,7 +2,8 @@
 
 The core runs in this process by default (so tests and notebooks can look inside it);
 with multiprocess_mode=True (or JAXVLLM_ENABLE_MULTIPROCESSING=1) it runs in its own
-process behind ZMQ, as it does for AsyncLLM.
+process behind ZMQ, as it does for AsyncLLM; with data_parallel_size > 1, N cores run in
+N processes (dp_client.py).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from jaxvllm.config import EngineArgs
 from jaxvllm.core.stats import SchedulerStats
 from jaxvllm.distributed.multihost import initialize_distributed
 from jaxvllm.engine.core_client import InprocClient, SyncMPClient
+from jaxvllm.engine.dp_client import DPSyncMPClient
 from jaxvllm.engine.engine_core import EngineCore
 from jaxvllm.engine.exceptions import EngineSleepingError
 from jaxvllm.engine.output_processor import OutputProcessor
@@ -35,7 +37,10 @@ class LLMEngine:
         args = dataclasses.replace(args, model=model_path)  # the engine process loads the same
         self.hf_config = hf_config = load_hf_config(model_path)
         self.tokenizer = tokenizer = load_tokenizer(model_path)
-        if multiprocess_mode:
+        if args.data_parallel_size > 1:
+            self.engine_core_client = DPSyncMPClient(args)
+            config = self.engine_core_client.config
+        elif multiprocess_mode:
             self.engine_core_client = SyncMPClient(args)
             config = self.engine_core_client.config
         else:

@@ -56,3 +56,4 @@ class EngineCoreOutputs:
     scheduler_stats: SchedulerStats | None = None
     timestamp: float = 0.0
     utility_output: UtilityOutput | None = None
+    engine_index: int = 0  # which data-parallel core sent it (set on receipt by the DP client)

@@ -6,12 +6,14 @@ from __future__ import annotations
 from jaxvllm.config import EngineConfig
 from jaxvllm.core.sched_output import SchedulerOutput
 from jaxvllm.outputs import ModelRunnerOutput
+from jaxvllm.worker.pipeline_worker import PipelineWorker
 from jaxvllm.worker.worker import Worker
 
 
 class UniProcExecutor:
     def __init__(self, config: EngineConfig, model_path: str, hf_config):
-        self.driver_worker = Worker(config, model_path, hf_config)
+        worker_cls = PipelineWorker if config.parallel.pipeline_parallel_size > 1 else Worker
+        self.driver_worker = worker_cls(config, model_path, hf_config)
 
     # ---- the Worker's interface, for the EngineCore -----------------------------------
     def determine_num_blocks(self) -> int:

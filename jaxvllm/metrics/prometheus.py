@@ -1,7 +1,9 @@
 """Prometheus metrics with vLLM's metric names under a `jaxvllm:` prefix.
 
 A stat logger (`record` is called by AsyncLLM after every batch of engine outputs) that
-owns its registry, so several servers in one process (tests) never collide.
+owns its registry, so several servers in one process (tests) never collide. As in vLLM,
+what an engine core reports carries an `engine` label ("0", "1", ... with data
+parallelism); what the server counts itself does not.
 """
 from __future__ import annotations
 
@@ -15,15 +17,18 @@ _TOKEN_BUCKETS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000]
 
 
 class PrometheusStatLogger:
-    def __init__(self, model_name: str):
+    def __init__(self, model_name: str, num_engines: int = 1):
         self.registry = prom.CollectorRegistry()
         labels = {"model_name": model_name}
 
-        def make(kind, name, doc, **kw):
+        def make(kind, name, doc, per_engine=True, **kw):
             extra = kw.pop("labelnames", [])
-            metric = kind(f"jaxvllm:{name}", doc, labelnames=["model_name", *extra],
+            names = ["model_name", "engine"] if per_engine else ["model_name"]
+            metric = kind(f"jaxvllm:{name}", doc, labelnames=names + extra,
                           registry=self.registry, **kw)
-            return metric if extra else metric.labels(**labels)
+            for engine in range(num_engines if per_engine and not extra else 0):
+                metric.labels(**labels, engine=str(engine))  # each core's series, from the start
+            return metric
 
         g, c, h = prom.Gauge, prom.Counter, prom.Histogram
         self.num_running = make(g, "num_requests_running", "Requests in the running batch.")
@@ -43,7 +48,8 @@ class PrometheusStatLogger:
                                     labelnames=["finished_reason"])
         self.aborted_by_server = make(c, "num_requests_aborted",
                                       "Requests the server aborted before they finished "
-                                      "(client disconnects, a failed sibling prompt).")
+                                      "(client disconnects, a failed sibling prompt).",
+                                      per_engine=False).labels(**labels)
         self.ttft = make(h, "time_to_first_token_seconds", "Time to first token.",
                          buckets=_LATENCY_BUCKETS)
         self.tpot = make(h, "time_per_output_token_seconds", "Time between consecutive tokens.",
@@ -56,40 +62,40 @@ class PrometheusStatLogger:
                                        "Generated tokens of finished requests.", buckets=_TOKEN_BUCKETS)
         self._labels = labels
         # The engine reports cumulative counts; Prometheus counters only move by increments.
-        self._last = SchedulerStats()
+        self._last: dict[int, SchedulerStats] = {}
 
-    def record(self, scheduler_stats: SchedulerStats | None, iteration_stats) -> None:
+    def record(self, scheduler_stats: SchedulerStats | None, iteration_stats, engine: int = 0) -> None:
         if scheduler_stats is not None:
-            self.update_scheduler(scheduler_stats)
+            self.update_scheduler(scheduler_stats, engine)
         if iteration_stats is None:
             return
         it = iteration_stats
-        self.prompt_tokens.inc(it.num_prompt_tokens)
-        self.generation_tokens.inc(it.num_generation_tokens)
+        labels = dict(self._labels, engine=str(engine))
+        self.prompt_tokens.labels(**labels).inc(it.num_prompt_tokens)
+        self.generation_tokens.labels(**labels).inc(it.num_generation_tokens)
         for t in it.time_to_first_tokens_iter:
-            self.ttft.observe(t)
+            self.ttft.labels(**labels).observe(t)
         for t in it.inter_token_latencies_iter:
-            self.tpot.observe(t)
+            self.tpot.labels(**labels).observe(t)
         for req in it.finished_requests:
-            self.request_success.labels(finished_reason=req.finish_reason, **self._labels).inc()
-            self.e2e.observe(req.e2e_latency)
-            self.request_prompt.observe(req.num_prompt_tokens)
-            self.request_generation.observe(req.num_generation_tokens)
+            self.request_success.labels(finished_reason=req.finish_reason, **labels).inc()
+            self.e2e.labels(**labels).observe(req.e2e_latency)
+            self.request_prompt.labels(**labels).observe(req.num_prompt_tokens)
+            self.request_generation.labels(**labels).observe(req.num_generation_tokens)
 
-    def update_scheduler(self, s: SchedulerStats) -> None:
-        self.num_running.set(s.num_running_reqs)
-        self.num_waiting.set(s.num_waiting_reqs)
-        self.num_swapped.set(s.num_swapped_reqs)
-        self.kv_usage.set(s.kv_cache_usage)
-        self.free_blocks.set(s.num_free_blocks)
-        self.total_blocks.set(s.num_total_blocks)
-        self.hit_rate.set(s.prefix_cache_hit_rate)
-        self.compilations.set(s.num_compilations)
-        last = self._last
-        self.prefix_queries.inc(max(0, s.prefix_cache_queries - last.prefix_cache_queries))
-        self.prefix_hits.inc(max(0, s.prefix_cache_hits - last.prefix_cache_hits))
-        self.preemptions.inc(max(0, s.num_preemptions - last.num_preemptions))
-        self._last = s
+    def update_scheduler(self, s: SchedulerStats, engine: int = 0) -> None:
+        labels = dict(self._labels, engine=str(engine))
+        for gauge, value in ((self.num_running, s.num_running_reqs), (self.num_waiting, s.num_waiting_reqs),
+                             (self.num_swapped, s.num_swapped_reqs), (self.kv_usage, s.kv_cache_usage),
+                             (self.free_blocks, s.num_free_blocks), (self.total_blocks, s.num_total_blocks),
+                             (self.hit_rate, s.prefix_cache_hit_rate),
+                             (self.compilations, s.num_compilations)):
+            gauge.labels(**labels).set(value)
+        last = self._last.get(engine, SchedulerStats())
+        self.prefix_queries.labels(**labels).inc(max(0, s.prefix_cache_queries - last.prefix_cache_queries))
+        self.prefix_hits.labels(**labels).inc(max(0, s.prefix_cache_hits - last.prefix_cache_hits))
+        self.preemptions.labels(**labels).inc(max(0, s.num_preemptions - last.num_preemptions))
+        self._last[engine] = s
 
     def render(self) -> bytes:
         return prom.generate_latest(self.registry)

@@ -148,9 +148,21 @@ class LlamaForCausalLM(nnx.Module):
 
     def __call__(self, input_ids: jax.Array, kv_cache: jax.Array, md: AttentionMetadata,
                  attend, layer_loop) -> tuple[jax.Array, jax.Array]:
-        """One forward pass over a flat, padded token axis; returns final hidden states
-        [tokens, hidden] and the updated cache. Logits are computed separately, only for
-        the rows that sample."""
+        """One forward pass over a flat, padded token axis: final hidden states [tokens,
+        hidden] and the updated cache (logits separately, for the rows that sample). A
+        pipeline stage (worker/pipeline_runner.py) runs the parts it holds."""
+        h, kv_cache = self.forward_layers(self.embed(input_ids), kv_cache, md, attend, layer_loop)
+        return self.final_norm(h), kv_cache
+
+    def embed(self, input_ids: jax.Array) -> jax.Array:
+        return constrain(self.embed_tokens.get_value()[input_ids], None, None)
+
+    def final_norm(self, h: jax.Array) -> jax.Array:
+        return rms_norm(h, self.norm.get_value(), self.args.rms_norm_eps)
+
+    def forward_layers(self, h: jax.Array, kv_cache: jax.Array, md: AttentionMetadata, attend,
+                       layer_loop) -> tuple[jax.Array, jax.Array]:
+        """This model's decoder layers over hidden states h; layer i uses kv_cache[i]."""
         a = self.args
         inv_freq = jnp.asarray(compute_inv_freq(a.head_dim, a.rope_theta, dict(a.rope_scaling or ())))
         num_tokens = md.cu_q_lens[md.num_seqs[0]]  # the rest of the token axis is padding
@@ -163,9 +175,7 @@ class LlamaForCausalLM(nnx.Module):
             return attend(q, k, v, kv_cache, layer, md, a.head_dim ** -0.5, a.sliding_window)
 
         weights = [{k: v.get_value() for k, v in layer.items()} for layer in self.layers]
-        h = constrain(self.embed_tokens.get_value()[input_ids], None, None)
-        h, kv_cache = layer_loop(weights, qkv, attend_layer, mlp, h, kv_cache)
-        return rms_norm(h, self.norm.get_value(), a.rms_norm_eps), kv_cache
+        return layer_loop(weights, qkv, attend_layer, mlp, h, kv_cache)
 
     def compute_logits(self, hidden: jax.Array, num_rows: jax.Array | None = None) -> jax.Array:
         """Logits of hidden's rows; with num_rows, those past it (padding) may be zeros."""

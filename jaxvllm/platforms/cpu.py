@@ -10,6 +10,7 @@ pay on a host: serialized step programs and huge pages.
 from __future__ import annotations
 
 import functools
+import os
 from typing import Callable
 
 from jaxvllm.platforms.interface import Platform
@@ -76,3 +77,12 @@ class CpuPlatform(Platform):
         layer)."""
         from jaxvllm.models.layer_loops import switched_layers
         return switched_layers
+
+    def ray_worker_resources(self, num_devices: int) -> dict[str, float]:
+        return {"CPU": 1}
+
+    def worker_device_env(self, num_devices: int) -> dict[str, str]:
+        """Simulated devices: a CPU worker sees as many as it is to drive."""
+        flag = "--xla_force_host_platform_device_count"
+        kept = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(flag)]
+        return {"XLA_FLAGS": " ".join(kept + [f"{flag}={num_devices}"])}

@@ -97,6 +97,16 @@ class Platform:
         from jaxvllm.models.layer_loops import unrolled_layers
         return unrolled_layers
 
+    def ray_worker_resources(self, num_devices: int) -> dict[str, float]:
+        """What a Ray worker actor driving `num_devices` devices reserves in its placement
+        group bundle (Ray then makes those devices visible to it)."""
+        return {"GPU": num_devices}
+
+    def worker_device_env(self, num_devices: int) -> dict[str, str]:
+        """Environment a worker process needs to drive `num_devices` devices, set before
+        its JAX starts."""
+        return {}
+
     def device_memory(self, device) -> tuple[int, int] | None:
         """(bytes the device may hold, bytes in use), or None where the backend does not say."""
         stats = device.memory_stats() or {}

@@ -12,6 +12,9 @@ class TpuPlatform(Platform):
     # page_size * kv_heads_per_chip to be a multiple of 16 in bfloat16.
     default_block_size = 32
 
+    def ray_worker_resources(self, num_devices: int) -> dict[str, float]:
+        return {"TPU": num_devices}
+
     def fused_moe_method(self):
         """The experts through Pallas megablox `gmm`, the grouped kernel written for the MXU
         (MaxText's and tpu-inference's choice)."""

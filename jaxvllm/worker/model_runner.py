@@ -60,7 +60,7 @@ class ModelRunner:
         self.request_buckets = make_buckets(1, self.max_num_seqs)
         self.vocab_size = model.args.vocab_size
         self.hidden_size = model.args.hidden_size
-        self.hidden_dtype = model.embed_tokens.get_value().dtype
+        self.hidden_dtype = jax.numpy.dtype(config.dtype)
         self.kv_cache = kv_cache
         self.input_batch = InputBatch(self.max_num_seqs)
         # Replicated over the mesh, like the hidden states the sampler reads beside it.

@@ -94,12 +94,12 @@ def test_vllm_arguments_are_accepted_or_refused_by_name(caplog):
 
     with caplog.at_level("WARNING"):
         kept = pop_vllm_args({"enforce_eager": True, "trust_remote_code": True, "max_model_len": 64,
-                              "data_parallel_size": 1, "pipeline_parallel_size": 1})
+                              "cpu_offload_gb": 0})
     assert kept == {"max_model_len": 64}
     warned = [r.getMessage() for r in caplog.records]
     assert len(warned) == 2 and "enforce_eager" in warned[0] and "trust_remote_code" in warned[1]
-    with pytest.raises(ValueError, match="pipeline_parallel_size=2 is not supported"):
-        pop_vllm_args({"pipeline_parallel_size": 2})
+    with pytest.raises(ValueError, match="cpu_offload_gb=2 is not supported"):
+        pop_vllm_args({"cpu_offload_gb": 2})
 
 
 def test_a_hub_id_resolves_from_the_local_cache_offline(tiny_model_dir, tmp_path):

@@ -47,6 +47,23 @@ def test_two_host_slice_gets_one_process_per_host_with_its_rank():
     assert "--worker=0" in health and health[-1] == "curl -sf http://localhost:8000/health"
 
 
+def test_ray_starts_a_cluster_and_one_engine_with_a_worker_per_host():
+    proc = dry_run("--tpu", "t", "--zone", "z", "--config", "configs/tpu-v5e-8.yaml", "--ray",
+                   "--hosts", "10.0.0.2,10.0.0.3")
+    assert proc.returncode == 0, proc.stderr
+    _, host0, host1, _ = commands(proc.stdout)
+    head = host0[host0.index("--command") + 1].split(" && ")
+    assert shlex.split(head[0]) == ["pip", "install", "-q", "jaxvllm[tpu,ray]"]
+    assert head[1] == "ray start --head --port 6379"
+    argv = shlex.split(head[2].split(" > ")[0])
+    assert argv[:4] == ["RAY_ADDRESS=auto", "nohup", "jaxvllm", "serve"]
+    flags = dict(zip(argv[4::2], argv[5::2]))
+    assert flags["--distributed-executor-backend"] == "ray" and flags["--ray-workers"] == "2"
+    assert {f[2:].replace("-", "_") for f in flags} - {"host", "port", "config"} <= set(
+        EngineArgs.__dataclass_fields__)
+    assert host1[host1.index("--command") + 1].split(" && ")[1] == "ray start --address 10.0.0.2:6379"
+
+
 def test_single_host_needs_no_distributed_flags():
     proc = dry_run("--tpu", "t", "--zone", "z", "--config", "configs/tpu-v6e-8.yaml", "--hosts", "10.1.1.1")
     assert proc.returncode == 0, proc.stderr

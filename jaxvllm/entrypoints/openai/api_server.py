@@ -61,7 +61,7 @@ async def cancel_on_disconnect(raw: Request, coro):
 
 
 def build_app(engine, model_name: str, server_args: ServerArgs) -> FastAPI:
-    metrics = PrometheusStatLogger(model_name)
+    metrics = PrometheusStatLogger(model_name, engine.vllm_config.parallel.data_parallel_size)
     engine.add_stat_logger(metrics)
     sandbox = (ChatTemplateSandbox(server_args.chat_template_timeout_s, server_args.max_request_bytes)
                if server_args.trust_request_chat_template else None)
@@ -115,7 +115,8 @@ def build_app(engine, model_name: str, server_args: ServerArgs) -> FastAPI:
     async def prometheus_metrics():
         if not engine.errored:  # a fresh snapshot, so gauges are right even when idle
             try:
-                metrics.update_scheduler(await asyncio.wait_for(engine.get_stats(), 5))
+                for index, stats in (await asyncio.wait_for(engine.get_stats_by_engine(), 5)).items():
+                    metrics.update_scheduler(stats, index)
             except (EngineDeadError, asyncio.TimeoutError):
                 pass
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -90,15 +90,16 @@ class RemoteServer:
         return int(match.group(1))
 
     def metrics(self) -> dict[str, float]:
-        """Prometheus samples by name (labels other than model_name appended as {k=v})."""
+        """Prometheus samples by name (labels other than model_name and engine appended as
+        {k=v}), summed over the engine cores."""
         text = httpx.get(self.url + "/metrics", timeout=10).text
         out = {}
         for family in text_string_to_metric_families(text):
             for s in family.samples:
-                labels = {k: v for k, v in s.labels.items() if k != "model_name"}
+                labels = {k: v for k, v in s.labels.items() if k not in ("model_name", "engine")}
                 key = s.name + ("{" + ",".join(f"{k}={v}" for k, v in sorted(labels.items())) + "}"
                                 if labels else "")
-                out[key] = s.value
+                out[key] = out.get(key, 0) + s.value
         return out
 
     def stop(self) -> None:
