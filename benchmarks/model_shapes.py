@@ -1,25 +1,14 @@
 """Model shapes the benchmarks build with zero or abstract weights (no download): the default
-model, Llama-3-8B (the accelerator benchmark's) and a tiny one for smoke runs."""
+model, Llama-3-8B (the accelerator benchmark's) and a tiny one for smoke runs; they live in
+jaxvllm/models/shapes.py, where `python -m jaxvllm.memory_plan` reads them too."""
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from jaxvllm.models.llama import LlamaArgs  # noqa: E402
+from jaxvllm.models.shapes import LLAMA3_8B, SHAPES, SMOLLM2, TINY  # noqa: E402
 
-SMOLLM2 = LlamaArgs(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
-                    num_heads=9, num_kv_heads=3, head_dim=64, rms_norm_eps=1e-5, rope_theta=100000.0,
-                    rope_scaling=None, tie_word_embeddings=True, attention_bias=False,
-                    max_position_embeddings=8192)
-LLAMA3_8B = LlamaArgs(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
-                      num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5, rope_theta=500000.0,
-                      rope_scaling=None, tie_word_embeddings=False, attention_bias=False,
-                      max_position_embeddings=8192)
-TINY = LlamaArgs(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-                 num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0, rope_scaling=None,
-                 tie_word_embeddings=True, attention_bias=False, max_position_embeddings=512)
-
-SHAPES = {"smollm2": SMOLLM2, "llama3-8b": LLAMA3_8B}
 # What the end-to-end benchmarks can build with random weights: the above, and TINY for a CPU.
 RANDOM_SHAPES = {**SHAPES, "tiny": TINY}
+__all__ = ["LLAMA3_8B", "RANDOM_SHAPES", "SHAPES", "SMOLLM2", "TINY"]

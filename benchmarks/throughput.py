@@ -44,9 +44,11 @@ PEER_VENV = ROOT / ".venv-peers"
 EXPORT_DIR = Path(os.path.expanduser("~/.cache/jaxvllm/peers/smollm2-135m-instruct-f32"))
 
 
-def run_jaxvllm(w: Workload, ns) -> dict:
+def run_jaxvllm(w: Workload, ns, **formats) -> dict:
+    """formats: quantization / kv_cache_dtype, where this run quantizes."""
     start = time.perf_counter()
-    engine_args = {k: v for k, v in dict(config=ns.config, dtype=ns.dtype, max_num_seqs=ns.max_num_seqs).items() if v}
+    engine_args = {k: v for k, v in dict(config=ns.config, dtype=ns.dtype, max_num_seqs=ns.max_num_seqs,
+                                         **formats).items() if v}
     llm = LLM(ns.model, max_model_len=ns.max_model_len, max_num_batched_tokens=ns.max_num_batched_tokens,
               data_parallel_size=ns.data_parallel_size, **engine_args)
     engine_s = time.perf_counter() - start
@@ -167,6 +169,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "(default vllm,transformers; none with --random-weights).")
     p.add_argument("--hf-batch-sizes", default="16,64")
     p.add_argument("--peer-timeout", type=int, default=1800)
+    p.add_argument("--quantization", default=None, help="Also run jaxvllm with these weights (int8, fp8).")
+    p.add_argument("--kv-cache-dtype", default=None, help="... and this KV cache (fp8, fp8_e5m2, int8).")
     p.add_argument("--json", default=None)
     ns = p.parse_args(argv)
     random = ns.random_weights is not None
@@ -249,6 +253,12 @@ def main(argv=None) -> dict:
     ours = run_jaxvllm(w, ns)
     ours["decode_mfu"] = ours["decode_tok_s"] * ours["decode_flops_per_token"] / machine["matmul_flops"]
     results["jaxvllm"] = ours
+    if ns.quantization or ns.kv_cache_dtype:
+        label = "+".join(x for x in (ns.quantization, ns.kv_cache_dtype and f"{ns.kv_cache_dtype} KV") if x)
+        print(f"Running jaxvllm {label} ...", flush=True)
+        quantized = run_jaxvllm(w, ns, quantization=ns.quantization, kv_cache_dtype=ns.kv_cache_dtype)
+        quantized["decode_mfu"] = quantized["decode_tok_s"] * quantized["decode_flops_per_token"] / machine["matmul_flops"]
+        results["peers"][f"jaxvllm {label}"] = quantized  # in the table beside float's
     print_table(results)
     if ns.json:
         Path(ns.json).write_text(json.dumps(results, indent=2))

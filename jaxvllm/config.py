@@ -14,6 +14,10 @@ import yaml
 
 from jaxvllm.platforms import get_platform
 
+# vLLM's names (jaxvllm/layers/quantization, jaxvllm/layers/kv_cache_dtype.py run them).
+QUANTIZATIONS = (None, "int8", "fp8")
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8")
+
 
 @dataclass
 class EngineArgs:
@@ -50,6 +54,12 @@ class EngineArgs:
     """Seed from which requests without a seed draw theirs."""
     skip_warmup: bool = False
     """Compile each shape on first use instead of at start-up."""
+    quantization: str | None = None
+    """Quantize the matmul weights at load, from any float checkpoint: int8 or fp8 (e4m3),
+    weight-only with one scale per output channel; None keeps them in dtype."""
+    kv_cache_dtype: str = "auto"
+    """KV cache storage: auto (the model dtype), fp8 (= fp8_e4m3), fp8_e5m2, or int8 (a fixed
+    scale per K and V)."""
     attention_backend: str = "auto"
     """auto (the platform's kernel), xla, native (C++ on CPU), pallas,
     pallas-tpu or pallas-gpu (interpret mode on a CPU)."""
@@ -148,6 +158,7 @@ class EngineArgs:
         )
         config = EngineConfig(model=self.model, dtype=dtype, cache=cache, scheduler=sched, seed=self.seed,
                               skip_warmup=self.skip_warmup, attention_backend=self.attention_backend,
+                              quantization=self.quantization, kv_cache_dtype=self.kv_cache_dtype,
                               profile_dir=self.profile_dir,
                               check_recompilation=self.check_recompilation,
                               async_scheduling=(self.async_scheduling if self.async_scheduling is not None
@@ -224,6 +235,8 @@ class EngineConfig:
     seed: int = 0
     skip_warmup: bool = False
     attention_backend: str = "auto"
+    quantization: str | None = None
+    kv_cache_dtype: str = "auto"
     profile_dir: str | None = None
     check_recompilation: bool = False
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
@@ -270,6 +283,10 @@ class EngineConfig:
         if p.pipeline_parallel_size > 1 and self.scheduler.preemption_mode == "swap":
             raise ValueError("preemption_mode='swap' is not supported with pipeline_parallel_size > 1 "
                              "(each stage holds its own KV cache); use 'recompute'.")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}.")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}.")
         if c.block_size not in (8, 16, 32, 64, 128, 256):
             raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128, 256; got {c.block_size}.")
         if not 0.0 < c.hbm_utilization <= 1.0:

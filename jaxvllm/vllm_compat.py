@@ -22,8 +22,6 @@ IGNORED = {
 }
 # name: (neutral value, what to say when another value is given)
 REFUSED = {
-    "quantization": (None, "quantized weights are not supported yet"),
-    "kv_cache_dtype": ("auto", "the KV cache is stored in the model dtype only"),
     "enable_lora": (False, "LoRA adapters are not supported"),
     "cpu_offload_gb": (0, "weights cannot be offloaded to host memory"),
 }

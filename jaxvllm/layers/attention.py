@@ -5,6 +5,10 @@ only the kernel it picks): `xla` (jax.numpy, jaxvllm/kernels/xla) runs anywhere;
 the C++ CPU kernel (jaxvllm/kernels/cpu), which reads pages where they lie instead of
 gathering copies; `pallas` is the Mosaic (TPU) or Triton (GPU) kernel (jaxvllm/kernels/pallas),
 in interpret mode off its device, so either can be checked end to end on a CPU.
+
+A quantized cache (`kv_cache_dtype`, layers/kv_cache_dtype.py) is written quantized here and
+read by the same kernels, which convert what they load to float: K's scale is folded into
+the softmax scale and V's applied to the output, so no kernel knows the scales.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 from jaxvllm.distributed.mesh import MODEL_AXIS
 from jaxvllm.distributed.partition import KV_CACHE_SPEC
+from jaxvllm.layers.kv_cache_dtype import KVCacheDtype
 from jaxvllm.platforms import Platform
 
 
@@ -32,7 +37,8 @@ class AttentionMetadata:
     num_seqs: jax.Array       # i32[1]
 
 
-def get_attention(backend: str, platform: Platform, mesh: Mesh | None = None) -> Callable:
+def get_attention(backend: str, platform: Platform, mesh: Mesh | None = None,
+                  kv_dtype: KVCacheDtype | None = None) -> Callable:
     """The model's attention call, chosen once (`auto` picks the platform's fastest):
     attend(q, k, v, kv_cache, layer, md, sm_scale, sliding_window, soft_cap) -> (out, kv_cache)
     writes this step's K/V into their slots, then attends (soft_cap: Gemma 2's tanh cap on
@@ -46,10 +52,12 @@ def get_attention(backend: str, platform: Platform, mesh: Mesh | None = None) ->
 
     def local(q, k, v, kv_cache, layer, md: AttentionMetadata, sm_scale, sliding_window=None,
               soft_cap=None):
-        kv_cache = write_kv(kv_cache, layer, k, v, md.slot_mapping)
+        kv_cache = write_kv(kv_cache, layer, k, v, md.slot_mapping, kv_dtype)
+        fmt = kv_dtype or KVCacheDtype(kv_cache.dtype)
         out = impl(q, kv_cache, layer, md.kv_lens, md.page_indices, md.cu_q_lens, md.num_seqs,
-                   sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
-        return out, kv_cache
+                   sm_scale=sm_scale * fmt.k_scale, sliding_window=sliding_window, soft_cap=soft_cap,
+                   kv_dtype=fmt.kernel_kv_dtype)
+        return (out * fmt.v_scale).astype(q.dtype) if fmt.v_scale != 1.0 else out, kv_cache
 
     if mesh is None or mesh.size == 1:
         return local
@@ -67,8 +75,10 @@ def get_attention(backend: str, platform: Platform, mesh: Mesh | None = None) ->
 
 
 def write_kv(kv_cache: jax.Array, layer: jax.Array, k: jax.Array, v: jax.Array,
-             slot_mapping: jax.Array) -> jax.Array:
-    """kv_cache: [layers, 2, pages, page_size, kv_heads, head_dim], updated in place."""
+             slot_mapping: jax.Array, kv_dtype: KVCacheDtype | None = None) -> jax.Array:
+    """kv_cache: [layers, 2, pages, page_size, kv_heads, head_dim], updated in place; k and v
+    stored as kv_dtype says (default: cast to the cache's dtype)."""
     page_size = kv_cache.shape[3]
-    kv = jnp.stack([k, v], axis=1).astype(kv_cache.dtype)  # [tokens, 2, kv_heads, head_dim]
+    fmt = kv_dtype or KVCacheDtype(kv_cache.dtype)
+    kv = jnp.stack([fmt.quantize(k, fmt.k_scale), fmt.quantize(v, fmt.v_scale)], axis=1)  # [tokens, 2, kv_heads, head_dim]
     return kv_cache.at[layer, :, slot_mapping // page_size, slot_mapping % page_size].set(kv)

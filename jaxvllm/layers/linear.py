@@ -6,11 +6,15 @@ linear method per model (jaxvllm/platforms): it fixes each weight's stored shape
 construction, turns a loaded [in, *out] weight into that form once, and multiplies, giving
 the out features in a shape the caller reshapes to the one it needs (free with either
 method). This one is XLA's: weights stored as given. The CPU's packed native matmul keeps
-the same interface (PackedLinearMethod, jaxvllm/kernels/cpu/packed_matmul.py).
+the same interface (PackedLinearMethod, jaxvllm/kernels/cpu/packed_matmul.py), and so do the
+quantized methods (jaxvllm/layers/quantization/).
 """
 from __future__ import annotations
 
+import math
+
 import jax
+import jax.numpy as jnp
 
 
 class UnquantizedLinearMethod:
@@ -23,6 +27,10 @@ class UnquantizedLinearMethod:
 
     def supports(self, in_features: int, out_shape: tuple[int, ...], dtype) -> bool:
         return True
+
+    def weight_bytes(self, in_features: int, out_shape: tuple[int, ...], dtype) -> int:
+        """What one weight takes on device (the memory plan's figure)."""
+        return math.prod(self.weight_shape(in_features, out_shape)) * jnp.dtype(dtype).itemsize
 
     def process_weights_after_loading(self, w: jax.Array) -> jax.Array:
         return w

@@ -27,6 +27,7 @@ class CpuPlatform(Platform):
     step_may_branch = True
     serialize_executables = True
     huge_pages = True
+    kv_cache_fp8_as_bits = True  # XLA:CPU writes into an fp8 array by converting all of it
 
     def auto_attention_backend(self) -> str:
         from jaxvllm.kernels.cpu import build
@@ -49,13 +50,15 @@ class CpuPlatform(Platform):
             return ragged_paged_attention
         return super().attention_impl(backend)
 
-    def linear_method(self, attention_backend: str, num_devices: int):
+    def linear_method(self, attention_backend: str, num_devices: int, quantization: str | None = None):
         """The native packed matmul beside the native attention, on one device (packed
-        weights are not sharded); else XLA's."""
-        if self.attention_kernel(attention_backend)[0] == "native" and num_devices == 1:
+        weights are not sharded); else XLA's. Quantized weights run through XLA (the packed
+        kernel takes float32 panels only)."""
+        if (self.attention_kernel(attention_backend)[0] == "native" and num_devices == 1
+                and quantization is None):
             from jaxvllm.kernels.cpu.packed_matmul import PackedLinearMethod
             return PackedLinearMethod()
-        return super().linear_method(attention_backend, num_devices)
+        return super().linear_method(attention_backend, num_devices, quantization)
 
     def fused_moe_method(self):
         """The experts through a loop over the (row tile, expert) pairs that hold rows

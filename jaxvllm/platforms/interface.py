@@ -38,6 +38,9 @@ class Platform:
     # back weights and KV cache with huge pages: measured to pay on the CPU only.
     serialize_executables = False
     huge_pages = False
+    # Store an fp8 KV cache as its bits (uint8), for an XLA that updates fp8 arrays by
+    # converting them whole (layers/kv_cache_dtype.py).
+    kv_cache_fp8_as_bits = False
 
     def attention_kernel(self, backend: str) -> tuple[str, bool]:
         """(kernel, interpret) for an `attention_backend`: kernel is `xla`, `native`,
@@ -72,9 +75,13 @@ class Platform:
     def load_native_kernels(self) -> None:
         raise ValueError(f"attention_backend='native' runs on the CPU only, not on {self.device_name!r}.")
 
-    def linear_method(self, attention_backend: str, num_devices: int):
+    def linear_method(self, attention_backend: str, num_devices: int, quantization: str | None = None):
         """How the model's matmuls run and store their weights (jaxvllm/layers/linear.py):
-        XLA's."""
+        XLA's; with `quantization`, int8 / fp8 weights dequantized into XLA's dot
+        (jaxvllm/layers/quantization/weight_only.py)."""
+        if quantization is not None:
+            from jaxvllm.layers.quantization.weight_only import WeightOnlyLinearMethod
+            return WeightOnlyLinearMethod(quantization)
         from jaxvllm.layers.linear import UnquantizedLinearMethod
         return UnquantizedLinearMethod()
 

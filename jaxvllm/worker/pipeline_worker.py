@@ -15,6 +15,7 @@ from jaxvllm.config import EngineConfig
 from jaxvllm.distributed.partition import kv_cache_sharding
 from jaxvllm.distributed.pipeline import stage_layer_ranges, stage_meshes
 from jaxvllm.layers.attention import get_attention
+from jaxvllm.layers.kv_cache_dtype import kv_cache_dtype
 from jaxvllm.models.stage_loader import get_stage_models
 from jaxvllm.worker import sleep_mode
 from jaxvllm.worker.pipeline_runner import PipelineModelRunner
@@ -36,11 +37,12 @@ class PipelineWorker(Worker):
         platform = platforms.current_platform
         self.stages = get_stage_models(
             config, model_path, hf_config, self.meshes, self.layer_ranges,
-            [platform.linear_method(config.attention_backend, m.size) for m in self.meshes])
+            [platform.linear_method(config.attention_backend, m.size, config.quantization) for m in self.meshes])
         self.model = self.stages[-1]
         # A KV block spans every layer (each stage holding its own layers' part of it).
         self.args = dataclasses.replace(self.model.args, num_layers=hf_config.num_hidden_layers)
-        self.attends = [get_attention(config.attention_backend, platform, m) for m in self.meshes]
+        self.kv_dtype = kv_cache_dtype(config.kv_cache_dtype, self.dtype, platform.kv_cache_fp8_as_bits)
+        self.attends = [get_attention(config.attention_backend, platform, m, self.kv_dtype) for m in self.meshes]
         self.memory_profile = None  # the Worker's profile of one mesh; stages size their own
         logger.info("Pipeline stages: layers %s on %d devices each.",
                     ", ".join(f"{r.start}-{r.stop - 1}" for r in self.layer_ranges), self.mesh.size)
@@ -73,7 +75,7 @@ class PipelineWorker(Worker):
         caches = []
         for mesh, layers in zip(self.meshes, self.layer_ranges):
             shape = (len(layers), 2, num_blocks, bs, a.num_kv_heads, a.head_dim)
-            caches.append(jax.jit(lambda shape=shape: jnp.zeros(shape, self.dtype),
+            caches.append(jax.jit(lambda shape=shape: jnp.zeros(shape, self.kv_dtype.storage),
                                   out_shardings=kv_cache_sharding(mesh))())
         logger.info("KV cache: %d blocks of %d tokens (%.1f MiB over %d stages).", num_blocks, bs,
                     sum(c.nbytes for c in caches) / 2**20, len(caches))

@@ -18,6 +18,7 @@ from jaxvllm.core.sched_output import SchedulerOutput
 from jaxvllm.distributed.mesh import make_mesh
 from jaxvllm.distributed.partition import kv_cache_sharding
 from jaxvllm.layers.attention import get_attention
+from jaxvllm.layers.kv_cache_dtype import kv_cache_dtype
 from jaxvllm.models.loader import load_weights
 from jaxvllm.models.model_loader import get_model
 from jaxvllm.models.orbax_checkpoint import is_orbax_checkpoint
@@ -56,15 +57,16 @@ class Worker:
         self.model_path = model_path
         # Read here so that update_weights knows the checkpoint's names and shapes.
         weights = None if is_orbax_checkpoint(model_path) else load_weights(model_path)
-        self.model = get_model(config, model_path, hf_config, self.mesh, weights=weights,
-                               linear_method=platform.linear_method(config.attention_backend, self.mesh.size),
+        method = platform.linear_method(config.attention_backend, self.mesh.size, config.quantization)
+        self.model = get_model(config, model_path, hf_config, self.mesh, weights=weights, linear_method=method,
                                moe_method=platform.fused_moe_method())
         self.weight_updater = WeightUpdater(self.model, self.mesh, hf_config,
                                             weights and {name: w.shape for name, w in weights.items()},
                                             expert_parallel=config.parallel.enable_expert_parallel)
         del weights
         self.args = self.model.args
-        self.attend = get_attention(config.attention_backend, platform, self.mesh)
+        self.kv_dtype = kv_cache_dtype(config.kv_cache_dtype, self.dtype, platform.kv_cache_fp8_as_bits)
+        self.attend = get_attention(config.attention_backend, platform, self.mesh, self.kv_dtype)
         self.memory_profile: MemoryProfile | None = None  # where the device reports its memory
         self.sleeping_tags: set[str] = set()
         self._host_weights = None  # sleep level 1's copy of the weights
@@ -76,7 +78,7 @@ class Worker:
 
     @property
     def block_bytes(self) -> int:
-        return math.prod(self.kv_cache_shape_per_block) * self.dtype.itemsize
+        return math.prod(self.kv_cache_shape_per_block) * self.kv_dtype.storage.itemsize
 
     def determine_num_blocks(self) -> int:
         """From num_gpu_blocks_override, else kv_cache_memory_bytes, else by profiling the
@@ -97,6 +99,12 @@ class Worker:
             budget = self.memory_profile.kv_cache_budget(c.hbm_utilization, self.mesh.size)
             logger.info("KV cache budget: %s.", self.memory_profile.describe(c.hbm_utilization, self.mesh.size))
         num_blocks = budget // block_bytes
+        weights = sum(s.data.nbytes for x in jax.tree.leaves(nnx.state(self.model))
+                      for s in x.addressable_shards if s.device == self.device)
+        logger.info("Memory plan per device: weights %.1f MiB (quantization=%s), KV cache %.1f MiB of %s "
+                    "in blocks of %d bytes: %d blocks.", weights / 2**20, self.config.quantization,
+                    budget / self.mesh.size / 2**20, self.config.kv_cache_dtype,
+                    block_bytes // self.mesh.size, num_blocks)
         if num_blocks < 2:
             how = f": {self.memory_profile.describe(c.hbm_utilization, self.mesh.size)}" if self.memory_profile else ""
             raise ValueError(f"The KV cache budget ({budget} bytes{how}) holds fewer than 2 blocks of "
@@ -108,8 +116,8 @@ class Worker:
         small abstract KV cache (a step's temporaries scale with its tokens, not the cache)."""
         a, bs = self.args, self.config.cache.block_size
         blocks = -(-self.config.scheduler.max_model_len // bs) + 1
-        kv_cache = jax.ShapeDtypeStruct((a.num_layers, 2, blocks, bs, a.num_kv_heads, a.head_dim), self.dtype,
-                                        sharding=kv_cache_sharding(self.mesh))
+        kv_cache = jax.ShapeDtypeStruct((a.num_layers, 2, blocks, bs, a.num_kv_heads, a.head_dim),
+                                        self.kv_dtype.storage, sharding=kv_cache_sharding(self.mesh))
         return peak_step_bytes(ModelRunner(self.config, self.model, kv_cache, self.attend, mesh=self.mesh,
                                            platform=platforms.current_platform))
 
@@ -118,7 +126,8 @@ class Worker:
         shape = (a.num_layers, 2, num_blocks, bs, a.num_kv_heads, a.head_dim)
         # Created in place, each device allocating only its KV heads; kept to create it again
         # at wake-up without compiling.
-        self._new_kv_cache = jax.jit(lambda: jnp.zeros(shape, self.dtype), out_shardings=kv_cache_sharding(self.mesh))
+        self._new_kv_cache = jax.jit(lambda: jnp.zeros(shape, self.kv_dtype.storage),
+                                     out_shardings=kv_cache_sharding(self.mesh))
         kv_cache = self._new_kv_cache()
         logger.info("KV cache: %d blocks of %d tokens (%.1f MiB).", num_blocks, bs,
                     kv_cache.nbytes / 2**20)

@@ -1,7 +1,8 @@
 """Ragged paged attention on the CPU through the native kernel (ragged_paged_attention.cc).
 
 Same arguments and result as jaxvllm/kernels/xla/ragged_paged_attention.py. The kernel reads
-float32 caches; any other dtype goes to the XLA kernel.
+float32 caches; any other dtype (bfloat16, or a quantized int8 / fp8 cache) goes to the XLA
+kernel.
 """
 from __future__ import annotations
 
@@ -15,11 +16,11 @@ from jaxvllm.kernels.xla import ragged_paged_attention as xla
 
 def ragged_paged_attention(q, kv_cache, layer, kv_lens, page_indices, cu_q_lens, num_seqs, *,
                            sm_scale: float, sliding_window: int | None = None,
-                           soft_cap: float | None = None) -> jax.Array:
+                           soft_cap: float | None = None, kv_dtype=None) -> jax.Array:
     if kv_cache.dtype != jnp.float32:
         return xla.ragged_paged_attention(q, kv_cache, layer, kv_lens, page_indices, cu_q_lens,
                                                 num_seqs, sm_scale=sm_scale, sliding_window=sliding_window,
-                                                soft_cap=soft_cap)
+                                                soft_cap=soft_cap, kv_dtype=kv_dtype)
     build.load()
     call = jax.ffi.ffi_call("jaxvllm_ragged_paged_attention", jax.ShapeDtypeStruct(q.shape, jnp.float32))
     i32 = lambda x: jnp.asarray(x, jnp.int32)

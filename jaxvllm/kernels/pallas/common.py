@@ -85,6 +85,12 @@ def qk(q, k, precision):
                                preferred_element_type=jnp.float32)
 
 
+def as_elements(x, kv_dtype):
+    """Loaded cache elements in their dtype: a cache stored as bits (uint8) holds kv_dtype
+    elements (an fp8 cache on a CPU, whose XLA cannot update fp8 in place); else x."""
+    return x if kv_dtype is None else jax.lax.bitcast_convert_type(x, kv_dtype)
+
+
 def precision_for(dtype) -> jax.lax.Precision:
     """Full float32 matmuls for float32 inputs (TF32 would miss the 1e-5 tolerance)."""
     return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else jax.lax.Precision.DEFAULT

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxvllm.kernels.pallas.common import attention_mask, kv_range, precision_for, qk, softmax_update, work_list
+from jaxvllm.kernels.pallas.common import as_elements, attention_mask, kv_range, precision_for, qk, softmax_update, work_list
 
 
 _MIN_PROGRAMS = 512  # split KV below this many programs (~4 per SM on a 132-SM H100/H200)
@@ -45,7 +45,7 @@ def _kernel(layer_ref, kv_lens_ref, pages_ref, cu_ref, block_ref, seq_ref,  # sc
             *out_refs,      # o [kv_heads, rows_total, head_dim], or with num_splits > 1 the
                             # partials acc [splits, kv_heads, rows_total, head_dim], m, l [..., 1]
             block_q, group, page_size, pages_per_block, pages_per_seq, num_splits, sm_scale,
-            sliding_window, soft_cap, precision):
+            sliding_window, soft_cap, kv_dtype, precision):
     j, h, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     seq = seq_ref[j]
 
@@ -67,8 +67,9 @@ def _kernel(layer_ref, kv_lens_ref, pages_ref, cu_ref, block_ref, seq_ref,  # sc
         def body(i, carry):
             m, l, acc = carry
             pages = pages_ref[pl.ds(seq * pages_per_seq + i * pages_per_block, pages_per_block)]
-            k = kv_ref[layer, 0, pages, :, h, :].reshape(block_kv, head_dim)
-            v = kv_ref[layer, 1, pages, :, h, :].reshape(block_kv, head_dim)
+            # A quantized cache (int8, fp8) is converted as loaded; its scales are the caller's.
+            k, v = (as_elements(kv_ref[layer, which, pages, :, h, :], kv_dtype)
+                    .reshape(block_kv, head_dim).astype(q.dtype) for which in (0, 1))
             kv_pos = i * block_kv + jax.lax.broadcasted_iota(jnp.int32, (block_kv,), 0)
             mask = attention_mask(q_pos[:, None], kv_pos[None, :], row_valid[:, None], sliding_window)
             return softmax_update(qk(q, k, precision) * sm_scale, mask, m, l, acc, v,
@@ -94,7 +95,7 @@ def _kernel(layer_ref, kv_lens_ref, pages_ref, cu_ref, block_ref, seq_ref,  # sc
                 plgpu.store(ref.at[rows_at], x, mask=row_valid[:, None])
 
 
-@functools.partial(jax.jit, static_argnames=("sm_scale", "sliding_window", "soft_cap", "block_q",
+@functools.partial(jax.jit, static_argnames=("sm_scale", "sliding_window", "soft_cap", "kv_dtype", "block_q",
                                              "pages_per_block", "num_splits", "interpret", "num_warps", "num_stages"))
 def ragged_paged_attention(
     q: jax.Array,             # [num_tokens, num_q_heads, head_dim]
@@ -108,6 +109,7 @@ def ragged_paged_attention(
     sm_scale: float,
     sliding_window: int | None = None,
     soft_cap: float | None = None,
+    kv_dtype=None,
     block_q: int | None = None,
     pages_per_block: int | None = None,
     num_splits: int | None = None,
@@ -147,7 +149,7 @@ def ragged_paged_attention(
         _kernel, block_q=block_q, group=g2, page_size=page_size, pages_per_block=pages_per_block,
         num_splits=num_splits,
         pages_per_seq=page_indices.shape[1], sm_scale=sm_scale, sliding_window=sliding_window,
-        soft_cap=soft_cap, precision=precision_for(q.dtype))
+        soft_cap=soft_cap, kv_dtype=kv_dtype, precision=precision_for(q.dtype))
     if num_splits == 1:
         out_shape = jax.ShapeDtypeStruct(qg.shape, q.dtype)
     else:

@@ -18,8 +18,9 @@ an online softmax keeps m, l and the accumulator in VMEM scratch.
 
 Verified only in interpret mode (interpret=True and pltpu.InterpretParams) so far: no TPU
 has compiled it yet. The likeliest Mosaic objection is the strided sublane load of a
-16-bit cache (JAX's own TPU kernel loads bfloat16 K/V through a uint32 bitcast for that
-reason); page_size * kv_heads should be a multiple of 8 (16 for bfloat16).
+16-bit or 8-bit cache (JAX's own TPU kernel loads bfloat16 K/V through a uint32 bitcast for
+that reason); page_size * kv_heads should be a multiple of 8 (16 for bfloat16, 32 for an
+int8 or fp8 cache).
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from jaxvllm.kernels.pallas.common import attention_mask, kv_range, precision_for, qk, softmax_update, work_list
+from jaxvllm.kernels.pallas.common import as_elements, attention_mask, kv_range, precision_for, qk, softmax_update, work_list
 
 _LANES = 128
 
@@ -42,7 +43,7 @@ def _kernel(layer_ref, kv_lens_ref, pages_ref, cu_ref, block_ref, seq_ref, first
             buf, sems,  # [2 (slot), 2 (K, V), pages_per_block * page_size * kv_heads, head_dim], DMA[2]
             m_ref, l_ref, acc_ref,  # [kv_heads, rows, 128], same, [kv_heads, rows, head_dim]
             *, block_q, group, page_size, pages_per_block, pages_per_seq, sm_scale,
-            sliding_window, soft_cap, precision):
+            sliding_window, soft_cap, kv_dtype, precision):
     j = pl.program_id(0)
     seq = seq_ref[j]
     num_kv_heads, rows, head_dim = q_ref.shape
@@ -97,8 +98,10 @@ def _kernel(layer_ref, kv_lens_ref, pages_ref, cu_ref, block_ref, seq_ref, first
             mask = attention_mask(q_pos, kv_pos, row_valid, sliding_window)
             for h in range(num_kv_heads):
                 # Rows h, h + kv_heads, ...: head h of every token of the block's pages.
-                k = buf.at[slot, 0][pl.ds(h, block_kv, stride=num_kv_heads), :]
-                v = buf.at[slot, 1][pl.ds(h, block_kv, stride=num_kv_heads), :]
+                # A quantized cache (int8, fp8) is converted as loaded; its scales are the caller's.
+                k = as_elements(buf.at[slot, 0][pl.ds(h, block_kv, stride=num_kv_heads), :], kv_dtype)
+                v = as_elements(buf.at[slot, 1][pl.ds(h, block_kv, stride=num_kv_heads), :], kv_dtype)
+                k, v = k.astype(q_ref.dtype), v.astype(q_ref.dtype)
                 m, l, acc = softmax_update(
                     qk(q_ref[h], k, precision) * sm_scale, mask, m_ref[h][:, :1], l_ref[h][:, :1],
                     acc_ref[h], v, soft_cap=soft_cap, precision=precision)
@@ -114,7 +117,7 @@ def _kernel(layer_ref, kv_lens_ref, pages_ref, cu_ref, block_ref, seq_ref, first
             o_ref[h] = jnp.where(row_valid, out.astype(o_ref.dtype), o_ref[h])
 
 
-@functools.partial(jax.jit, static_argnames=("sm_scale", "sliding_window", "soft_cap", "block_q",
+@functools.partial(jax.jit, static_argnames=("sm_scale", "sliding_window", "soft_cap", "kv_dtype", "block_q",
                                              "pages_per_block", "interpret", "vmem_limit_bytes"))
 def ragged_paged_attention(
     q: jax.Array,             # [num_tokens, num_q_heads, head_dim]
@@ -128,6 +131,7 @@ def ragged_paged_attention(
     sm_scale: float,
     sliding_window: int | None = None,
     soft_cap: float | None = None,
+    kv_dtype=None,
     block_q: int | None = None,
     pages_per_block: int | None = None,
     interpret=False,
@@ -158,7 +162,7 @@ def ragged_paged_attention(
     kernel = functools.partial(
         _kernel, block_q=block_q, group=group, page_size=page_size, pages_per_block=pages_per_block,
         pages_per_seq=page_indices.shape[1], sm_scale=sm_scale, sliding_window=sliding_window,
-        soft_cap=soft_cap, precision=precision_for(q.dtype))
+        soft_cap=soft_cap, kv_dtype=kv_dtype, precision=precision_for(q.dtype))
     out = pl.pallas_call(
         kernel,
         grid_spec=pltpu.PrefetchScalarGridSpec(

@@ -2,6 +2,9 @@
 compiles; the CPU's where the native kernel cannot run. (The tests' oracle is a separate,
 naive loop: tests/kernels/naive_attention.py.)
 
+The cache may be stored in any dtype (a quantized one too: int8, fp8, or fp8 as uint8 bits
+with `kv_dtype`); pages are converted to float32 as loaded, and scales are the caller's.
+
 One call serves decode-only, prefill-only and mixed steps. Queries are a flat token axis;
 sequence s owns tokens cu_q_lens[s]:cu_q_lens[s+1], which are the *last* tokens of its
 kv_lens[s] tokens of context (their K/V are already written to the pages). Tokens past
@@ -36,7 +39,13 @@ import jax.numpy as jnp
 _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 
-@functools.partial(jax.jit, static_argnames=("sm_scale", "sliding_window", "soft_cap",
+def as_elements(x: jax.Array, kv_dtype) -> jax.Array:
+    """Cache elements as loaded -> their dtype: a cache stored as bits (uint8) holds kv_dtype
+    elements (an fp8 cache where XLA cannot update fp8 in place); else x as it is."""
+    return x if kv_dtype is None else jax.lax.bitcast_convert_type(x, kv_dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("sm_scale", "sliding_window", "soft_cap", "kv_dtype",
                                              "pages_per_chunk", "decode_pages_per_chunk",
                                              "token_block", "query_block"))
 def ragged_paged_attention(
@@ -51,6 +60,7 @@ def ragged_paged_attention(
     sm_scale: float,
     sliding_window: int | None = None,
     soft_cap: float | None = None,
+    kv_dtype=None,
     pages_per_chunk: int = 8,
     decode_pages_per_chunk: int = 2,
     token_block: int = 16,
@@ -93,7 +103,8 @@ def ragged_paged_attention(
     def gather(pages, which):
         """K or V of `pages` (any shape [..., n]) -> [..., n * page_size, kv_heads, head_dim]."""
         rows = page_rows.at[(layer * 2 + which) * num_pages + pages].get(mode="promise_in_bounds")
-        return rows.reshape(pages.shape[:-1] + (-1, num_kv_heads, head_dim)).astype(jnp.float32)
+        rows = rows.reshape(pages.shape[:-1] + (-1, num_kv_heads, head_dim))
+        return as_elements(rows, kv_dtype).astype(jnp.float32)
 
     def online_softmax(carry, s, mask, v):
         """Fold scores s [..., n] (masked by mask) and values v [..., n, head_dim] into carry."""
@@ -109,9 +120,10 @@ def ragged_paged_attention(
     # rows no part visits (padding) merge without NaNs.
     slot = page_indices[seq, q_pos // page_size] * page_size + q_pos % page_size
     slot_rows = kv_cache.reshape(-1, num_kv_heads * head_dim)
-    k_new, v_new = (jnp.pad(slot_rows.at[(layer * 2 + which) * num_pages * page_size + slot]
-                            .get(mode="promise_in_bounds").reshape(num_tokens, num_kv_heads, head_dim)
-                            .astype(jnp.float32), ((0, qb_rows), (0, 0), (0, 0))) for which in (0, 1))
+    k_new, v_new = (jnp.pad(as_elements(slot_rows.at[(layer * 2 + which) * num_pages * page_size + slot]
+                                        .get(mode="promise_in_bounds"), kv_dtype)
+                            .reshape(num_tokens, num_kv_heads, head_dim).astype(jnp.float32),
+                            ((0, qb_rows), (0, 0), (0, 0))) for which in (0, 1))
     k_new, v_new = k_new.transpose(1, 2, 0), v_new.transpose(1, 0, 2)  # [h, d, tokens], [h, tokens, d]
     seq_p = jnp.pad(jnp.where(valid, seq, -1), (0, qb_rows), constant_values=-1)  # padding matches no row
     pos_p = jnp.pad(q_pos, (0, qb_rows))

@@ -1,0 +1,126 @@
+"""What fits a device, from shapes alone: weight bytes, KV bytes per block, and the blocks a
+memory budget holds, per device, for a weight format (`quantization`) and a KV format
+(`kv_cache_dtype`). The worker logs the same figures at start-up; this prints them before
+anything is allocated:
+
+    python -m jaxvllm.memory_plan --shape llama3-8b --quantization int8 --kv-cache-dtype fp8 \\
+        --device-memory 16GiB --max-model-len 8192
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import re
+
+import jax.numpy as jnp
+
+from jaxvllm.config import KV_CACHE_DTYPES, QUANTIZATIONS
+from jaxvllm.layers.kv_cache_dtype import kv_cache_dtype
+from jaxvllm.layers.linear import UnquantizedLinearMethod
+from jaxvllm.layers.quantization.weight_only import WeightOnlyLinearMethod
+
+GiB = 2**30
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes per device (weights and KV heads split evenly over tensor_parallel_size)."""
+    matmul_weight_bytes: int     # the linear layers' weights (what `quantization` shrinks)
+    other_weight_bytes: int      # embedding, norms, biases (and a float LM head where tied)
+    kv_bytes_per_block: int
+    kv_budget_bytes: int
+    num_blocks: int
+    block_size: int
+    max_model_len: int
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.matmul_weight_bytes + self.other_weight_bytes
+
+    @property
+    def max_full_length_seqs(self) -> int:
+        """Requests of max_model_len tokens that fit at once (block 0 is the null block)."""
+        return (self.num_blocks - 1) // -(-self.max_model_len // self.block_size)
+
+    def lines(self) -> list[str]:
+        mib = lambda n: f"{n / 2**20:,.1f} MiB"
+        fit = (f"blocks that fit: {self.num_blocks:,} ({(self.num_blocks - 1) * self.block_size:,} tokens; "
+               f"{self.max_full_length_seqs} requests of {self.max_model_len} tokens)"
+               if self.num_blocks >= 2 else "blocks that fit: none (the weights leave no room for a KV cache)")
+        return [f"weights: {mib(self.weight_bytes)} ({mib(self.matmul_weight_bytes)} in matmuls)",
+                f"KV cache: {mib(self.kv_budget_bytes)} budget, {self.kv_bytes_per_block:,} bytes per block "
+                f"of {self.block_size} tokens", fit]
+
+
+def linear_method_for(quantization: str | None):
+    """The XLA linear method of a weight format (what an accelerator runs)."""
+    return UnquantizedLinearMethod() if quantization is None else WeightOnlyLinearMethod(quantization)
+
+
+def weight_bytes(model_cls, args, linear_method, dtype) -> tuple[int, int]:
+    """(matmul weights, the rest) in bytes for the whole model, from its linear shapes."""
+    linears = model_cls.linear_shapes(args)
+    head = linears.pop("lm_head")
+    matmul = args.num_layers * sum(linear_method.weight_bytes(i, o, dtype) for i, o in linears.values())
+    itemsize = jnp.dtype(dtype).itemsize
+    other = (args.vocab_size + 2 * args.num_layers + 1) * args.hidden_size * itemsize
+    if getattr(args, "attention_bias", False):
+        other += args.num_layers * math.prod(linears["qkv_proj"][1]) * itemsize
+    if not args.tie_word_embeddings:
+        matmul += linear_method.weight_bytes(*head, dtype)
+    return matmul, other
+
+
+def kv_bytes_per_block(args, block_size: int, kv_format) -> int:
+    return args.num_layers * 2 * block_size * args.num_kv_heads * args.head_dim * kv_format.dtype.itemsize
+
+
+def plan(model_cls, args, *, dtype="bfloat16", quantization: str | None = None, kv_cache_dtype_name="auto",
+         device_memory: int, hbm_utilization: float = 0.9, block_size: int = 16,
+         max_model_len: int = 8192, tensor_parallel_size: int = 1) -> MemoryPlan:
+    """The plan for one device of `device_memory` bytes: the KV cache gets hbm_utilization of
+    it less the weights, as the worker sizes it (activations are not counted)."""
+    tp = tensor_parallel_size
+    matmul, other = weight_bytes(model_cls, args, linear_method_for(quantization), dtype)
+    block = kv_bytes_per_block(args, block_size, kv_cache_dtype(kv_cache_dtype_name, dtype))
+    matmul, other, block = -(-matmul // tp), -(-other // tp), -(-block // tp)
+    budget = int(device_memory * hbm_utilization) - matmul - other
+    return MemoryPlan(matmul, other, block, max(budget, 0), max(budget // block, 0), block_size, max_model_len)
+
+
+def parse_bytes(text: str) -> int:
+    m = re.fullmatch(r"\s*([\d.]+)\s*([KMGT]i?B?)?\s*", text, re.IGNORECASE)
+    if not m:
+        raise argparse.ArgumentTypeError(f"--device-memory: expected a size like 16GiB, got {text!r}")
+    unit = (m.group(2) or "").upper().rstrip("B").rstrip("I")
+    return int(float(m.group(1)) * 1024 ** " KMGT".index(unit or " "))
+
+
+def main(argv=None) -> None:
+    from jaxvllm.models.llama import LlamaForCausalLM
+    from jaxvllm.models.shapes import SHAPES
+
+    p = argparse.ArgumentParser(prog="python -m jaxvllm.memory_plan", description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", choices=sorted(SHAPES), default="llama3-8b")
+    p.add_argument("--quantization", choices=[q for q in QUANTIZATIONS if q], default=None)
+    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
+    p.add_argument("--dtype", default="bfloat16", help="weights and activations (the platform's on TPU/GPU)")
+    p.add_argument("--device-memory", type=parse_bytes, required=True, help="per device, e.g. 16GiB")
+    p.add_argument("--hbm-utilization", type=float, default=0.9)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-model-len", type=int, default=8192)
+    p.add_argument("--tensor-parallel-size", type=int, default=1)
+    ns = p.parse_args(argv)
+    result = plan(LlamaForCausalLM, SHAPES[ns.shape], dtype=ns.dtype, quantization=ns.quantization,
+                  kv_cache_dtype_name=ns.kv_cache_dtype, device_memory=ns.device_memory,
+                  hbm_utilization=ns.hbm_utilization, block_size=ns.block_size,
+                  max_model_len=ns.max_model_len, tensor_parallel_size=ns.tensor_parallel_size)
+    print(f"{ns.shape}, {ns.dtype}, quantization={ns.quantization}, kv_cache_dtype={ns.kv_cache_dtype}, "
+          f"{ns.device_memory / GiB:g} GiB x {ns.hbm_utilization} per device, TP={ns.tensor_parallel_size}:")
+    for line in result.lines():
+        print("  " + line)
+
+
+if __name__ == "__main__":
+    main()

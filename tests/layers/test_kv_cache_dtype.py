@@ -1,0 +1,96 @@
+"""A quantized KV cache (layers/kv_cache_dtype.py) through the model's attention call in every
+backend: this step's K/V are written quantized, and attention over the quantized pages
+matches the naive oracle on the same pages dequantized. The context comes from the oracle's
+poisoned caches (clipped to each format's range), so a read outside a sequence's pages shows."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
+from naive_attention import assert_matches_naive, build  # noqa: E402
+
+from jaxvllm.kernels.cpu import build as native_build  # noqa: E402
+from jaxvllm.layers.attention import AttentionMetadata, get_attention  # noqa: E402
+from jaxvllm.layers.kv_cache_dtype import kv_cache_dtype  # noqa: E402
+from jaxvllm.platforms import get_platform  # noqa: E402
+
+SEQS = [(1, 9), (5, 12), (4, 4), (1, 20)]
+# Every format in every backend, fp8 stored as itself (TPU, GPU) and as its bits (the CPU's
+# `kv_cache_fp8_as_bits`); the native CPU kernel reads float32 pages only and hands a
+# quantized cache to the XLA kernel, so one format shows that route.
+CASES = [(name, backend, backend == "xla") for name in ("fp8", "fp8_e5m2", "int8")
+         for backend in ("xla", "pallas-tpu", "pallas-gpu")]
+CASES += [("fp8", "xla", False), ("fp8", "pallas-tpu", True), ("fp8_e5m2", "pallas-gpu", True),
+          pytest.param("fp8", "native", True, marks=pytest.mark.skipif(not native_build.available(),
+                                                                        reason="no C++ compiler"))]
+# Largest error of one stored element: half an int8 step; fp8's relative half-ulp.
+WRITE_TOL = {"fp8": dict(rtol=2**-4, atol=1e-2), "fp8_e5m2": dict(rtol=2**-3, atol=1e-3),
+             "int8": dict(rtol=0, atol=24 / 127 / 2 + 1e-6)}
+
+
+def dequantized(fmt, cache) -> np.ndarray:
+    return np.stack([np.asarray(fmt.dequantize(cache[:, 0], fmt.k_scale)),
+                     np.asarray(fmt.dequantize(cache[:, 1], fmt.v_scale))], axis=1)
+
+
+@pytest.mark.parametrize("name,backend,as_bits", CASES)
+def test_attention_over_quantized_pages_matches_reference_on_dequantized_pages(name, backend, as_bits):
+    rng = np.random.default_rng(5)
+    q, cache, layer, kv_lens, page_indices, cu_q_lens, num_seqs = build(rng, SEQS, nq=4, nkv=2, hd=64, ps=16)
+    fmt = kv_cache_dtype(name, jnp.float32, fp8_as_bits=as_bits)
+    stored = jnp.stack([fmt.quantize(cache[:, 0], fmt.k_scale), fmt.quantize(cache[:, 1], fmt.v_scale)], axis=1)
+    assert stored.dtype == fmt.storage and fmt.quantized
+    ps, slots = cache.shape[3], []
+    for s, (q_len, kv) in enumerate(SEQS):
+        pos = np.arange(kv - q_len, kv)
+        slots += list(page_indices[s, pos // ps] * ps + pos % ps)
+    real = len(slots)
+    slots = np.asarray(slots + [0] * (q.shape[0] - real), np.int32)  # padding writes to the null page
+    k, v = (rng.standard_normal((2, q.shape[0], 2, 64)) * 3).astype(np.float32)
+    md = AttentionMetadata(positions=np.zeros(q.shape[0], np.int32), slot_mapping=slots, kv_lens=kv_lens,
+                           page_indices=page_indices, cu_q_lens=cu_q_lens, num_seqs=num_seqs)
+    attend = get_attention(backend, get_platform("cpu"), None, fmt)
+    out, stored = attend(q, jnp.asarray(k), jnp.asarray(v), stored, layer, md, 0.125, None)
+    assert stored.dtype == fmt.storage
+    pages = dequantized(fmt, stored)
+    assert_matches_naive(out, (q, pages, layer, kv_lens, page_indices, cu_q_lens, num_seqs), 1e-4,
+                         sm_scale=0.125)
+    written = pages[int(layer), :, slots[:real] // ps, slots[:real] % ps]  # [tokens, 2, heads, hd]
+    np.testing.assert_allclose(written, np.stack([k, v], axis=1)[:real], **WRITE_TOL[name])
+
+
+def test_formats_and_their_storage():
+    assert kv_cache_dtype("auto", jnp.bfloat16).dtype == jnp.bfloat16
+    assert not kv_cache_dtype("auto", jnp.float32).quantized
+    assert kv_cache_dtype("fp8", jnp.float32) == kv_cache_dtype("fp8_e4m3", jnp.bfloat16)
+    for name in ("fp8", "fp8_e5m2", "int8"):
+        for as_bits in (False, True):
+            assert kv_cache_dtype(name, jnp.float32, as_bits).storage.itemsize == 1
+    assert kv_cache_dtype("fp8", jnp.float32, fp8_as_bits=True).storage == jnp.uint8
+    assert kv_cache_dtype("int8", jnp.float32, fp8_as_bits=True).storage == jnp.int8
+    # Values past a format's range are clipped, never NaN or wrapped.
+    fmt = kv_cache_dtype("fp8", jnp.float32)
+    assert float(fmt.dequantize(fmt.quantize(jnp.float32(1e6), 1.0), 1.0)) == 448.0
+    int8 = kv_cache_dtype("int8", jnp.float32)
+    assert float(int8.dequantize(int8.quantize(jnp.float32(-1e6), int8.k_scale), int8.k_scale)) == pytest.approx(-24)
+    with pytest.raises(ValueError, match="kv_cache_dtype must be one of"):
+        kv_cache_dtype("fp4", jnp.float32)
+
+
+@pytest.mark.parametrize("platform", ["tpu", "cuda"])
+@pytest.mark.parametrize("dtype", [jnp.float8_e4m3fn, jnp.float8_e5m2, jnp.int8], ids=lambda d: jnp.dtype(d).name)
+def test_pallas_kernels_lower_over_8bit_pages(platform, dtype):
+    # On their real targets (Mosaic, Triton), as the accelerators store them: bfloat16
+    # queries, 8-bit pages (page_size * kv_heads a multiple of 32 for Mosaic's int8 tiling).
+    import functools
+
+    from test_pallas_lowering import MODULES, TARGETS, lower
+    args = build(np.random.default_rng(0), SEQS, nq=8, nkv=2, hd=128, ps=32, dtype=jnp.bfloat16)
+    args = (args[0], jnp.zeros(args[1].shape, dtype)) + args[2:]
+    text = lower(functools.partial(MODULES[platform].ragged_paged_attention, sm_scale=0.1), platform, *args)
+    assert TARGETS[platform] in text

@@ -1,0 +1,112 @@
+"""Weight quantization at load (layers/quantization/weight_only.py) and the memory it saves:
+the quantized matmul against the float one, a tiny model's logits with quantized weights,
+the plan's and the engine's bytes and blocks (asserted facts, not timings)."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import qwix
+from flax import nnx
+
+from conftest import run_prefill, write_tiny_llama
+from jaxvllm import LLM, SamplingParams
+from jaxvllm.layers.quantization.weight_only import WeightOnlyLinearMethod
+from jaxvllm.memory_plan import GiB, main as memory_plan_main, plan, weight_bytes
+from jaxvllm.layers.linear import UnquantizedLinearMethod
+from jaxvllm.models.llama import LlamaArgs, LlamaForCausalLM
+from jaxvllm.models.loader import load_weights
+from jaxvllm.models.shapes import LLAMA3_8B, SMOLLM2
+from jaxvllm.transformers_utils.config import load_hf_config
+
+# Relative error of one weight: half a step of 127 (int8); e4m3's 3-bit mantissa (fp8).
+WEIGHT_RTOL = {"int8": 1 / 254, "fp8": 2**-4}
+
+
+@pytest.mark.parametrize("quantization", ["int8", "fp8"])
+def test_quantized_matmul_against_float(quantization):
+    kx, kw = jax.random.split(jax.random.key(0))
+    x, w = jax.random.normal(kx, (5, 96)), jax.random.normal(kw, (96, 3, 32))
+    method = WeightOnlyLinearMethod(quantization)
+    qw = method.process_weights_after_loading(w)
+    assert isinstance(qw, qwix.QArray) and qw.qvalue.dtype == method.qtype and qw.scale.shape == (1, 3, 32)
+    # Each weight within its format's step, relative to its output channel's largest.
+    deq = np.asarray(qwix.dequantize(qw))
+    channel_max = np.abs(np.asarray(w)).max(axis=0)
+    assert (np.abs(deq - np.asarray(w)) <= WEIGHT_RTOL[quantization] * channel_max + 1e-6).all()
+    y = np.asarray(method.apply(x, qw))
+    np.testing.assert_allclose(y, np.einsum("ti,ijk->tjk", np.asarray(x), deq), rtol=1e-5, atol=1e-4)
+    ref = np.einsum("ti,ijk->tjk", np.asarray(x), np.asarray(w))
+    assert np.abs(y - ref).max() < 4 * WEIGHT_RTOL[quantization] * np.abs(ref).max()
+    # A float weight (a tied LM head: the embedding) is multiplied as XLA's method does.
+    np.testing.assert_allclose(np.asarray(method.apply(x, w)), ref, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("quantization", ["int8", "fp8"])
+def test_tiny_model_logits_with_quantized_weights(tmp_path, quantization):
+    write_tiny_llama(tmp_path, tie=True)
+    args = LlamaArgs.from_hf_config(load_hf_config(str(tmp_path)))
+    weights = load_weights(str(tmp_path))
+    models = {}
+    for name, method in (("float", UnquantizedLinearMethod()), (quantization, WeightOnlyLinearMethod(quantization))):
+        models[name] = nnx.eval_shape(lambda: LlamaForCausalLM(args, linear_method=method))
+        models[name].load_hf_weights(weights)
+    layer = models[quantization].layers[0]
+    assert all(isinstance(layer[n].get_value(), qwix.QArray) for n in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"))
+    assert models[quantization].lm_head is None  # the tied head stays the float embedding
+    tokens = [3, 17, 42, 99, 7, 250, 1, 64]
+    ref, got = run_prefill(models["float"], tokens), run_prefill(models[quantization], tokens)
+    assert np.abs(got - ref).max() < 0.1 * np.abs(ref).max()
+    assert (got.argmax(-1) == ref.argmax(-1)).mean() >= 0.75
+
+
+@pytest.mark.parametrize("args", [SMOLLM2, LLAMA3_8B], ids=["smollm2", "llama3-8b"])
+def test_plan_weight_bytes_and_kv_blocks(args):
+    float32 = weight_bytes(LlamaForCausalLM, args, UnquantizedLinearMethod(), "float32")[0]
+    for quantization in ("int8", "fp8"):
+        assert weight_bytes(LlamaForCausalLM, args, WeightOnlyLinearMethod(quantization), "float32")[0] <= 0.27 * float32
+    budget = dict(device_memory=64 * GiB, quantization="int8", dtype="bfloat16")
+    bf16 = plan(LlamaForCausalLM, args, **budget).num_blocks
+    for kv in ("fp8", "fp8_e5m2", "int8"):
+        assert plan(LlamaForCausalLM, args, kv_cache_dtype_name=kv, **budget).num_blocks >= 1.9 * bf16
+
+
+def test_memory_plan_cli_for_llama3_8b_on_16gib(capsys):
+    memory_plan_main(["--shape", "llama3-8b", "--quantization", "int8", "--kv-cache-dtype", "fp8",
+                      "--device-memory", "16GiB", "--max-model-len", "8192"])
+    out = capsys.readouterr().out
+    assert "1,048,576 bytes per block" in out and "requests of 8192 tokens" in out
+    memory_plan_main(["--shape", "llama3-8b", "--device-memory", "16GiB"])  # bfloat16 weights
+    assert "blocks that fit: none" in capsys.readouterr().out
+
+
+def test_engine_allocates_quantized_weights_and_cache(tiny_model_dir):
+    budget = 1 << 20
+    llm = LLM(str(tiny_model_dir), quantization="int8", kv_cache_dtype="fp8", kv_cache_memory_bytes=budget,
+              max_model_len=128, skip_warmup=True)
+    out = llm.generate([{"prompt_token_ids": [5, 6, 7, 8]}], SamplingParams(max_tokens=4, ignore_eos=True),
+                       use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 4
+    worker = llm.llm_engine.engine_core.model_executor.driver_worker
+    runner, a = worker.model_runner, worker.args
+    float32_block = a.num_layers * 2 * 16 * a.num_kv_heads * a.head_dim * 4
+    # e4m3 pages, stored as such or as their bits (uint8) where the platform says so.
+    assert worker.kv_dtype.dtype == jnp.float8_e4m3fn and runner.kv_cache.dtype == worker.kv_dtype.storage
+    assert runner.kv_cache.shape[2] == budget // (float32_block // 4) >= 1.9 * 2 * (budget // float32_block)
+    matmul = [x for path, x in jax.tree_util.tree_leaves_with_path(runner.params)
+              if any(getattr(k, "key", None) in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
+                     for k in path)]
+    stored = sum(x.nbytes for x in matmul)
+    as_float32 = sum(x.size * 4 for x in matmul if x.dtype == jnp.int8)
+    assert as_float32 and stored <= 0.27 * as_float32
+
+
+@pytest.mark.parametrize("platform", ["cpu", "cuda", "tpu"])
+def test_every_platform_runs_quantized_weights_through_xla(platform):
+    from jaxvllm.platforms import get_platform
+    p = get_platform(platform)
+    backend = "xla" if platform != "cpu" else "auto"
+    method = p.linear_method(backend, 1, "fp8")
+    assert isinstance(method, WeightOnlyLinearMethod) and method.qtype == jnp.float8_e4m3fn
+    assert not isinstance(p.linear_method(backend, 1), WeightOnlyLinearMethod)
