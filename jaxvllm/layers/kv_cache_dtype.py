@@ -66,7 +66,7 @@ _INT8 = KVCacheDtype(jnp.dtype(jnp.int8), k_scale=24 / 127, v_scale=16 / 127)
 
 
 def kv_cache_dtype(name: str, model_dtype, fp8_as_bits: bool = False) -> KVCacheDtype:
-    """The format for an EngineArgs.kv_cache_dtype name (validated in jaxvllm/config.py);
+    """The format for an EngineArgs.kv_cache_dtype name (validated in jaxvllm/config/);
     fp8_as_bits: the platform's `kv_cache_fp8_as_bits`."""
     e4m3, e5m2 = jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2)
     formats = {"auto": KVCacheDtype(jnp.dtype(model_dtype)),
