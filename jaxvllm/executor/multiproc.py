@@ -28,12 +28,12 @@ import weakref
 import zmq
 
 from jaxvllm.config import EngineConfig
+from jaxvllm.executor.distributed import DistributedExecutorBase
 from jaxvllm.core.sched_output import SchedulerOutput
 from jaxvllm.outputs import ModelRunnerOutput
 from jaxvllm.process_utils import (has_exited, init_child_process, spawn_process, start_spawned,
                                    stop_processes, wait_for_exit)
 from jaxvllm.serial_utils import decode, encode
-from jaxvllm.transformers_utils.weights_dir import write_weights_dir
 
 logger = logging.getLogger(__name__)
 # The Worker methods served, with the types their arguments and results are decoded into.
@@ -52,7 +52,7 @@ class WorkerDiedError(RuntimeError):
     pass
 
 
-class MultiprocExecutor:
+class MultiprocExecutor(DistributedExecutorBase):
     def __init__(self, config: EngineConfig, model_path: str, hf_config, on_failure=None,
                  shutdown_grace_s: float = 2.0):
         self.config = config
@@ -84,31 +84,6 @@ class MultiprocExecutor:
         self._finalizer = weakref.finalize(self, stop_processes, self.procs, shutdown_grace_s, 1.0)
         threading.Thread(target=self._monitor, daemon=True, name="WorkerMonitor").start()
         self._wait_for_subscribers()
-
-    # ---- the Worker's interface, for the EngineCore -----------------------------------
-    def determine_num_blocks(self) -> int:
-        return min(self.collective_rpc("determine_num_blocks"))
-
-    def initialize_cache(self, num_blocks: int, num_swap_blocks: int = 0) -> None:
-        """num_swap_blocks is always 0 here (EngineConfig.verify refuses swap with "mp")."""
-        self.collective_rpc("initialize_cache", (num_blocks,))
-
-    def execute_model(self, scheduler_output) -> ModelRunnerOutput:
-        return self.collective_rpc("execute_model", (scheduler_output,))[0]
-
-    @property
-    def num_compilations(self) -> int:
-        return self.collective_rpc("get_num_compilations")[0]
-
-    def update_weights(self, weights) -> None:
-        """weights: a path, or {name: array}, which crosses to the workers as a temporary
-        safetensors file: each worker reads its own shards of it."""
-        if isinstance(weights, (str, os.PathLike)):
-            self.collective_rpc("update_weights", (os.fspath(weights),))
-            return
-        with tempfile.TemporaryDirectory(prefix="jaxvllm-weights-") as path:
-            write_weights_dir(weights, path)
-            self.collective_rpc("update_weights", (path,))
 
     # ---- RPC ------------------------------------------------------------------------
     def collective_rpc(self, method: str, args: tuple = ()) -> list:

@@ -13,21 +13,19 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 
 from jaxvllm import platforms
 from jaxvllm.config import EngineConfig
+from jaxvllm.executor.distributed import DistributedExecutorBase
 from jaxvllm.executor.multiproc import METHODS, REFUSABLE, WorkerDiedError
 from jaxvllm.executor.ray_worker import RayWorkerWrapper
-from jaxvllm.outputs import ModelRunnerOutput
 from jaxvllm.serial_utils import decode, encode
-from jaxvllm.transformers_utils.weights_dir import write_weights_dir
 
 logger = logging.getLogger(__name__)
 _POLL_S = 0.1
 
 
-class RayDistributedExecutor:
+class RayDistributedExecutor(DistributedExecutorBase):
     def __init__(self, config: EngineConfig, model_path: str, hf_config):
         try:
             import ray
@@ -74,31 +72,6 @@ class RayDistributedExecutor:
         coordinator = self._wait([self.workers[0].node_address.remote()], "start")[0]
         self._wait([w.init_worker.remote(encode(config), model_path, rank, self.world_size, coordinator)
                     for rank, w in enumerate(self.workers)], "init_worker")
-
-    # ---- the Worker's interface, for the EngineCore -----------------------------------
-    def determine_num_blocks(self) -> int:
-        return min(self.collective_rpc("determine_num_blocks"))
-
-    def initialize_cache(self, num_blocks: int, num_swap_blocks: int = 0) -> None:
-        """num_swap_blocks is always 0 here (EngineConfig.verify refuses swap with "ray")."""
-        self.collective_rpc("initialize_cache", (num_blocks,))
-
-    def execute_model(self, scheduler_output) -> ModelRunnerOutput:
-        return self.collective_rpc("execute_model", (scheduler_output,))[0]
-
-    @property
-    def num_compilations(self) -> int:
-        return self.collective_rpc("get_num_compilations")[0]
-
-    def update_weights(self, weights) -> None:
-        """weights: a path every worker can read, or {name: array}, which crosses to the
-        workers as a temporary safetensors directory on this host (one-host clusters)."""
-        if isinstance(weights, (str, os.PathLike)):
-            self.collective_rpc("update_weights", (os.fspath(weights),))
-            return
-        with tempfile.TemporaryDirectory(prefix="jaxvllm-weights-") as path:
-            write_weights_dir(weights, path)
-            self.collective_rpc("update_weights", (path,))
 
     # ---- RPC ------------------------------------------------------------------------
     def collective_rpc(self, method: str, args: tuple = ()) -> list:
