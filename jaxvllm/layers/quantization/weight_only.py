@@ -10,6 +10,9 @@ the dot, which it fuses on TPU and GPU. A TPU's MXU also multiplies int8 nativel
 H100/H200 fp8, but only with quantized activations too (w8a8), which this is not.
 
 A tied LM head is the float embedding: `apply` multiplies a plain array as XLA's method does.
+A pre-quantized checkpoint (`quantization="compressed-tensors"`, compressed_tensors.py) brings
+its weights as QArrays already (quantized_weight.py), kept as they are; the linears its
+`ignore` list left in float stay float, as in vLLM.
 """
 from __future__ import annotations
 
@@ -21,8 +24,9 @@ import qwix
 
 from jaxvllm.layers.linear import UnquantizedLinearMethod
 
-# vLLM's `quantization` names -> the stored weight dtype.
-WEIGHT_DTYPES = {"int8": jnp.int8, "fp8": jnp.float8_e4m3fn}
+# vLLM's `quantization` names -> the dtype float weights are quantized to at load (None: the
+# checkpoint's own 8-bit weights only).
+WEIGHT_DTYPES = {"int8": jnp.int8, "fp8": jnp.float8_e4m3fn, "compressed-tensors": None}
 
 
 class WeightOnlyLinearMethod(UnquantizedLinearMethod):
@@ -36,9 +40,11 @@ class WeightOnlyLinearMethod(UnquantizedLinearMethod):
 
     def weight_bytes(self, in_features: int, out_shape: tuple[int, ...], dtype=None) -> int:
         out = math.prod(out_shape)
-        return in_features * out * jnp.dtype(self.qtype).itemsize + out * 4
+        return in_features * out + out * 4  # 8-bit values, a float32 scale per output channel
 
-    def process_weights_after_loading(self, w: jax.Array) -> qwix.QArray:
+    def process_weights_after_loading(self, w: jax.Array | qwix.QArray) -> jax.Array | qwix.QArray:
+        if isinstance(w, qwix.QArray) or self.qtype is None:  # quantized in the checkpoint, or left float
+            return w
         # A weight on the mesh is quantized where it lies: the scale's max over the input
         # axis is XLA's (an all-reduce for a row-parallel weight).
         return _quantize(w, self.qtype)
