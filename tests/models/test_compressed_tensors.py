@@ -1,7 +1,7 @@
 """Pre-quantized compressed-tensors checkpoints (llm-compressor's layout, written here with
-torch as the reference): the QArrays loaded hold the file's 8-bit values bit for bit, the
-logits are those of the float model on the file's dequantized weights, and LLM detects the
-format from config.json and serves it."""
+torch as the reference), Llama and Qwen3-MoE (experts quantized): the QArrays loaded hold the
+file's 8-bit values bit for bit, the logits are those of the float model on the file's
+dequantized weights, and LLM detects the format from config.json and serves it."""
 from __future__ import annotations
 
 import json
@@ -17,7 +17,6 @@ from flax import nnx
 from safetensors.torch import load_file, save_file
 
 from conftest import run_prefill, write_tiny_moe
-from family_checkpoints import write_family_checkpoint
 from jaxvllm import LLM, EngineArgs, SamplingParams
 from jaxvllm.layers.linear import UnquantizedLinearMethod
 from jaxvllm.layers.quantization.compressed_tensors import checkpoint_quantization
@@ -65,17 +64,14 @@ def write_compressed_tensors(src, dst, fmt: str, strategy: str) -> dict[str, np.
 
 @pytest.mark.parametrize("arch, fmt, strategy", [
     ("Llama", "float-quantized", "channel"),
-    ("Llama", "int-quantized", "channel"),
-    ("Phi3ForCausalLM", "float-quantized", "tensor"),  # fused q/k/v and gate/up: one scale each
+    ("Llama", "int-quantized", "tensor"),  # q, k and v fused: three scales, broadcast per channel
     ("Qwen3Moe", "float-quantized", "channel"),  # quantized experts
 ])
 def test_loaded_values_are_the_files_and_logits_the_dequantized_models(tmp_path, tiny_model_dir, arch, fmt,
                                                                      strategy):
     src = tiny_model_dir if arch == "Llama" else tmp_path / "float"
-    if arch == "Qwen3Moe":
+    if arch != "Llama":
         write_tiny_moe(src, arch)
-    elif arch != "Llama":
-        write_family_checkpoint(arch, src)
     dequantized = write_compressed_tensors(src, path := tmp_path / "ct", fmt, strategy)
     hf_config = load_hf_config(str(path))
     assert checkpoint_quantization(hf_config) == "compressed-tensors"
@@ -100,6 +96,10 @@ def test_loaded_values_are_the_files_and_logits_the_dequantized_models(tmp_path,
                                       np.asarray(ref.layers[1][name].get_value()), err_msg=name)
     if quantized.lm_head is not None:  # in the ignore list: float, as stored
         assert not isinstance(quantized.lm_head.get_value(), qwix.QArray)
+    if moe:  # float experts quantized at load instead (quantization="int8")
+        at_load = nnx.eval_shape(lambda: model_cls(args, moe_method=WeightOnlyFusedMoEMethod("int8")))
+        at_load.load_hf_weights(dequantized)
+        assert at_load.layers[1]["experts_down"].get_value().qvalue.dtype == jnp.int8
     tokens = [3, 17, 42, 99, 7, 250, 1, 64]
     want = run_prefill(ref, tokens)
     np.testing.assert_allclose(run_prefill(quantized, tokens), want, rtol=0, atol=1e-5 * np.abs(want).max())
