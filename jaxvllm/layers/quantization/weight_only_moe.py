@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import qwix
 
 from jaxvllm.layers.fused_moe import GroupedMatmul, UnquantizedFusedMoEMethod
-from jaxvllm.layers.quantization.weight_only import WEIGHT_DTYPES
+from jaxvllm.layers.quantization.weight_only import WEIGHT_DTYPES, quantize_weight
 
 
 class WeightOnlyFusedMoEMethod(UnquantizedFusedMoEMethod):
@@ -33,7 +33,8 @@ class WeightOnlyFusedMoEMethod(UnquantizedFusedMoEMethod):
     def process_weights_after_loading(self, w: jax.Array | qwix.QArray) -> jax.Array | qwix.QArray:
         if isinstance(w, qwix.QArray) or self.qtype is None:  # quantized in the checkpoint, or left float
             return w
-        return _quantize(w, self.qtype)
+        # Per expert and output channel: the input axis (1) is the one reduced.
+        return quantize_weight(w, self.qtype, (0, *range(2, w.ndim)))
 
     def expert_matmul(self, lhs: jax.Array, w, group_sizes: jax.Array, experts: jax.Array) -> jax.Array:
         if not isinstance(w, qwix.QArray):
@@ -42,9 +43,3 @@ class WeightOnlyFusedMoEMethod(UnquantizedFusedMoEMethod):
         out = self.grouped_matmul(lhs, w.qvalue.reshape(E, k, -1), group_sizes)
         # Rows past the last group (token copies for other devices' experts) are dropped later.
         return out * w.scale.reshape(E, -1)[jnp.minimum(experts, E - 1)].astype(out.dtype)
-
-
-@jax.jit(static_argnums=1)
-def _quantize(w: jax.Array, qtype) -> qwix.QArray:
-    """Per expert and output channel: the input axis (1) is the one reduced."""
-    return qwix.quantize(w.astype(jnp.float32), qtype, channelwise_axes=(0, *range(2, w.ndim)))
