@@ -13,6 +13,7 @@ import yaml
 
 from jaxvllm.config.engine_config import (CacheConfig, EngineConfig, ParallelConfig,
                                            SchedulerConfig)
+from jaxvllm.layers.quantization.compressed_tensors import resolve_quantization
 from jaxvllm.platforms import get_platform
 
 
@@ -53,7 +54,9 @@ class EngineArgs:
     """Compile each shape on first use instead of at start-up."""
     quantization: str | None = None
     """Quantize the matmul weights at load, from any float checkpoint: int8 or fp8 (e4m3),
-    weight-only with one scale per output channel; None keeps them in dtype."""
+    weight-only with one scale per output channel; None keeps them in dtype. A checkpoint
+    quantized already (compressed-tensors fp8 or int8) is detected from its config.json and
+    loads as stored: leave this unset (or name its method, compressed-tensors)."""
     kv_cache_dtype: str = "auto"
     """KV cache storage: auto (the model dtype), fp8 (= fp8_e4m3), fp8_e5m2, or int8 (a fixed
     scale per K and V)."""
@@ -155,7 +158,8 @@ class EngineArgs:
         )
         config = EngineConfig(model=self.model, dtype=dtype, cache=cache, scheduler=sched, seed=self.seed,
                               skip_warmup=self.skip_warmup, attention_backend=self.attention_backend,
-                              quantization=self.quantization, kv_cache_dtype=self.kv_cache_dtype,
+                              quantization=resolve_quantization(self.quantization, hf_config),
+                              kv_cache_dtype=self.kv_cache_dtype,
                               profile_dir=self.profile_dir,
                               check_recompilation=self.check_recompilation,
                               async_scheduling=(self.async_scheduling if self.async_scheduling is not None

@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 # vLLM's names (jaxvllm/layers/quantization, jaxvllm/layers/kv_cache_dtype.py run them).
-QUANTIZATIONS = (None, "int8", "fp8")
+QUANTIZATIONS = (None, "int8", "fp8", "compressed-tensors")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8")
 
 

@@ -22,6 +22,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxvllm.distributed.mesh import MODEL_AXIS as M
+from jaxvllm.layers.quantization.quantized_weight import QuantizedWeight
 
 # [in, *out] layout (models/llama.py); "layers.o_proj" stands for every layer's
 # "layers.<i>.o_proj".
@@ -112,7 +113,10 @@ def kv_cache_sharding(mesh: Mesh) -> NamedSharding:
 def place(mesh: Mesh, name: str, value: np.ndarray, expert_parallel: bool = False) -> jax.Array:
     """A host array put onto the mesh shard by shard: each device receives only its slice
     (and each process supplies only its own devices' slices), so no device ever holds a
-    whole tensor that is meant to be split."""
+    whole tensor that is meant to be split. A pre-quantized weight becomes a QArray whose
+    values and scales are split alike (a scale axis of size 1 is replicated)."""
+    if isinstance(value, QuantizedWeight):
+        return value.to_qarray(lambda part: place(mesh, name, part, expert_parallel))
     sharding = param_sharding(name, value.shape, mesh, expert_parallel)
     return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
 

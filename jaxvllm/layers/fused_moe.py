@@ -29,7 +29,9 @@ from jaxvllm.distributed.mesh import MODEL_AXIS as M
 
 # grouped_matmul(lhs [m, k], rhs [groups, k, n], group_sizes i32[groups]) -> [m, n]: rows of
 # lhs in consecutive groups, group g multiplied by rhs[g]; rows past the last group are
-# undefined (ragged_dot writes zeros, megablox leaves them unwritten), and dropped below.
+# undefined (ragged_dot writes zeros, megablox leaves them unwritten), and dropped below. rhs
+# may be 8-bit (quantized experts, layers/quantization/weight_only_moe.py): each implementation
+# converts it to lhs's dtype.
 # Implementations: jax.lax.ragged_dot, jaxvllm/kernels/{xla,pallas}/grouped_matmul*.py.
 GroupedMatmul = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
 
@@ -52,6 +54,14 @@ class UnquantizedFusedMoEMethod:
     def __init__(self, grouped_matmul: GroupedMatmul = jax.lax.ragged_dot):
         self.grouped_matmul = grouped_matmul
 
+    def process_weights_after_loading(self, w: jax.Array) -> jax.Array:
+        return w
+
+    def expert_matmul(self, lhs: jax.Array, w: jax.Array, group_sizes: jax.Array, experts: jax.Array) -> jax.Array:
+        """lhs [rows, k], rows sorted by expert (experts: each row's), times its expert's
+        w [experts, k, *out]: [rows, prod(out)]."""
+        return self.grouped_matmul(lhs, w.reshape(*w.shape[:2], -1), group_sizes)
+
     def apply(self, x: jax.Array, w_gate_up: jax.Array, w_down: jax.Array, topk_weights: jax.Array,
               topk_ids: jax.Array, first_expert: jax.Array | int = 0) -> jax.Array:
         """x [tokens, hidden] through the experts w_gate_up/w_down hold, numbered from
@@ -64,10 +74,9 @@ class UnquantizedFusedMoEMethod:
         expert = jnp.where(local, expert, E)  # others sort after every local group
         order = jnp.argsort(expert, stable=True)
         group_sizes = jnp.bincount(expert, length=E + 1)[:E].astype(jnp.int32)
-        token = order // k
-        gate_up = self.grouped_matmul(x[token], w_gate_up.reshape(E, hidden, 2 * inter), group_sizes)
-        gate_up = gate_up.reshape(-1, 2, inter)
-        out = self.grouped_matmul(jax.nn.silu(gate_up[:, 0]) * gate_up[:, 1], w_down, group_sizes)
+        token, experts = order // k, expert[order]
+        gate_up = self.expert_matmul(x[token], w_gate_up, group_sizes, experts).reshape(-1, 2, inter)
+        out = self.expert_matmul(jax.nn.silu(gate_up[:, 0]) * gate_up[:, 1], w_down, group_sizes, experts)
         weight = jnp.where(local, topk_weights.reshape(-1), 0)[order]
         out = jnp.where(weight[:, None] != 0, out * weight[:, None].astype(out.dtype), 0)
         return jnp.zeros((T, hidden), out.dtype).at[token].add(out).astype(x.dtype)
@@ -98,6 +107,7 @@ def fused_moe(method: UnquantizedFusedMoEMethod, x: jax.Array, w_gate_up: jax.Ar
         specs = (P(M, None, None, None), P(M, None, None))
     else:
         specs = (P(None, None, None, M), P(None, M, None))
+    specs = (_per_array(w_gate_up, specs[0]), _per_array(w_down, specs[1]))
 
     def local(x, w_gate_up, w_down, topk_weights, topk_ids):
         first = jax.lax.axis_index(M) * w_gate_up.shape[0] if expert_parallel else 0
@@ -105,3 +115,9 @@ def fused_moe(method: UnquantizedFusedMoEMethod, x: jax.Array, w_gate_up: jax.Ar
 
     return jax.shard_map(local, mesh=mesh, in_specs=(P(), *specs, P(), P()), out_specs=P(),
                          check_vma=False)(x, w_gate_up, w_down, topk_weights, topk_ids)
+
+
+def _per_array(w, spec: P):
+    """spec for w, or for each array of a quantized w (a QArray: its scale's input axis, of
+    size 1, is not split)."""
+    return jax.tree.map(lambda a: P(*(None if n == 1 else axis for axis, n in zip(spec, a.shape))), w)

@@ -144,7 +144,7 @@ class GemmaForCausalLM(LlamaForCausalLM):
         return soft_cap(super().compute_logits(hidden, num_rows), self.args.final_logit_softcapping)
 
     def load_hf_weights(self, weights: dict[str, np.ndarray], place=None) -> None:
-        place = place or (lambda name, value: jnp.asarray(value))
+        place = place or hf_weights.default_place
         dtype = self.embed_tokens.get_value().dtype
         prefix = {"q_norm": "self_attn.", "k_norm": "self_attn."}
         norms = ((f"layers.{i}.{name}", hf_weights.load(

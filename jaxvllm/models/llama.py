@@ -19,6 +19,7 @@ from jaxvllm.distributed.mesh import MODEL_AXIS as M, constrain
 from jaxvllm.layers.attention import AttentionMetadata
 from jaxvllm.layers.linear import UnquantizedLinearMethod
 from jaxvllm.layers.rotary import apply_rotary, compute_inv_freq
+from jaxvllm.models import hf_weights
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,7 +187,7 @@ class LlamaForCausalLM(nnx.Module):
     def load_hf_weights(self, weights: dict[str, np.ndarray], place=None) -> None:
         """place(name, host_array) -> jax.Array puts each weight on device (default: the
         default device); the tensor-parallel worker passes one that places shard by shard."""
-        place = place or (lambda name, value: jnp.asarray(value))
+        place = place or hf_weights.default_place
         self.load_weights((name, place(name, value)) for name, value in _from_hf(self, weights))
 
     def load_weights(self, weights) -> None:
@@ -218,21 +219,10 @@ def _from_hf(model: LlamaForCausalLM, weights: dict[str, np.ndarray]):
     shapes = {name: out for name, (_, out) in linear_shapes(a).items()}
     group, d = a.num_heads // a.num_kv_heads, a.head_dim
 
-    def get(key):
-        if key not in weights:
-            raise ValueError(f"Checkpoint is missing tensor {key!r}.")
-        return weights[key]
+    get = functools.partial(hf_weights.get, weights)
 
     def fit(key, w, shape):
-        """w zero-padded to shape (checkpoint values in the leading slots)."""
-        if w.ndim != len(shape) or any(n > m for n, m in zip(w.shape, shape)):
-            raise ValueError(f"Tensor {key!r} of shape {w.shape} does not fit the model config "
-                             f"({shape}).")
-        if w.shape == shape:
-            return w.astype(dtype, copy=False)
-        value = np.zeros(shape, dtype)
-        value[tuple(slice(0, n) for n in w.shape)] = w
-        return value
+        return hf_weights.fit(key, w, shape, dtype)
 
     def heads(key, w, n):
         """[n * head_dim, ...] -> [kv heads, n per KV head, head_dim, ...] (KV heads may be few)."""
@@ -267,4 +257,4 @@ def _from_hf(model: LlamaForCausalLM, weights: dict[str, np.ndarray]):
     yield "embed_tokens", get("model.embed_tokens.weight").astype(dtype, copy=False)
     yield "norm", get("model.norm.weight").astype(dtype, copy=False)
     if not a.tie_word_embeddings:
-        yield "lm_head", get("lm_head.weight").T.astype(dtype, copy=False)
+        yield "lm_head", fit("lm_head.weight", get("lm_head.weight").T, (a.hidden_size, a.vocab_size))

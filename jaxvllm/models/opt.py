@@ -15,7 +15,7 @@ from flax import nnx
 from jaxvllm.distributed.mesh import MODEL_AXIS as M, constrain
 from jaxvllm.layers.attention import AttentionMetadata
 from jaxvllm.layers.linear import UnquantizedLinearMethod
-from jaxvllm.models.hf_weights import fit, get, load
+from jaxvllm.models.hf_weights import default_place, fit, get, load
 
 POSITION_OFFSET = 2  # OPT's position table starts two rows in (a fairseq padding convention)
 
@@ -152,7 +152,7 @@ class OPTForCausalLM(nnx.Module):
         return constrain(logits, None, M)
 
     def load_hf_weights(self, weights: dict[str, np.ndarray], place=None) -> None:
-        place = place or (lambda name, value: jnp.asarray(value))
+        place = place or default_place
         # facebook/opt-* checkpoints name the decoder without the "model." that transformers writes.
         weights = {f"model.{k}" if k.startswith("decoder.") else k: v for k, v in weights.items()}
         self.load_weights((name, place(name, value)) for name, value in _from_hf(self, weights))

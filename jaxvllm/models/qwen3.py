@@ -68,7 +68,7 @@ class Qwen3ForCausalLM(LlamaForCausalLM):
         return rms_norm(h, self.norm.get_value(), a.rms_norm_eps), kv_cache
 
     def load_hf_weights(self, weights: dict[str, np.ndarray], place=None) -> None:
-        place = place or (lambda name, value: jnp.asarray(value))
+        place = place or hf_weights.default_place
         dtype = self.embed_tokens.get_value().dtype
         norms = ((f"layers.{i}.{n}", hf_weights.load(weights, f"model.layers.{i}.self_attn.{n}.weight",
                                                       (self.args.head_dim,), dtype))

@@ -60,13 +60,12 @@ class CpuPlatform(Platform):
             return PackedLinearMethod()
         return super().linear_method(attention_backend, num_devices, quantization)
 
-    def fused_moe_method(self):
-        """The experts through a loop over the (row tile, expert) pairs that hold rows
+    def grouped_matmul(self) -> Callable:
+        """A loop over the (row tile, expert) pairs that hold rows
         (jaxvllm/kernels/xla/grouped_matmul.py): XLA:CPU lowers ragged_dot to every row times
         every expert, masked."""
         from jaxvllm.kernels.xla.grouped_matmul import grouped_matmul
-        from jaxvllm.layers.fused_moe import UnquantizedFusedMoEMethod
-        return UnquantizedFusedMoEMethod(grouped_matmul)
+        return grouped_matmul
 
     @property
     def layer_loop(self) -> Callable:

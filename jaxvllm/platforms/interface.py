@@ -85,11 +85,20 @@ class Platform:
         from jaxvllm.layers.linear import UnquantizedLinearMethod
         return UnquantizedLinearMethod()
 
-    def fused_moe_method(self):
-        """How a mixture-of-experts layer runs its experts (jaxvllm/layers/fused_moe.py): a
-        grouped matmul over the token copies sorted by expert, XLA's `ragged_dot`."""
+    def fused_moe_method(self, quantization: str | None = None):
+        """How a mixture-of-experts layer runs its experts (jaxvllm/layers/fused_moe.py): the
+        platform's grouped matmul over the token copies sorted by expert; with `quantization`,
+        8-bit experts (jaxvllm/layers/quantization/weight_only_moe.py)."""
+        if quantization is not None:
+            from jaxvllm.layers.quantization.weight_only_moe import WeightOnlyFusedMoEMethod
+            return WeightOnlyFusedMoEMethod(quantization, self.grouped_matmul())
         from jaxvllm.layers.fused_moe import UnquantizedFusedMoEMethod
-        return UnquantizedFusedMoEMethod()
+        return UnquantizedFusedMoEMethod(self.grouped_matmul())
+
+    def grouped_matmul(self) -> Callable:
+        """The experts' grouped matmul (contract: jaxvllm/layers/fused_moe.py): XLA's `ragged_dot`."""
+        import jax
+        return jax.lax.ragged_dot
 
     @property
     def layer_loop(self) -> Callable:

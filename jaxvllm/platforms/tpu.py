@@ -2,6 +2,8 @@
 conditionals in a step."""
 from __future__ import annotations
 
+from typing import Callable
+
 from jaxvllm.platforms.interface import Platform
 
 
@@ -15,9 +17,8 @@ class TpuPlatform(Platform):
     def ray_worker_resources(self, num_devices: int) -> dict[str, float]:
         return {"TPU": num_devices}
 
-    def fused_moe_method(self):
-        """The experts through Pallas megablox `gmm`, the grouped kernel written for the MXU
-        (MaxText's and tpu-inference's choice)."""
+    def grouped_matmul(self) -> Callable:
+        """Pallas megablox `gmm`, the grouped kernel written for the MXU (MaxText's and
+        tpu-inference's choice)."""
         from jaxvllm.kernels.pallas.grouped_matmul_tpu import grouped_matmul
-        from jaxvllm.layers.fused_moe import UnquantizedFusedMoEMethod
-        return UnquantizedFusedMoEMethod(grouped_matmul)
+        return grouped_matmul

@@ -39,6 +39,10 @@ def test_quantized_matmul_against_float(quantization):
     np.testing.assert_allclose(y, np.einsum("ti,ijk->tjk", np.asarray(x), deq), rtol=1e-5, atol=1e-4)
     ref = np.einsum("ti,ijk->tjk", np.asarray(x), np.asarray(w))
     assert np.abs(y - ref).max() < 4 * WEIGHT_RTOL[quantization] * np.abs(ref).max()
+    if quantization == "fp8":  # scales by llm-compressor's mse observer: no channel worse than absmax's
+        absmax = qwix.dequantize(qwix.quantize(w, jnp.float8_e4m3fn, channelwise_axes=(1, 2)))
+        errors = [(np.abs(np.asarray(d) - np.asarray(w)) ** 2.4).sum(axis=0) for d in (deq, absmax)]
+        assert (errors[0] <= errors[1]).all() and (errors[0] < errors[1]).any()
     # A float weight (a tied LM head: the embedding) is multiplied as XLA's method does.
     np.testing.assert_allclose(np.asarray(method.apply(x, w)), ref, rtol=1e-5, atol=1e-4)
 
@@ -110,3 +114,38 @@ def test_every_platform_runs_quantized_weights_through_xla(platform):
     method = p.linear_method(backend, 1, "fp8")
     assert isinstance(method, WeightOnlyLinearMethod) and method.qtype == jnp.float8_e4m3fn
     assert not isinstance(p.linear_method(backend, 1), WeightOnlyLinearMethod)
+
+
+def test_quantized_experts_against_the_dense_reference_on_dequantized_weights():
+    """fp8 experts (int8 differ in qtype only) through the CPU's tile loop (the whole layer and
+    expert-parallel shares) and XLA's ragged_dot, against every expert run densely on the
+    dequantized weights."""
+    from jaxvllm.kernels.xla.grouped_matmul import grouped_matmul
+    from jaxvllm.layers.fused_moe import dense_moe, select_experts
+    from jaxvllm.layers.quantization.weight_only_moe import WeightOnlyFusedMoEMethod
+    rng = np.random.default_rng(0)
+    T, H, I, E, k = 13, 32, 24, 8, 2
+    x = jnp.asarray(rng.standard_normal((T, H)), jnp.float32)
+    w_gate_up = jnp.asarray(rng.standard_normal((E, H, 2, I)) * 0.2, jnp.float32)
+    w_down = jnp.asarray(rng.standard_normal((E, I, H)) * 0.2, jnp.float32)
+    weights, ids = select_experts(jnp.asarray(rng.standard_normal((T, E)), jnp.float32), k, True)
+    float_ref = np.asarray(dense_moe(x, w_gate_up, w_down, weights, ids))
+    tiles, ragged = (WeightOnlyFusedMoEMethod("fp8", gm) for gm in (grouped_matmul, jax.lax.ragged_dot))
+    q_gate_up, q_down = (tiles.process_weights_after_loading(w) for w in (w_gate_up, w_down))
+    assert q_gate_up.qvalue.dtype == tiles.qtype and q_gate_up.scale.shape == (E, 1, 2, I)
+    assert q_down.scale.shape == (E, 1, H)
+
+    @jax.jit  # one compile instead of one per operation
+    def run(q_gate_up, q_down):
+        def experts(w, e):
+            return jax.tree.map(lambda a: a[e:e + 2], w)
+        shares = sum(tiles.apply(x, experts(q_gate_up, e), experts(q_down, e), weights, ids, first_expert=e)
+                     for e in range(0, E, 2))
+        return (tiles.apply(x, q_gate_up, q_down, weights, ids), shares,
+                ragged.apply(x, q_gate_up, q_down, weights, ids),
+                dense_moe(x, qwix.dequantize(q_gate_up), qwix.dequantize(q_down), weights, ids))
+
+    *got, reference = run(q_gate_up, q_down)
+    for out in got:
+        np.testing.assert_allclose(out, reference, rtol=1e-5, atol=1e-5)
+    assert np.abs(np.asarray(reference) - float_ref).max() < 8 * WEIGHT_RTOL["fp8"] * np.abs(float_ref).max()

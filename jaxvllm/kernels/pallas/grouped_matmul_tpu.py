@@ -20,5 +20,6 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *,
     m, k = lhs.shape
     n = rhs.shape[2]
     tiling = (math.gcd(m, TILE), min(k, TILE), min(n, TILE))
-    return gmm(lhs, rhs, group_sizes, preferred_element_type=lhs.dtype, tiling=tiling,
+    # megablox multiplies float32 or bfloat16 only: 8-bit experts are converted before it.
+    return gmm(lhs, rhs.astype(lhs.dtype), group_sizes, preferred_element_type=lhs.dtype, tiling=tiling,
                interpret=interpret)

@@ -32,7 +32,9 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, ti
     def item(i, out):
         g = jnp.searchsorted(items_end, i, side="right")
         row = (first_tile[g] + i - (items_end[g] - num_tiles[g])) * tm
-        product = jax.lax.dynamic_slice_in_dim(lhs, row, tm) @ jax.lax.dynamic_index_in_dim(rhs, g, keepdims=False)
+        # An 8-bit rhs (quantized experts) is converted one group's matrix at a time.
+        w = jax.lax.dynamic_index_in_dim(rhs, g, keepdims=False).astype(lhs.dtype)
+        product = jax.lax.dynamic_slice_in_dim(lhs, row, tm) @ w
         rows = row + jnp.arange(tm)
         mine = (rows >= starts[g]) & (rows < ends[g])
         kept = jax.lax.dynamic_slice_in_dim(out, row, tm)
