@@ -12,7 +12,7 @@ Two sources of text solve both, each giving pieces whose concatenation is
 """
 from __future__ import annotations
 
-import codecs
+from codecs import utf_8_decode
 
 from tokenizers.decoders import DecodeStream
 
@@ -26,24 +26,28 @@ _MAX_PRIME_TOKENS = 24
 
 
 class TokenBytesStream:
-    """Text of a byte-level tokenizer's tokens: their bytes through an incremental UTF-8
-    decoder. Byte-level decoding needs no context, so the prompt plays no part."""
+    """Text of a byte-level tokenizer's tokens: their bytes, decoded as UTF-8 up to the
+    last complete character (the rest waits for the next step, as codecs' incremental
+    decoder does). Byte-level decoding needs no context, so the prompt plays no part."""
 
     def __init__(self, table: list[bytes]):
         self._table = table
-        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+        self._pending = b""  # the first bytes of an incomplete last character
 
     def step(self, token_ids: list[int]) -> str:
         table = self._table
         try:
-            data = b"".join([table[t] for t in token_ids])
+            data = self._pending + b"".join([table[t] for t in token_ids])
         except IndexError:  # an id past the tokenizer's vocabulary: decode skips it too
-            data = b"".join([table[t] if t < len(table) else b"" for t in token_ids])
-        return self._utf8.decode(data)
+            data = self._pending + b"".join([table[t] if t < len(table) else b"" for t in token_ids])
+        text, consumed = utf_8_decode(data, "replace", False)
+        self._pending = data[consumed:]
+        return text
 
     def flush(self) -> str:
         """An incomplete last character, as decode renders it (U+FFFD)."""
-        return self._utf8.decode(b"", final=True)
+        text, self._pending = utf_8_decode(self._pending, "replace", True)[0], b""
+        return text
 
 
 class TokenizerStream:
@@ -97,9 +101,19 @@ class IncrementalDetokenizer:
             self.stop_buffer_length = max(len(s) for s in self.stop) - 1
         else:
             self.stop_buffer_length = 0
-        self.output_text = ""
+        self._text = ""
+        # With no stop string to look for, a byte-level stream's text is decoded when it is
+        # read, not at every step: a request read once (FINAL_ONLY) costs an append a step.
+        self._deferred: list[int] | None = [] if table is not None and not self.stop else None
         self._finished = False
         self._last_output_text_offset = 0
+
+    @property
+    def output_text(self) -> str:
+        if self._deferred:
+            self._text += self._source.step(self._deferred)
+            self._deferred.clear()
+        return self._text
 
     def update(self, new_token_ids: list[int], stop_terminated: bool) -> str | None:
         """Append newly generated tokens; return the stop string that matched, else None.
@@ -115,15 +129,19 @@ class IncrementalDetokenizer:
         if stop_terminated:
             if not self.include_stop_str_in_output:
                 new_token_ids = new_token_ids[:-1]
+            text = self.output_text
             if new_token_ids:
-                self.output_text += self._source.step(new_token_ids)
-            self.output_text += self._source.flush()
+                text += self._source.step(new_token_ids)
+            self._text = text + self._source.flush()
             self._finished = True
             return None
         if not new_token_ids:
             return None
-        offset_before = len(self.output_text)
-        self.output_text += self._source.step(new_token_ids)
+        if self._deferred is not None:
+            self._deferred += new_token_ids
+            return None
+        offset_before = len(self._text)
+        self._text += self._source.step(new_token_ids)
         if not self.stop:
             return None
         match = self._find_stop(offset_before)
@@ -131,7 +149,7 @@ class IncrementalDetokenizer:
             return None
         stop_str, start = match
         end = start + len(stop_str) if self.include_stop_str_in_output else start
-        self.output_text = self.output_text[:end]
+        self._text = self._text[:end]
         self._finished = True
         return stop_str
 
@@ -143,7 +161,7 @@ class IncrementalDetokenizer:
         """
         best = None
         for stop_str in self.stop:
-            start = self.output_text.find(stop_str, max(0, offset_before - len(stop_str) + 1))
+            start = self._text.find(stop_str, max(0, offset_before - len(stop_str) + 1))
             if start != -1 and (best is None or start < best[1]):
                 best = (stop_str, start)
         return best
@@ -157,15 +175,16 @@ class IncrementalDetokenizer:
         when the caller passes finished=True (length limit, abort), which also ends an
         incomplete last character.
         """
+        text = self.output_text
         if finished and not self._finished:
-            self.output_text += self._source.flush()
+            text = self._text = text + self._source.flush()
             self._finished = True
         hold = 0 if self._finished else self.stop_buffer_length
-        end = max(len(self.output_text) - hold, 0)
+        end = max(len(text) - hold, 0)
         if not delta:
-            return self.output_text[:end]
+            return text[:end]
         start = self._last_output_text_offset
         if end <= start:
             return ""
         self._last_output_text_offset = end
-        return self.output_text[start:end]
+        return text[start:end]
