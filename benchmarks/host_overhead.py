@@ -10,7 +10,9 @@ persistent-batch updates, input arrays, sampling metadata, reading the tokens ba
 (Scheduler.update_from_output) and `output` (OutputProcessor.process_outputs:
 detokenization, stop strings). Host time per step is everything but `device`. On an
 accelerator the device time of a small model's decode step is one to a few milliseconds, so
-this is the figure to keep below it (issue 21).
+this is the figure to keep below it (issue 21). The requests ask FINAL_ONLY outputs, as
+`LLM.generate` does; `--output-kind DELTA` builds a RequestOutput per request per step, as a
+streaming server request does.
 
 Step period: `--period-batch` decoding requests; the period is the wall time per engine step
 with nothing timed inside it, the device time the forward and sampler calls waited for one by
@@ -18,7 +20,8 @@ one over as many further steps. With async scheduling the host's work hides behi
 device's, so the period approaches the device time.
 
     python benchmarks/host_overhead.py [--batches 64 256 1024] [--steps 50] [--cpu-time]
-        [--period-batch 64] [--period-steps 30] [--period-model PATH|tiny] [--json PATH]
+        [--period-batch 64] [--period-steps 30] [--period-model PATH|tiny]
+        [--output-kind FINAL_ONLY|DELTA|CUMULATIVE] [--json PATH]
 """
 from __future__ import annotations
 
