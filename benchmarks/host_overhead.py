@@ -10,7 +10,9 @@ persistent-batch updates, input arrays, sampling metadata, reading the tokens ba
 (Scheduler.update_from_output) and `output` (OutputProcessor.process_outputs:
 detokenization, stop strings). Host time per step is everything but `device`. On an
 accelerator the device time of a small model's decode step is one to a few milliseconds, so
-this is the figure to keep below it (issue 21).
+this is the figure to keep below it (issue 21). The requests ask FINAL_ONLY outputs, as
+`LLM.generate` does; `--output-kind DELTA` builds a RequestOutput per request per step, as a
+streaming server request does.
 
 Step period: `--period-batch` decoding requests; the period is the wall time per engine step
 with nothing timed inside it, the device time the forward and sampler calls waited for one by
@@ -18,7 +20,8 @@ one over as many further steps. With async scheduling the host's work hides behi
 device's, so the period approaches the device time.
 
     python benchmarks/host_overhead.py [--batches 64 256 1024] [--steps 50] [--cpu-time]
-        [--period-batch 64] [--period-steps 30] [--period-model PATH|tiny] [--json PATH]
+        [--period-batch 64] [--period-steps 30] [--period-model PATH|tiny]
+        [--output-kind FINAL_ONLY|DELTA|CUMULATIVE] [--json PATH]
 """
 from __future__ import annotations
 
@@ -88,16 +91,21 @@ def tiny_model(path: Path) -> Path:
     return path
 
 
-def measure(model: Path, batch: int, steps: int, mixed: bool, clock=time.perf_counter) -> dict:
+def measure(model: Path, batch: int, steps: int, mixed: bool, clock=time.perf_counter,
+            output_kind: str = "FINAL_ONLY") -> dict:
     """Per-step seconds of each part over `steps` steps with `batch` requests running; with
-    `mixed`, a new request's prompt is prefilled beside the decodes in every step."""
+    `mixed`, a new request's prompt is prefilled beside the decodes in every step.
+    output_kind: FINAL_ONLY as `LLM.generate` and a non-streaming server request ask, DELTA
+    as a streaming one (a RequestOutput per request per step), or CUMULATIVE."""
     from jaxvllm import LLM, SamplingParams
+    from jaxvllm.sampling_params import RequestOutputKind
 
     llm = LLM(str(model), max_num_seqs=batch + 8, max_num_batched_tokens=max(512, batch + 64),
               max_model_len=512, num_gpu_blocks_override=(batch + 8) * 32 + 1, skip_warmup=True,
               enable_prefix_caching=False, async_scheduling=False)
     engine = llm.llm_engine
-    long = SamplingParams(max_tokens=400, ignore_eos=True, temperature=0.0)
+    long = SamplingParams(max_tokens=400, ignore_eos=True, temperature=0.0,
+                          output_kind=RequestOutputKind[output_kind])
     for i in range(batch):
         engine.add_request(f"d{i}", {"prompt_token_ids": [5 + i % 50] * 16}, long)
     while engine.engine_core_client.engine_core.scheduler.waiting:  # all prefilled: decoding
@@ -110,7 +118,8 @@ def measure(model: Path, batch: int, steps: int, mixed: bool, clock=time.perf_co
     for step in range(steps):
         if mixed:  # one new 48-token prompt per step, decoding beside the others
             engine.add_request(f"m{step}", {"prompt_token_ids": [7] * 48},
-                               SamplingParams(max_tokens=2, ignore_eos=True, temperature=0.0))
+                               SamplingParams(max_tokens=2, ignore_eos=True, temperature=0.0,
+                                              output_kind=RequestOutputKind[output_kind]))
         engine.step()
     wall = (time.perf_counter() - start) / steps
     parts = {p: s / steps for p, s in timer.parts().items()}
@@ -159,6 +168,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--cpu-time", action="store_true", help="time the host path's parts by this "
                     "thread's CPU time, not wall time: on a shared machine, waiting for a core does "
                     "not count (`device` is then the CPU time of its calls on this thread)")
+    ap.add_argument("--output-kind", default="FINAL_ONLY", choices=["FINAL_ONLY", "DELTA", "CUMULATIVE"],
+                    help="the decoding requests' output_kind (FINAL_ONLY: LLM.generate's; DELTA: a "
+                    "streaming server request's)")
     ap.add_argument("--json", default=None)
     ns = ap.parse_args(argv)
     rows, periods = [], {}
@@ -167,7 +179,7 @@ def main(argv=None) -> dict:
         for batch in ns.batches:
             for mixed in (False, True):
                 rows.append(measure(model, batch, ns.steps, mixed,
-                                    time.thread_time if ns.cpu_time else time.perf_counter))
+                                    time.thread_time if ns.cpu_time else time.perf_counter, ns.output_kind))
         period_model = str(model) if ns.period_model == "tiny" else ns.period_model
         for mode in ("async", "sync"):
             periods[mode] = step_period(period_model, ns.period_batch, ns.period_steps, mode == "async")
@@ -182,7 +194,8 @@ def main(argv=None) -> dict:
               f"device forward+sample {p['device_ms']:.2f} ms ({p['step_ms'] / p['device_ms']:.3f}x)")
     result = {"host_us_per_step": {str(r["batch"]): r["host_us"] for r in rows if not r["mixed"]},
               "mixed_host_us_per_step": {str(r["batch"]): r["host_us"] for r in rows if r["mixed"]},
-              "clock": "thread CPU time" if ns.cpu_time else "wall", "rows": rows, **periods}
+              "clock": "thread CPU time" if ns.cpu_time else "wall", "output_kind": ns.output_kind,
+              "rows": rows, **periods}
     if ns.json:
         Path(ns.json).write_text(json.dumps(result, indent=2))
     return result

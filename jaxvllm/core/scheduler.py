@@ -142,9 +142,10 @@ class Scheduler:
             if request.request_id in self._worker_known:
                 cached.req_ids.append(request.request_id)
                 cached.new_block_ids.append(blocks.get_block_ids())
-                cached.num_computed_tokens.append(request.num_computed_tokens)
+                cached.num_computed_tokens.append(num_computed)
             else:
                 new_reqs.append(self._new_request_data(request))
+            self._advance(request, num_new)  # scheduled requests are never a victim later on
 
         # A step that had to preempt admits nobody new: pages are short. (This also keeps
         # swap-ins and swap-outs out of the same step, so no host slot is both.)
@@ -171,6 +172,7 @@ class Scheduler:
             num_scheduled[request.request_id] = num_new
             token_budget -= num_new
             new_reqs.append(self._new_request_data(request))
+            self._advance(request, num_new)
 
         for data in new_reqs:
             self._worker_known.add(data.req_id)
@@ -186,15 +188,6 @@ class Scheduler:
         )
         self._finished_req_ids = set()
         requests = self.requests
-        for req_id, n in num_scheduled.items():
-            request = requests[req_id]
-            start = request.num_computed_tokens
-            num_prompt = len(request.prompt_token_ids)
-            if start < num_prompt:
-                self.num_prefill_tokens += min(n, num_prompt - start)
-            request.num_computed_tokens = start + n
-            if start + n >= request.num_tokens + request.num_output_placeholders:
-                request.num_output_placeholders += 1  # it samples: a token in flight until update
         manager = self.structured_output_manager
         if manager is not None and manager.matchers:
             # Constrained requests that sample this step (not mid-prompt) get their mask.
@@ -202,6 +195,17 @@ class Scheduler:
                 [r for r in num_scheduled if r in manager.matchers
                  and requests[r].num_computed_tokens >= requests[r].num_tokens])
         return output
+
+    def _advance(self, request: Request, num_new: int) -> None:
+        """The step computes num_new more of the request's tokens; when they reach its end it
+        samples, and the token is in flight (a placeholder) until update_from_output."""
+        start = request.num_computed_tokens
+        num_prompt = len(request.prompt_token_ids)
+        if start < num_prompt:
+            self.num_prefill_tokens += min(num_new, num_prompt - start)
+        request.num_computed_tokens = start + num_new
+        if start + num_new >= num_prompt + len(request.output_token_ids) + request.num_output_placeholders:
+            request.num_output_placeholders += 1
 
     def _num_new_tokens(self, request: Request, token_budget: int, num_computed: int) -> int:
         # Positions stop at max_model_len - 1: the token there is the last one computed.
@@ -258,30 +262,36 @@ class Scheduler:
                            runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
         outputs = []
         logprobs, prompt_logprobs = runner_output.logprobs, runner_output.prompt_logprobs
+        grammar, requests, max_model_len = scheduler_output.grammar_bitmask, self.requests, self.max_model_len
         for i, (req_id, sampled) in enumerate(zip(runner_output.req_ids,
                                                   runner_output.sampled_token_ids)):
             if not sampled:
                 continue  # a prefill chunk that samples nothing
-            request = self.requests.get(req_id)
+            request = requests.get(req_id)
             if request is None:
                 continue  # finished meanwhile: a token sampled a step late is dropped
             request.output_token_ids.extend(sampled)
             if request.num_output_placeholders:  # 0 after a preemption while it was in flight
                 request.num_output_placeholders -= 1
-            if scheduler_output.grammar_bitmask and req_id in scheduler_output.grammar_bitmask:
+            if grammar and req_id in grammar:
                 self.structured_output_manager.accept_token(req_id, sampled[-1])
             running = request.status == RequestStatus.RUNNING
-            finished = check_stop(request, self.max_model_len)
-            if finished:
+            if not check_stop(request, max_model_len):
+                if logprobs is None and not prompt_logprobs:  # a plain decode: the cheap path
+                    outputs.append(EngineCoreOutput(req_id, sampled, None, request.stop_reason))
+                    continue
+                finish_reason = None
+            else:
                 if running:
                     self.running.remove(request)
                 else:  # preempted while its token was in flight
                     self.waiting.remove_request(request)
                 self._free_request(request)
+                finish_reason = request.get_finished_reason()
             outputs.append(EngineCoreOutput(
                 request_id=req_id,
                 new_token_ids=sampled,
-                finish_reason=request.get_finished_reason() if finished else None,
+                finish_reason=finish_reason,
                 stop_reason=request.stop_reason,
                 new_logprobs=logprobs[i] if logprobs is not None else None,
                 new_prompt_logprobs=prompt_logprobs.get(req_id) if prompt_logprobs else None,

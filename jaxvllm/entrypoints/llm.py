@@ -1,6 +1,7 @@
 """LLM: offline batch generation, the class a vLLM user reaches for first."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Sequence
 
@@ -10,7 +11,7 @@ from jaxvllm.beam_search import BeamSearchOutput, beam_search
 from jaxvllm.config import EngineArgs
 from jaxvllm.engine.llm_engine import LLMEngine
 from jaxvllm.outputs import RequestOutput
-from jaxvllm.sampling_params import BeamSearchParams, SamplingParams
+from jaxvllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 from jaxvllm.vllm_compat import pop_vllm_args
 
 
@@ -47,6 +48,10 @@ class LLM:
             sampling_params = [sampling_params] * len(prompts)
         if len(sampling_params) != len(prompts):
             raise ValueError(f"Got {len(prompts)} prompts but {len(sampling_params)} sampling_params.")
+        # generate returns finished outputs only, so none is built per step (as in vLLM).
+        final = {id(p): dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY)
+                 for p in sampling_params}
+        sampling_params = [final[id(p)] for p in sampling_params]
         priority = [0] * len(prompts) if priority is None else list(priority)
         if len(priority) != len(prompts):
             raise ValueError(f"Got {len(prompts)} prompts but {len(priority)} priorities.")

@@ -57,6 +57,7 @@ class InputBatch:
     def __init__(self, max_num_seqs: int, max_model_len: int, max_pages_per_seq: int):
         S = max_num_seqs
         self.requests: dict[str, CachedRequestState] = {}
+        self.slot_of: dict[str, int] = {}  # requests[r].slot, for gathers by map (no Python loop)
         self.states: list[CachedRequestState | None] = [None] * S  # by row
         self.owing_prompt_logprobs: set[CachedRequestState] = set()  # until their first token
         self._free_slots = list(range(S - 1, -1, -1))
@@ -89,6 +90,7 @@ class InputBatch:
         for req_id in out.finished_req_ids | out.preempted_req_ids:
             state = self.requests.pop(req_id, None)
             if state is not None:
+                del self.slot_of[req_id]
                 state.live = False
                 self.states[state.slot] = None
                 self.owing_prompt_logprobs.discard(state)
@@ -96,8 +98,7 @@ class InputBatch:
         added = [self._add(new) for new in out.scheduled_new_reqs]
         cached = out.scheduled_cached_reqs
         if cached.req_ids:
-            requests = self.requests
-            slots = [requests[r].slot for r in cached.req_ids]
+            slots = list(map(self.slot_of.__getitem__, cached.req_ids))
             self.num_computed_tokens[slots] = cached.num_computed_tokens
             for slot, new_blocks in zip(slots, cached.new_block_ids):
                 if new_blocks:  # most decode steps add none
@@ -116,6 +117,7 @@ class InputBatch:
             state.prompt_logprobs = LogprobsLists([], [], [])
             self.owing_prompt_logprobs.add(state)
         self.requests[new.req_id] = self.states[slot] = state
+        self.slot_of[new.req_id] = slot
         num_prompt, num_out = len(new.prompt_token_ids), len(new.output_token_ids)
         n = num_prompt + num_out
         self.token_ids[slot, :num_prompt] = new.prompt_token_ids

@@ -171,8 +171,7 @@ class ModelRunner:
                                           np.zeros(0, np.int32))
         req_ids = list(out.num_scheduled_tokens)
         counts = np.fromiter(out.num_scheduled_tokens.values(), np.int32, N)
-        requests = batch.requests
-        rows = np.fromiter((requests[r].slot for r in req_ids), np.int32, N)
+        rows = np.fromiter(map(batch.slot_of.__getitem__, req_ids), np.int32, N)
         with jax.profiler.TraceAnnotation("prepare_inputs"):
             T = pick_bucket(self.token_buckets, out.total_num_scheduled_tokens)
             inputs = build_step_inputs(batch, rows, counts, T, self.block_size)

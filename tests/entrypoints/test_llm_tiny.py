@@ -113,7 +113,7 @@ def test_stop_conditions(tiny_model_dir, hf_greedy):
     # stop strings are found in the detokenized text, which is cut before them
     full = llm.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=N_NEW, min_tokens=N_NEW),
                         use_tqdm=False)[0].outputs[0].text
-    stop = full[len(full) // 2: len(full) // 2 + 2]
+    stop = full[2:4]  # early: without min_tokens this random model samples EOS within ten tokens
     out = llm.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=N_NEW, stop=stop),
                        use_tqdm=False)[0].outputs[0]
     assert out.text == full[:full.index(stop)]
