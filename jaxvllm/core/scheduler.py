@@ -14,11 +14,13 @@ step is preempted (the newest, or under the priority policy the one that ranks l
 its pages are copied to host slots first and copied back when it resumes, so it keeps
 its progress; when the host slots run short it is recomputed instead.
 
-With `skip_in_flight` (pipeline parallelism's batch queue, engine/batch_queue.py) several
-batches are in flight at once: a request in one whose tokens are not back yet is not
-scheduled again until they are (vLLM V1's `scheduled_req_ids`), nor resumed if it was
+With `max_concurrent_batches` > 1 (pipeline parallelism's batch queue, engine/batch_queue.py)
+that many batches are in flight at once: a request in one whose tokens are not back yet is
+not scheduled again until they are (vLLM V1's `scheduled_req_ids`), nor resumed if it was
 preempted meanwhile (victims are chosen as without the queue: sparing requests in flight
-lets two requests that each need the last pages take them from each other forever).
+lets two requests that each need the last pages take them from each other forever). A
+batch holds at most max_num_seqs / max_concurrent_batches requests, so that the running
+requests spread over the batches instead of all riding in one.
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ class Scheduler:
                  long_prefill_token_threshold: int = 0, scheduling_policy: str = "fcfs",
                  preemption_mode: str = "recompute", num_swap_blocks: int = 0, model_name: str = "",
                  structured_output_manager: StructuredOutputManager | None = None,
-                 skip_in_flight: bool = False):
+                 max_concurrent_batches: int = 1):
         if preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {preemption_mode!r}.")
         self.max_num_seqs = max_num_seqs
@@ -58,7 +60,8 @@ class Scheduler:
         self._worker_known: set[str] = set()
         self._finished_req_ids: set[str] = set()
         self.host_token_req_ids: set[str] = set()  # requests that need_host_tokens
-        self.in_flight_req_ids: set[str] | None = set() if skip_in_flight else None
+        self.in_flight_req_ids: set[str] | None = set() if max_concurrent_batches > 1 else None
+        self.max_batch_reqs = -(-max_num_seqs // max_concurrent_batches)
         self.num_preemptions = 0
         self.num_swap_outs = 0
         self.num_prefill_tokens = 0
@@ -123,9 +126,9 @@ class Scheduler:
         swap_out: list[tuple[int, int]] = []
         swap_in: list[tuple[int, int]] = []
 
-        in_flight = self.in_flight_req_ids or ()
+        in_flight, max_reqs = self.in_flight_req_ids or (), self.max_batch_reqs
         index = 0
-        while index < len(self.running) and token_budget > 0:
+        while index < len(self.running) and token_budget > 0 and len(num_scheduled) < max_reqs:
             request = self.running[index]
             if request.request_id in in_flight:
                 index += 1
@@ -161,7 +164,7 @@ class Scheduler:
         # A step that had to preempt admits nobody new: pages are short. (This also keeps
         # swap-ins and swap-outs out of the same step, so no host slot is both.)
         while (not preempted and self.waiting and token_budget > 0
-               and len(self.running) < self.max_num_seqs):
+               and len(self.running) < self.max_num_seqs and len(num_scheduled) < max_reqs):
             request = self.waiting.peek_request()
             if request.request_id in in_flight:
                 break  # preempted while in flight: it resumes once its token is back

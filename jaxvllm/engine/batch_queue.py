@@ -5,7 +5,7 @@ With one batch in the pipeline, stage s idles while the others compute. Here the
 schedules and dispatches batch n + 1 before it reads batch n's tokens, up to `size` batches
 in flight, so that stage 0 runs batch n + 1 while the last stage runs batch n (JAX's
 dispatch returns at once; each stage's programs queue on its own devices). The batches hold
-different requests (the scheduler's `skip_in_flight`), so no batch waits for another's
+different requests (the scheduler's `max_concurrent_batches`), so no batch waits for another's
 tokens, and their outputs are applied in dispatch order.
 """
 from __future__ import annotations

@@ -69,7 +69,7 @@ class EngineCore:
             num_swap_blocks=num_swap_blocks, model_name=config.model or model_path,
             structured_output_manager=StructuredOutputManager(lambda: load_tokenizer(model_path),
                                                               hf_config.vocab_size),
-            skip_in_flight=config.parallel.pipeline_parallel_size > 1)
+            max_concurrent_batches=config.parallel.pipeline_parallel_size)
         self.vocab_size = hf_config.vocab_size
         # Async scheduling: the step dispatched last, whose tokens are read after the next
         # one is dispatched.

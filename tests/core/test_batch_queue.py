@@ -1,7 +1,8 @@
 """Pipeline parallelism's batch queue on the host (engine/batch_queue.py with the scheduler's
-skip_in_flight): batch n + 1 is scheduled before batch n's tokens are back, never with a
-request of a batch in flight; the tokens are those of one request run alone and every block
-returns to the pool, through preemptions (of requests in flight too) and aborts. The fake worker
+max_concurrent_batches): batch n + 1 is scheduled before batch n's tokens are back, never
+with a request of a batch in flight, and each batch holds at most its share of max_num_seqs;
+the tokens are those of one request run alone and every block returns to the pool, through
+preemptions (of requests in flight too) and aborts. The fake worker
 of sched_harness runs each batch when it is dispatched, as the device does, in order."""
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from sched_harness import FakeWorker, hashed_tokens, reference, scenarios
 
 
 def run_queued(specs, aborts, size: int, token_fn, **cfg):
-    sched = Scheduler(**cfg, skip_in_flight=True)
+    sched = Scheduler(**cfg, max_concurrent_batches=size)
     worker, queue = FakeWorker(cfg["block_size"], token_fn), BatchQueue(size)
     ids = [f"req-{i}" for i in range(len(specs))]
     requests, outputs, aborted = {}, defaultdict(list), set()
@@ -26,6 +27,7 @@ def run_queued(specs, aborts, size: int, token_fn, **cfg):
         so = sched.schedule()
         in_flight = {r for batch, _ in queue.batches for r in batch.num_scheduled_tokens}
         assert not in_flight & set(so.num_scheduled_tokens), "a request in two batches in flight"
+        assert len(so.num_scheduled_tokens) <= -(-cfg["max_num_seqs"] // size)
         return so, worker.execute_model(so)
 
     def finish(batch):
@@ -67,8 +69,8 @@ def test_batches_in_flight_give_the_tokens_of_requests_run_alone(scenario):
 
 def test_in_flight_requests_are_not_scheduled_and_one_preempted_waits_for_its_token():
     params = SamplingParams(max_tokens=6, ignore_eos=True)
-    sched = Scheduler(max_num_seqs=4, max_num_batched_tokens=8, max_model_len=16, num_blocks=5,
-                      block_size=4, skip_in_flight=True)  # 4 usable blocks
+    sched = Scheduler(max_num_seqs=4, max_num_batched_tokens=16, max_model_len=16, num_blocks=5,
+                      block_size=4, max_concurrent_batches=2)  # 4 usable blocks, 2 requests a batch
     worker = FakeWorker(4, hashed_tokens(8))
 
     def dispatch():
