@@ -39,9 +39,12 @@ def run(model: str, configs: list[str], prompts: list[list[int]], n: int) -> dic
                   pipeline_parallel_size=pp,
                   enable_expert_parallel=config.endswith("ep"), skip_warmup=True, max_num_seqs=4,
                   max_num_batched_tokens=16, max_model_len=128, num_gpu_blocks_override=32)
+        runner = llm.llm_engine.engine_core.model_executor.driver_worker.model_runner
+        if config.endswith("ep"):  # compiled once, ahead: the run uses it and its text is read
+            forward, args, _ = runner.warmup_jobs()[len(runner.token_buckets) - 1]
+            forward.warm(*args)
         outputs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                                SamplingParams(temperature=0, max_tokens=n, min_tokens=n), use_tqdm=False)
-        runner = llm.llm_engine.engine_core.model_executor.driver_worker.model_runner
         layer = runner.params["layers"][0]
         result[config] = {
             "tokens": [o.outputs[0].token_ids for o in outputs],
@@ -49,8 +52,9 @@ def run(model: str, configs: list[str], prompts: list[list[int]], n: int) -> dic
                         for name in ("experts_gate_up", "experts_down")},
         }
         if config.endswith("ep"):
-            program, args, _ = runner.warmup_jobs()[len(runner.token_buckets) - 1]
-            result[config]["collectives"] = collectives(program.jitted.lower(*args).compile().as_text())
+            [compiled] = forward.programs.values()
+            result[config]["collectives"] = collectives(compiled.as_text())
+            del forward, args
         del llm, runner
     return result
 

@@ -1,5 +1,5 @@
-"""Tensor and pipeline parallelism for every model family beyond Llama: greedy tokens (and the
-extended sampler's) at TP=2 and at PP=2 equal TP=1's on simulated CPU devices (tp_check.py,
+"""Tensor and pipeline parallelism for every model family beyond Llama: greedy tokens at TP=2
+(and the extended sampler's) and at PP=2 equal TP=1's on simulated CPU devices (tp_check.py,
 one subprocess for all families). OPT, whose forward is its own, is not split into stages."""
 from __future__ import annotations
 
@@ -54,7 +54,5 @@ def test_pp2_matches_tp1(tp_results, arch):
     sliding-window layers in the first stage, the global one in the second)."""
     r = tp_results[arch]
     assert r["pp2"]["tokens"] == r["1"]["tokens"]
-    for (tokens, cum), (ref_tokens, ref_cum) in zip(r["pp2"]["extended"], r["1"]["extended"]):
-        assert tokens == ref_tokens and abs(cum - ref_cum) < 1e-4
     num_layers = r["1"]["kv_cache"]["shape"][0]
     assert [shape[0] for shape in r["pp2"]["kv_cache"]] == [(num_layers + 1) // 2, num_layers // 2]
