@@ -2,8 +2,8 @@
 jax is imported; the rest of the suite runs on one).
 
 python ep_check.py MODEL[,MODEL...] CONFIGS PROMPTS_JSON MAX_TOKENS -> JSON on the last stdout
-line: per model and config (`2`: TP=2; `2ep`: TP=2 with enable_expert_parallel; `pp2`: two
-pipeline stages of one device), the greedy
+line: per model and config (`2`: TP=2; `2ep`: TP=2 with enable_expert_parallel; `pp2x2`: two
+pipeline stages of TP=2), the greedy
 tokens, the per-device shard shapes of layer 0's experts, and under expert parallelism the
 collectives in the compiled forward of the largest token bucket.
 """
@@ -34,8 +34,8 @@ def main(models: str, configs: str, prompts: str, max_tokens: str) -> None:
 def run(model: str, configs: list[str], prompts: list[list[int]], n: int) -> dict:
     result = {}
     for config in configs:
-        pp = int(config.removeprefix("pp")) if config.startswith("pp") else 1
-        llm = LLM(model, tensor_parallel_size=1 if pp > 1 else int(config.removesuffix("ep")),
+        pp, tp = map(int, config[2:].split("x")) if config.startswith("pp") else (1, int(config.removesuffix("ep")))
+        llm = LLM(model, tensor_parallel_size=tp,
                   pipeline_parallel_size=pp,
                   enable_expert_parallel=config.endswith("ep"), skip_warmup=True, max_num_seqs=4,
                   max_num_batched_tokens=16, max_model_len=128, num_gpu_blocks_override=32)
