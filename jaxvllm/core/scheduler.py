@@ -13,6 +13,14 @@ step is preempted (the newest, or under the priority policy the one that ranks l
 `preemption_mode="recompute"` its pages are freed and it is recomputed later; with "swap"
 its pages are copied to host slots first and copied back when it resumes, so it keeps
 its progress; when the host slots run short it is recomputed instead.
+
+With `max_concurrent_batches` > 1 (pipeline parallelism's batch queue, engine/batch_queue.py)
+that many batches are in flight at once: a request in one whose tokens are not back yet is
+not scheduled again until they are (vLLM V1's `scheduled_req_ids`), nor resumed if it was
+preempted meanwhile (victims are chosen as without the queue: sparing requests in flight
+lets two requests that each need the last pages take them from each other forever). A
+batch holds at most max_num_seqs / max_concurrent_batches requests, so that the running
+requests spread over the batches instead of all riding in one.
 """
 from __future__ import annotations
 
@@ -32,7 +40,8 @@ class Scheduler:
                  num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
                  long_prefill_token_threshold: int = 0, scheduling_policy: str = "fcfs",
                  preemption_mode: str = "recompute", num_swap_blocks: int = 0, model_name: str = "",
-                 structured_output_manager: StructuredOutputManager | None = None):
+                 structured_output_manager: StructuredOutputManager | None = None,
+                 max_concurrent_batches: int = 1):
         if preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {preemption_mode!r}.")
         self.max_num_seqs = max_num_seqs
@@ -51,6 +60,8 @@ class Scheduler:
         self._worker_known: set[str] = set()
         self._finished_req_ids: set[str] = set()
         self.host_token_req_ids: set[str] = set()  # requests that need_host_tokens
+        self.in_flight_req_ids: set[str] | None = set() if max_concurrent_batches > 1 else None
+        self.max_batch_reqs = -(-max_num_seqs // max_concurrent_batches)
         self.num_preemptions = 0
         self.num_swap_outs = 0
         self.num_prefill_tokens = 0
@@ -115,9 +126,13 @@ class Scheduler:
         swap_out: list[tuple[int, int]] = []
         swap_in: list[tuple[int, int]] = []
 
+        in_flight, max_reqs = self.in_flight_req_ids or (), self.max_batch_reqs
         index = 0
-        while index < len(self.running) and token_budget > 0:
+        while index < len(self.running) and token_budget > 0 and len(num_scheduled) < max_reqs:
             request = self.running[index]
+            if request.request_id in in_flight:
+                index += 1
+                continue
             num_computed = request.num_computed_tokens
             num_new = request.num_tokens + request.num_output_placeholders - num_computed
             if num_new == 1:  # a decode: the common case, kept cheap
@@ -150,8 +165,10 @@ class Scheduler:
         # A step that had to preempt admits nobody new: pages are short. (This also keeps
         # swap-ins and swap-outs out of the same step, so no host slot is both.)
         while (not preempted and self.waiting and token_budget > 0
-               and len(self.running) < self.max_num_seqs):
+               and len(self.running) < self.max_num_seqs and len(num_scheduled) < max_reqs):
             request = self.waiting.peek_request()
+            if request.request_id in in_flight:
+                break  # preempted while in flight: it resumes once its token is back
             if request.status == RequestStatus.SWAPPED or owes_prompt_logprobs(request):
                 hit, num_hit = KVCacheBlocks([]), 0  # prompt logprobs need every position computed
             else:
@@ -187,6 +204,8 @@ class Scheduler:
             blocks_to_swap_in=swap_in,
         )
         self._finished_req_ids = set()
+        if self.in_flight_req_ids is not None:
+            self.in_flight_req_ids.update(num_scheduled)
         requests = self.requests
         manager = self.structured_output_manager
         if manager is not None and manager.matchers:
@@ -261,6 +280,8 @@ class Scheduler:
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
         outputs = []
+        if self.in_flight_req_ids is not None:
+            self.in_flight_req_ids.difference_update(scheduler_output.num_scheduled_tokens)
         logprobs, prompt_logprobs = runner_output.logprobs, runner_output.prompt_logprobs
         grammar, requests, max_model_len = scheduler_output.grammar_bitmask, self.requests, self.max_model_len
         for i, (req_id, sampled) in enumerate(zip(runner_output.req_ids,

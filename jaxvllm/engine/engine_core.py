@@ -18,6 +18,7 @@ from jaxvllm.core.scheduler import Scheduler
 from jaxvllm.core.stats import SchedulerStats
 from jaxvllm.core.structured_output import StructuredOutputManager
 from jaxvllm.distributed.multihost import SchedulerOutputBroadcaster
+from jaxvllm.engine.batch_queue import BatchQueue
 from jaxvllm.engine.exceptions import EngineSleepingError
 from jaxvllm.engine.messages import EngineCoreRequest
 from jaxvllm.executor.multiproc import MultiprocExecutor
@@ -67,12 +68,16 @@ class EngineCore:
             scheduling_policy=sched.scheduling_policy, preemption_mode=sched.preemption_mode,
             num_swap_blocks=num_swap_blocks, model_name=config.model or model_path,
             structured_output_manager=StructuredOutputManager(lambda: load_tokenizer(model_path),
-                                                              hf_config.vocab_size))
+                                                              hf_config.vocab_size),
+            max_concurrent_batches=config.parallel.pipeline_parallel_size)
         self.vocab_size = hf_config.vocab_size
         # Async scheduling: the step dispatched last, whose tokens are read after the next
         # one is dispatched.
         self.async_scheduling = config.async_scheduling
         self._in_flight: tuple[SchedulerOutput, AsyncModelRunnerOutput] | None = None
+        # Pipeline parallelism: a batch in flight per stage (vLLM's virtual engines).
+        pp = config.parallel.pipeline_parallel_size
+        self.batch_queue = BatchQueue(pp) if pp > 1 else None
         self.step_num = 0
         self.profiling = False
         self.sleeping_tags: set[str] = set()
@@ -103,6 +108,8 @@ class EngineCore:
         if self._in_flight is not None and not self.scheduler.has_unfinished_requests():
             self._finish(self._in_flight)  # tokens of finished requests only: dropped
             self._in_flight = None
+        if self.batch_queue and not self.scheduler.has_unfinished_requests():
+            self.batch_queue.drain(self._finish)
 
     def reset_prefix_cache(self) -> bool:
         return self.scheduler.reset_prefix_cache()
@@ -113,10 +120,13 @@ class EngineCore:
         return stats
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests() or self._in_flight is not None
+        return (self.scheduler.has_unfinished_requests() or self._in_flight is not None
+                or bool(self.batch_queue))
 
     def step(self) -> list[EngineCoreOutput]:
         # Named spans so that a jax.profiler trace shows host and device time per step.
+        if self.batch_queue is not None:
+            return self.batch_queue.step(self.scheduler, self._dispatch, self._finish)
         if self.async_scheduling:
             return self._step_async()
         if not self.scheduler.has_unfinished_requests():

@@ -64,6 +64,10 @@ class GemmaArgs(LlamaArgs):
             local_rope_theta=None if local is None else float(local["rope_theta"]),
             qk_norm=cfg.model_type == "gemma3_text")
 
+    def for_layers(self, layers: range) -> "GemmaArgs":
+        return dataclasses.replace(super().for_layers(layers),
+                                   sliding_layers=self.sliding_layers[layers.start:layers.stop])
+
 
 def gemma_rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     """Gemma's RMSNorm: the weight is an offset from 1, applied in float32."""
@@ -118,8 +122,15 @@ class GemmaForCausalLM(LlamaForCausalLM):
         norms = [("pre_feedforward_layernorm", a.hidden_size), ("post_feedforward_layernorm", a.hidden_size)]
         return norms + ([("q_norm", a.head_dim), ("k_norm", a.head_dim)] if a.qk_norm else [])
 
-    def __call__(self, input_ids: jax.Array, kv_cache: jax.Array, md: AttentionMetadata,
-                 attend, layer_loop) -> tuple[jax.Array, jax.Array]:
+    def embed(self, input_ids: jax.Array) -> jax.Array:
+        embed = self.embed_tokens.get_value()
+        return constrain(embed[input_ids] * jnp.asarray(self.args.hidden_size ** 0.5, embed.dtype), None, None)
+
+    def final_norm(self, h: jax.Array) -> jax.Array:
+        return gemma_rms_norm(h, self.norm.get_value(), self.args.rms_norm_eps)
+
+    def forward_layers(self, h: jax.Array, kv_cache: jax.Array, md: AttentionMetadata, attend,
+                       layer_loop) -> tuple[jax.Array, jax.Array]:
         a = self.args
         inv_freqs = (jnp.asarray(compute_inv_freq(a.head_dim, a.rope_theta, dict(a.rope_scaling or ()))),
                      jnp.asarray(compute_inv_freq(a.head_dim, a.local_rope_theta or a.rope_theta, None)))
@@ -135,10 +146,7 @@ class GemmaForCausalLM(LlamaForCausalLM):
                 q, k, v, kv_cache, layer, md, a.query_pre_attn_scalar ** -0.5, window, a.attn_logit_softcapping))
 
         weights = [(i, {k: v.get_value() for k, v in layer.items()}) for i, layer in enumerate(self.layers)]
-        embed = self.embed_tokens.get_value()
-        h = constrain(embed[input_ids] * jnp.asarray(a.hidden_size ** 0.5, embed.dtype), None, None)
-        h, kv_cache = layer_loop(weights, qkv, attend_layer, mlp, h, kv_cache)
-        return gemma_rms_norm(h, self.norm.get_value(), a.rms_norm_eps), kv_cache
+        return layer_loop(weights, qkv, attend_layer, mlp, h, kv_cache)
 
     def compute_logits(self, hidden: jax.Array, num_rows: jax.Array | None = None) -> jax.Array:
         return soft_cap(super().compute_logits(hidden, num_rows), self.args.final_logit_softcapping)

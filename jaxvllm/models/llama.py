@@ -64,6 +64,10 @@ class LlamaArgs:
             sliding_window=window,
         )
 
+    def for_layers(self, layers: range) -> "LlamaArgs":
+        """The args of a model of only these decoder layers (a pipeline stage's)."""
+        return dataclasses.replace(self, num_layers=len(layers))
+
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     x32 = x.astype(jnp.float32)
@@ -127,7 +131,10 @@ def _layer_shapes(a: LlamaArgs, linear_method) -> dict[str, tuple[int, ...]]:
 
 
 class LlamaForCausalLM(nnx.Module):
+    """A family changes its parts (embed, the layer functions in forward_layers, final_norm),
+    never the forward that joins them: pipeline stages run the parts one by one."""
     linear_shapes = staticmethod(linear_shapes)
+    attention_inputs = staticmethod(attention_inputs)
 
     def __init__(self, args: LlamaArgs, *, dtype=jnp.float32, linear_method=None):
         """Weights are zeros (norms ones): the model is built under nnx.eval_shape and its
@@ -168,15 +175,18 @@ class LlamaForCausalLM(nnx.Module):
         inv_freq = jnp.asarray(compute_inv_freq(a.head_dim, a.rope_theta, dict(a.rope_scaling or ())))
         num_tokens = md.cu_q_lens[md.num_seqs[0]]  # the rest of the token axis is padding
         linear = self.linear_method.apply
-        qkv = functools.partial(attention_inputs, a, linear, positions=md.positions, inv_freq=inv_freq,
-                                num_tokens=num_tokens)
-        mlp = functools.partial(mlp_block, a, linear, num_tokens=num_tokens)
+        qkv = functools.partial(self.attention_inputs, a, linear, positions=md.positions,
+                                inv_freq=inv_freq, num_tokens=num_tokens)
 
         def attend_layer(q, k, v, kv_cache, layer):
             return attend(q, k, v, kv_cache, layer, md, a.head_dim ** -0.5, a.sliding_window)
 
         weights = [{k: v.get_value() for k, v in layer.items()} for layer in self.layers]
-        return layer_loop(weights, qkv, attend_layer, mlp, h, kv_cache)
+        return layer_loop(weights, qkv, attend_layer, self.mlp(num_tokens), h, kv_cache)
+
+    def mlp(self, num_tokens: jax.Array):
+        """The layer function after attention: (weights, h, attention output) -> h."""
+        return functools.partial(mlp_block, self.args, self.linear_method.apply, num_tokens=num_tokens)
 
     def compute_logits(self, hidden: jax.Array, num_rows: jax.Array | None = None) -> jax.Array:
         """Logits of hidden's rows; with num_rows, those past it (padding) may be zeros."""

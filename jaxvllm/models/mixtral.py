@@ -19,11 +19,9 @@ import numpy as np
 from flax import nnx
 
 from jaxvllm.distributed.mesh import MODEL_AXIS as M, constrain
-from jaxvllm.layers.attention import AttentionMetadata
 from jaxvllm.layers.fused_moe import UnquantizedFusedMoEMethod, fused_moe, select_experts
-from jaxvllm.layers.rotary import compute_inv_freq
 from jaxvllm.models import hf_weights, llama
-from jaxvllm.models.llama import LlamaArgs, LlamaForCausalLM, attention_inputs, rms_norm
+from jaxvllm.models.llama import LlamaArgs, LlamaForCausalLM, rms_norm
 
 _DENSE_MLP = ("gate_up_proj", "down_proj")
 _EXPERTS = ("experts_gate_up", "experts_down")
@@ -83,7 +81,6 @@ class MixtralForCausalLM(LlamaForCausalLM):
     """Llama's embedding, attention, final norm, head and weight placement; routed experts
     for the MLP."""
     linear_shapes = staticmethod(linear_shapes)
-    attention_inputs = staticmethod(attention_inputs)
     qk_norm = False  # per-head RMSNorm of q and k before RoPE (Qwen3)
     # Hugging Face names under "model.layers.<i>.": the router, and expert e's gate, up and down.
     hf_router = "block_sparse_moe.gate"
@@ -117,24 +114,9 @@ class MixtralForCausalLM(LlamaForCausalLM):
             shapes.update(q_norm=(a.head_dim,), k_norm=(a.head_dim,))
         return shapes
 
-    def __call__(self, input_ids: jax.Array, kv_cache: jax.Array, md: AttentionMetadata,
-                 attend, layer_loop) -> tuple[jax.Array, jax.Array]:
-        """As LlamaForCausalLM's, with this family's attention inputs and MoE block."""
-        a = self.args
-        inv_freq = jnp.asarray(compute_inv_freq(a.head_dim, a.rope_theta, dict(a.rope_scaling or ())))
-        num_tokens = md.cu_q_lens[md.num_seqs[0]]
-        linear = self.linear_method.apply
-        qkv = functools.partial(self.attention_inputs, a, linear, positions=md.positions,
-                                inv_freq=inv_freq, num_tokens=num_tokens)
-        mlp = functools.partial(moe_block, a, linear, self.moe_method, num_tokens=num_tokens)
-
-        def attend_layer(q, k, v, kv_cache, layer):
-            return attend(q, k, v, kv_cache, layer, md, a.head_dim ** -0.5, a.sliding_window)
-
-        weights = [{k: v.get_value() for k, v in layer.items()} for layer in self.layers]
-        h = constrain(self.embed_tokens.get_value()[input_ids], None, None)
-        h, kv_cache = layer_loop(weights, qkv, attend_layer, mlp, h, kv_cache)
-        return rms_norm(h, self.norm.get_value(), a.rms_norm_eps), kv_cache
+    def mlp(self, num_tokens: jax.Array):
+        return functools.partial(moe_block, self.args, self.linear_method.apply, self.moe_method,
+                                 num_tokens=num_tokens)
 
     def load_hf_weights(self, weights: dict[str, np.ndarray], place=None) -> None:
         place = place or hf_weights.default_place

@@ -23,13 +23,14 @@ logger = logging.getLogger(__name__)
 
 def get_model(config: EngineConfig, model_path: str, hf_config, mesh: Mesh, *,
               pad_heads: bool = True, linear_method=None, moe_method=None,
-              weights: dict | None = None) -> nnx.Module:
+              weights: dict | None = None, layers: range | None = None) -> nnx.Module:
     """pad_heads: pad attention heads so they split evenly over the mesh (serving); off for
     `convert`, which stores the checkpoint's own shapes. linear_method: the platform's
     (jaxvllm/layers/linear.py; default XLA's), kept for the whole model: where it cannot take
     every matmul weight of this model, XLA's runs them all. moe_method: the platform's, for
     mixture-of-experts models (layers/fused_moe.py). weights: the checkpoint's tensors if the
-    caller has read them (load_weights), else read here."""
+    caller has read them (load_weights), else read here. layers: a pipeline stage's decoder
+    layers (models/stage_loader.py), whose weights come renumbered from 0."""
     model_cls, args_cls = get_model_class(hf_config)
     args = args_cls.from_hf_config(hf_config)
     dtype = jnp.dtype(config.dtype)
@@ -48,6 +49,8 @@ def get_model(config: EngineConfig, model_path: str, hf_config, mesh: Mesh, *,
         moe = dict(moe_method=moe_method)
     elif expert_parallel:
         raise ValueError(f"enable_expert_parallel: {hf_config.architectures} has no experts.")
+    if layers is not None:
+        padded = padded.for_layers(layers)
     method = linear_method or UnquantizedLinearMethod()
     if not all(method.supports(i, o, dtype) for i, o in model_cls.linear_shapes(padded).values()):
         logger.info("%s cannot take every matmul weight of this model; XLA runs them.", type(method).__name__)

@@ -3,7 +3,6 @@ one weight of head_dim shared by the heads) before the rotary embedding."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 
 import jax
@@ -12,10 +11,9 @@ import numpy as np
 from flax import nnx
 
 from jaxvllm.distributed.mesh import MODEL_AXIS as M, constrain
-from jaxvllm.layers.attention import AttentionMetadata
-from jaxvllm.layers.rotary import apply_rotary, compute_inv_freq
+from jaxvllm.layers.rotary import apply_rotary
 from jaxvllm.models import hf_weights
-from jaxvllm.models.llama import LlamaArgs, LlamaForCausalLM, _from_hf, mlp_block, rms_norm
+from jaxvllm.models.llama import LlamaArgs, LlamaForCausalLM, _from_hf, rms_norm
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,29 +41,13 @@ def attention_inputs(a: Qwen3Args, linear, w: dict, h: jax.Array, *, positions: 
 
 
 class Qwen3ForCausalLM(LlamaForCausalLM):
+    attention_inputs = staticmethod(attention_inputs)
+
     def __init__(self, args: Qwen3Args, *, dtype=jnp.float32, linear_method=None):
         super().__init__(args, dtype=dtype, linear_method=linear_method)
         for layer in self.layers:
             layer["q_norm"] = nnx.Param(jnp.ones((args.head_dim,), dtype))
             layer["k_norm"] = nnx.Param(jnp.ones((args.head_dim,), dtype))
-
-    def __call__(self, input_ids: jax.Array, kv_cache: jax.Array, md: AttentionMetadata,
-                 attend, layer_loop) -> tuple[jax.Array, jax.Array]:
-        a = self.args
-        inv_freq = jnp.asarray(compute_inv_freq(a.head_dim, a.rope_theta, dict(a.rope_scaling or ())))
-        num_tokens = md.cu_q_lens[md.num_seqs[0]]
-        linear = self.linear_method.apply
-        qkv = functools.partial(attention_inputs, a, linear, positions=md.positions, inv_freq=inv_freq,
-                                num_tokens=num_tokens)
-        mlp = functools.partial(mlp_block, a, linear, num_tokens=num_tokens)
-
-        def attend_layer(q, k, v, kv_cache, layer):
-            return attend(q, k, v, kv_cache, layer, md, a.head_dim ** -0.5)
-
-        weights = [{k: v.get_value() for k, v in layer.items()} for layer in self.layers]
-        h = constrain(self.embed_tokens.get_value()[input_ids], None, None)
-        h, kv_cache = layer_loop(weights, qkv, attend_layer, mlp, h, kv_cache)
-        return rms_norm(h, self.norm.get_value(), a.rms_norm_eps), kv_cache
 
     def load_hf_weights(self, weights: dict[str, np.ndarray], place=None) -> None:
         place = place or hf_weights.default_place

@@ -2,10 +2,12 @@
 its own mesh with its own layers and KV cache (the cache of a stage holds only its layers);
 the hidden states pass from stage to stage on device (`jax.device_put` between meshes).
 
-One batch is in the pipeline at a time: the host dispatches the stages' programs back to
-back without waiting (JAX's dispatch is asynchronous), but the next batch is scheduled only
-once this one's tokens are sampled, so while one stage computes the others wait. vLLM's
-virtual engines (P batches in flight) are not built.
+The host dispatches the stages' programs back to back without waiting (JAX's dispatch is
+asynchronous), and the engine's batch queue (engine/batch_queue.py) dispatches the next
+batch before this one's tokens are read, so that the stages compute different batches at
+once. Nothing of a batch may wait on the batch before: the first stage reads the last
+sampler's tokens only where a token is really in flight (never with the batch queue, which
+schedules a request again only once its tokens are back).
 
 Everything after the forward (sampler, penalties, logprobs) runs on the last stage's mesh,
 which holds the final norm and the LM head: that is ModelRunner's, unchanged.
@@ -34,6 +36,7 @@ class PipelineForward:
                  attends: list, meshes: list[Mesh], platform: Platform, count_compilation,
                  directory: str | None):
         self.params, self.programs, self.replicated = [], [], []
+        self.max_num_seqs = config.scheduler.max_num_seqs
         last = len(stages) - 1
         for s, (model, kv_cache, attend, mesh) in enumerate(zip(stages, kv_caches, attends, meshes)):
             graphdef, params = nnx.split(model)
@@ -62,10 +65,13 @@ class PipelineForward:
                                                  list(mesh.devices.flat), (0, 1)))
             self.params.append(params)
             self.replicated.append(rep)
+        # Stands in for the last sampler's tokens where none is in flight: no dependency.
+        self.no_tokens = jax.device_put(np.zeros(self.max_num_seqs, np.int32), self.replicated[0])
 
     def __call__(self, params, kv_caches, input_ids, prev_rows, last_sampled, md, logits_indices):
         x, caches = input_ids, list(kv_caches)
-        in_flight = (prev_rows, jax.device_put(last_sampled, self.replicated[0]))
+        in_flight = (prev_rows, jax.device_put(last_sampled, self.replicated[0])
+                     if (prev_rows < self.max_num_seqs).any() else self.no_tokens)
         for s, program in enumerate(self.programs[:-1]):
             x, caches[s] = program(self.params[s], caches[s], x, md, logits_indices, *in_flight)
             x, in_flight = jax.device_put(x, self.replicated[s + 1]), ()  # on to the next stage

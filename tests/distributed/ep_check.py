@@ -2,7 +2,8 @@
 jax is imported; the rest of the suite runs on one).
 
 python ep_check.py MODEL[,MODEL...] CONFIGS PROMPTS_JSON MAX_TOKENS -> JSON on the last stdout
-line: per model and config (`2`: TP=2; `2ep`: TP=2 with enable_expert_parallel), the greedy
+line: per model and config (`2`: TP=2; `2ep`: TP=2 with enable_expert_parallel; `pp2x2`: two
+pipeline stages of TP=2), the greedy
 tokens, the per-device shard shapes of layer 0's experts, and under expert parallelism the
 collectives in the compiled forward of the largest token bucket.
 """
@@ -33,12 +34,17 @@ def main(models: str, configs: str, prompts: str, max_tokens: str) -> None:
 def run(model: str, configs: list[str], prompts: list[list[int]], n: int) -> dict:
     result = {}
     for config in configs:
-        llm = LLM(model, tensor_parallel_size=int(config.removesuffix("ep")),
+        pp, tp = map(int, config[2:].split("x")) if config.startswith("pp") else (1, int(config.removesuffix("ep")))
+        llm = LLM(model, tensor_parallel_size=tp,
+                  pipeline_parallel_size=pp,
                   enable_expert_parallel=config.endswith("ep"), skip_warmup=True, max_num_seqs=4,
                   max_num_batched_tokens=16, max_model_len=128, num_gpu_blocks_override=32)
+        runner = llm.llm_engine.engine_core.model_executor.driver_worker.model_runner
+        if config.endswith("ep"):  # compiled once, ahead: the run uses it and its text is read
+            forward, args, _ = runner.warmup_jobs()[len(runner.token_buckets) - 1]
+            forward.warm(*args)
         outputs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                                SamplingParams(temperature=0, max_tokens=n, min_tokens=n), use_tqdm=False)
-        runner = llm.llm_engine.engine_core.model_executor.driver_worker.model_runner
         layer = runner.params["layers"][0]
         result[config] = {
             "tokens": [o.outputs[0].token_ids for o in outputs],
@@ -46,8 +52,9 @@ def run(model: str, configs: list[str], prompts: list[list[int]], n: int) -> dic
                         for name in ("experts_gate_up", "experts_down")},
         }
         if config.endswith("ep"):
-            program, args, _ = runner.warmup_jobs()[len(runner.token_buckets) - 1]
-            result[config]["collectives"] = collectives(program.jitted.lower(*args).compile().as_text())
+            [compiled] = forward.programs.values()
+            result[config]["collectives"] = collectives(compiled.as_text())
+            del forward, args
         del llm, runner
     return result
 

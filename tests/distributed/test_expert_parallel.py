@@ -1,6 +1,7 @@
 """Expert parallelism on 8 simulated CPU devices (in a subprocess, ep_check.py): greedy tokens
-at EP=2 and EP=4 (and TP=2, experts split on their features) equal TP=1's for Mixtral and
-Qwen3-MoE, each device holding whole experts; experts that do not divide are refused."""
+at EP=2 and EP=4 (and at TP=2, experts split on their features, in each of two pipeline
+stages) equal TP=1's for Mixtral and Qwen3-MoE, each device holding whole experts; experts
+that do not divide are refused."""
 from __future__ import annotations
 
 import json
@@ -38,13 +39,13 @@ def test_ep2_ep4_and_tp2_match_tp1(tmp_path):
     for arch in ("Mixtral", "Qwen3Moe"):
         cfgs[str(tmp_path / arch)] = write_tiny_moe(tmp_path / arch, arch)
         tokenizer.save_pretrained(tmp_path / arch)
-    results = run_ep(list(cfgs), "1,2,2ep,4ep", PROMPTS, 6)
+    results = run_ep(list(cfgs), "1,pp2x2,2ep,4ep", PROMPTS, 6)
     for path, r in results.items():
-        for config in ("2", "2ep", "4ep"):
+        for config in ("pp2x2", "2ep", "4ep"):
             assert r[config]["tokens"] == r["1"]["tokens"], (path, config)
         E, H = 8, cfgs[path].hidden_size
         I = getattr(cfgs[path], "moe_intermediate_size", None) or cfgs[path].intermediate_size
-        assert r["2"]["experts"]["experts_down"] == [[E, I // 2, H]] * 2  # each expert's features split
+        assert r["pp2x2"]["experts"]["experts_down"] == [[E, I // 2, H]] * 2  # each expert's features split
         for ep in (2, 4):
             assert r[f"{ep}ep"]["experts"] == {"experts_gate_up": [[E // ep, H, 2, I]] * ep,
                                                "experts_down": [[E // ep, I, H]] * ep}

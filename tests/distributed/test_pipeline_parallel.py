@@ -1,7 +1,8 @@
 """Pipeline parallelism on 4 simulated CPU devices: PP=2 and PP=2 x TP=2 give the greedy
-tokens of one device, each stage's KV cache holds only its layers, and only the first stage
-embeds and only the last normalizes and samples. The engines run in a subprocess
-(pp_check.py)."""
+tokens of one device, with two batches in flight (the batch queue), through preemptions and
+aborts that leave the KV pool whole; each stage's KV cache holds only its layers, and only
+the first stage embeds and only the last normalizes and samples. The engines run in a
+subprocess (pp_check.py)."""
 from __future__ import annotations
 
 import json
@@ -19,10 +20,10 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15], [40, 41]]
 
 
-def run_pp(model: str, layouts: str, prompts: list[list[int]], max_tokens: int) -> dict:
+def run_pp(model: str, layouts: str, prompts: list[list[int]], max_tokens: int, *extra: str) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
     proc = subprocess.run([sys.executable, os.path.join(HERE, "pp_check.py"), model, layouts,
-                           json.dumps(prompts), str(max_tokens)],
+                           json.dumps(prompts), str(max_tokens), *extra],
                           capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -40,20 +41,29 @@ def test_layers_split_as_evenly_as_possible():
 def test_tiny_model_in_two_stages_matches_one_device(tmp_path):
     """Three layers (2 + 1) and a tied head, which the last stage keeps (as the embedding, or
     as the linear method's own copy of it). PP=2 x TP=2 is warmed up with
-    check_recompilation: every stage's programs are compiled ahead."""
+    check_recompilation: every stage's programs are compiled ahead. The pool of 10 blocks is
+    too small for the four longer requests at once: they preempt each other."""
     from jaxvllm.transformers_utils.model_path import default_model_path
     from jaxvllm.transformers_utils.tokenizer import load_tokenizer
     write_tiny_llama(tmp_path, num_layers=3, tie=True)
     load_tokenizer(default_model_path()).save_pretrained(tmp_path)
-    r = run_pp(str(tmp_path), "1x1,2x1,2x2w", PROMPTS, 8)
+    r = run_pp(str(tmp_path), "1x1,2x1,2x2w", PROMPTS, 8, "10")
+    ref = r["1x1"]
+    assert ref["preemptions"] > 0 and ref["kept"] == ref["long"][0::2]
+    for layout in ("1x1", "2x1", "2x2w"):
+        assert r[layout]["free_after_long"] == r[layout]["free_after_abort"] == r[layout]["total_blocks"] == 9
     for layout in ("2x1", "2x2w"):
+        assert r[layout]["max_in_flight"] == 2
+        assert r[layout]["preemptions"] > 0 and r[layout]["long"] == ref["long"]
+        assert "a3" in r[layout]["in_flight_at_abort"]  # aborted while its batch was in flight
+        assert r[layout]["kept"] == ref["kept"] and r[layout]["aborted"] == []
         assert r[layout]["tokens"] == r["1x1"]["tokens"]
         for (tokens, cum), (ref_tokens, ref_cum) in zip(r[layout]["extended"], r["1x1"]["extended"]):
             assert tokens == ref_tokens and abs(cum - ref_cum) < 1e-4
         first, last = r[layout]["holds"]
         assert first == ["embed_tokens"] and last in (["embed_tokens", "norm"], ["norm", "lm_head"])
-    assert r["2x1"]["kv_shards"] == [[[2, 2, 64, 16, 2, 16]], [[1, 2, 64, 16, 2, 16]]]
-    assert r["2x2w"]["kv_shards"] == [[[2, 2, 64, 16, 1, 16]] * 2, [[1, 2, 64, 16, 1, 16]] * 2]
+    assert r["2x1"]["kv_shards"] == [[[2, 2, 10, 16, 2, 16]], [[1, 2, 10, 16, 2, 16]]]
+    assert r["2x2w"]["kv_shards"] == [[[2, 2, 10, 16, 1, 16]] * 2, [[1, 2, 10, 16, 1, 16]] * 2]
 
 
 @pytest.mark.slow
@@ -87,11 +97,17 @@ def test_scale_out_arguments_are_checked(args, message):
         EngineArgs(**args).create_engine_config(SimpleNamespace(max_position_embeddings=512), "cpu")
 
 
-def test_families_whose_forward_is_not_their_stage_parts_are_refused():
-    """Qwen3, Gemma and the MoE families run their own forward over Llama's classes: split
-    into stages they would run Llama's layers, so they are refused; Phi-3 is Llama's."""
-    from jaxvllm.models import gemma, llama, mixtral, phi3, qwen3
+def test_families_split_into_stages_and_a_forward_of_its_own_is_refused():
+    """The families change the stage parts (embed, forward_layers, final_norm), not the forward
+    that joins them; OPT has a forward of its own, so its stages would not run it."""
+    from jaxvllm.models import gemma, llama, mixtral, opt, phi3, qwen3, qwen3_moe
     from jaxvllm.models.stage_loader import _has_stage_parts
-    assert _has_stage_parts(llama.LlamaForCausalLM) and _has_stage_parts(phi3.Phi3ForCausalLM)
-    for cls in (qwen3.Qwen3ForCausalLM, gemma.GemmaForCausalLM, mixtral.MixtralForCausalLM):
-        assert not _has_stage_parts(cls), cls
+    for cls in (llama.LlamaForCausalLM, phi3.Phi3ForCausalLM, qwen3.Qwen3ForCausalLM, gemma.GemmaForCausalLM,
+                mixtral.MixtralForCausalLM, qwen3_moe.Qwen3MoeForCausalLM):
+        assert _has_stage_parts(cls), cls
+    assert not _has_stage_parts(opt.OPTForCausalLM)
+
+    class OwnForward(qwen3.Qwen3ForCausalLM):
+        def __call__(self, *args):
+            raise AssertionError("not run")
+    assert not _has_stage_parts(OwnForward)

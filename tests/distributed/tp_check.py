@@ -2,8 +2,10 @@
 before jax is imported, and the rest of the suite runs on one.
 
 python tp_check.py MODEL|default TP[,TP...] PROMPTS_JSON MAX_TOKENS [ATTENTION_BACKEND] -> JSON on
-the last stdout line: per TP, the greedy tokens and the per-device shard shapes of every weight and
-the KV cache.
+the last stdout line: per TP, the greedy tokens (and, but for the default model, whose tests
+compare greedy tokens only, those of the extended sampler) and the per-device shard shapes of
+every weight and the KV cache. A TP of "ppN" runs N pipeline stages of one device instead (greedy tokens and each
+stage's KV cache shape only).
 """
 import json
 import os
@@ -28,25 +30,33 @@ def main(model: str, tps: str, prompts: str, max_tokens: str, attention_backend:
     n = int(max_tokens)
     greedy = SamplingParams(temperature=0, max_tokens=n, min_tokens=n)
     result = {}
-    for tp in map(int, tps.split(",")):
-        llm = LLM(None if model == "default" else model, tensor_parallel_size=tp, skip_warmup=True,
+    for tp in tps.split(","):
+        pp = int(tp.removeprefix("pp")) if tp.startswith("pp") else 1
+        llm = LLM(None if model == "default" else model, tensor_parallel_size=1 if pp > 1 else int(tp),
+                  pipeline_parallel_size=pp, skip_warmup=True,
                   max_num_seqs=8, max_num_batched_tokens=128, max_model_len=256,
                   num_gpu_blocks_override=64, attention_backend=attention_backend)
         outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy, use_tqdm=False)
-        # The extended sampler (penalties, logprobs) reads the replicated hidden states too.
-        extended = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(
-            temperature=0, max_tokens=n, min_tokens=n, repetition_penalty=1.3, logprobs=2),
-            use_tqdm=False)
         runner = llm.llm_engine.engine_core.model_executor.driver_worker.model_runner
+        result[tp] = {"tokens": [o.outputs[0].token_ids for o in outputs]}
+        if pp > 1:  # the stages' split is the point; the sampler after them is the TP=1 one
+            result[tp]["kv_cache"] = [list(c.shape) for c in runner.kv_cache]
+            del llm, runner
+            continue
+        if model != "default":
+            # The extended sampler (penalties, logprobs) reads the replicated hidden states too.
+            extended = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(
+                temperature=0, max_tokens=n, min_tokens=n, repetition_penalty=1.3, logprobs=2),
+                use_tqdm=False)
+            result[tp]["extended"] = [[o.outputs[0].token_ids, o.outputs[0].cumulative_logprob]
+                                      for o in extended]
         leaves = jax.tree_util.tree_flatten_with_path(runner.params)[0]
-        result[tp] = {
-            "tokens": [o.outputs[0].token_ids for o in outputs],
-            "extended": [[o.outputs[0].token_ids, o.outputs[0].cumulative_logprob] for o in extended],
+        result[tp].update({
             "weights": {param_name(path): {"shape": list(x.shape), "shards": shard_shapes(x)}
                         for path, x in leaves},
             "kv_cache": {"shape": list(runner.kv_cache.shape),
                          "shards": shard_shapes(runner.kv_cache)},
-        }
+        })
         del llm, runner
     print(json.dumps(result))
 

@@ -44,13 +44,25 @@ def test_balancer_spreads_a_batch_then_follows_reported_load():
 
 
 def test_each_rank_sees_its_own_devices():
+    """CPU: its own simulated devices; GPU: its slice of CUDA_VISIBLE_DEVICES; TPU: its own
+    chips, as a one-process slice with its own port."""
     env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8 --xla_dump_to=x",
            "CUDA_VISIBLE_DEVICES": "4,5,6,7"}
     restrict_visible_devices(1, 2, env)
     assert env == {"XLA_FLAGS": "--xla_dump_to=x --xla_force_host_platform_device_count=2",
-                   "CUDA_VISIBLE_DEVICES": "6,7"}
+                   "CUDA_VISIBLE_DEVICES": "6,7", "TPU_VISIBLE_CHIPS": "2,3", "TPU_PROCESS_BOUNDS": "1,1,1",
+                   "TPU_CHIPS_PER_PROCESS_BOUNDS": "1,2,1", "TPU_PROCESS_PORT": "8477",
+                   "TPU_PROCESS_ADDRESSES": "localhost:8477", "CLOUD_TPU_TASK_ID": "0"}
+    env = {"TPU_VISIBLE_CHIPS": "0,1,2,3,4,5,6,7"}
+    restrict_visible_devices(1, 4, env)
+    assert (env["TPU_VISIBLE_CHIPS"], env["TPU_CHIPS_PER_PROCESS_BOUNDS"]) == ("4,5,6,7", "1,4,1")
+    env = {}
+    restrict_visible_devices(0, 8, env)
+    assert (env["TPU_VISIBLE_CHIPS"], env["TPU_CHIPS_PER_PROCESS_BOUNDS"]) == ("0,1,2,3,4,5,6,7", "2,4,1")
     with pytest.raises(ValueError, match="needs 6 GPUs; CUDA_VISIBLE_DEVICES lists 4"):
         restrict_visible_devices(2, 2, {"CUDA_VISIBLE_DEVICES": "0,1,2,3"})
+    with pytest.raises(ValueError, match="needs 8 TPU chips; TPU_VISIBLE_CHIPS lists 4"):
+        restrict_visible_devices(1, 4, {"TPU_VISIBLE_CHIPS": "0,1,2,3"})
 
 
 def test_metrics_label_each_engine_core():
