@@ -16,7 +16,7 @@ streaming server request does.
 
 Step period: `--period-batch` decoding requests; the period is the wall time per engine step
 with nothing timed inside it, the device time the forward and sampler calls waited for one by
-one over as many further steps. With async scheduling the host's work hides behind the
+one, over as many steps, in alternating windows (the context grows by one token per step). With async scheduling the host's work hides behind the
 device's, so the period approaches the device time.
 
     python benchmarks/host_overhead.py [--batches 64 256 1024] [--steps 50] [--cpu-time]
@@ -45,6 +45,7 @@ class StepTimer:
 
     def __init__(self, llm, clock=time.perf_counter):
         self.clock = clock
+        self.enabled = True  # off: the methods run as they are, nothing waits
         self.totals: dict[str, float] = defaultdict(float)
         core = llm.llm_engine.engine_core_client.engine_core
         runner = core.model_executor.driver_worker.model_runner
@@ -62,6 +63,8 @@ class StepTimer:
         inner = getattr(obj, method)
 
         def timed(*args, **kwargs):
+            if not self.enabled:
+                return inner(*args, **kwargs)
             start = self.clock()
             try:
                 out = inner(*args, **kwargs)
@@ -130,9 +133,12 @@ def measure(model: Path, batch: int, steps: int, mixed: bool, clock=time.perf_co
             **{f"{p}_us": s * 1e6 for p, s in parts.items()}}
 
 
-def step_period(model: str | None, batch: int, steps: int, async_scheduling: bool) -> dict:
+def step_period(model: str | None, batch: int, steps: int, async_scheduling: bool,
+                window: int = 5) -> dict:
     """Milliseconds per decode step at `batch` requests: the engine's period, and the device's
-    forward + sample time (None for `model`: the default model)."""
+    forward + sample time (None for `model`: the default model). Each is measured over `steps`
+    steps, in windows of `window` that alternate ABBA: every step reads a longer context than
+    the one before, so whichever went second would read more KV."""
     from jaxvllm import LLM, SamplingParams
 
     llm = LLM(model, max_num_seqs=batch, max_num_batched_tokens=max(256, batch), max_model_len=512,
@@ -145,16 +151,22 @@ def step_period(model: str | None, batch: int, steps: int, async_scheduling: boo
         engine.step()
     for _ in range(3):
         engine.step()
-    start = time.perf_counter()
-    for _ in range(steps):
-        engine.step()
-    period = (time.perf_counter() - start) / steps
-    timer = StepTimer(llm)  # waits for the device at each call: the steps no longer overlap
-    for _ in range(steps):
-        engine.step()
-    device = timer.totals["device"] / steps
+    timer = StepTimer(llm)  # when on, waits for the device at each call: steps no longer overlap
+    rounds, period, device = -(-steps // window), 0.0, 0.0
+    for k in range(rounds):
+        for timed in ((False, True) if k % 2 == 0 else (True, False)):
+            timer.enabled = timed
+            engine.step()  # the first step after a switch overlaps with nothing: not counted
+            start, before = time.perf_counter(), timer.totals["device"]
+            for _ in range(window):
+                engine.step()
+            if timed:
+                device += timer.totals["device"] - before
+            else:
+                period += time.perf_counter() - start
+    n = rounds * window
     engine.abort_request([f"p{i}" for i in range(batch)])
-    return {"step_ms": period * 1e3, "device_ms": device * 1e3}
+    return {"step_ms": period / n * 1e3, "device_ms": device / n * 1e3}
 
 
 def main(argv=None) -> dict:

