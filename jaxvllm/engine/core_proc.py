@@ -9,6 +9,7 @@ dataclass (serial_utils); nothing is unpickled.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import queue
 import threading
@@ -36,6 +37,12 @@ class EngineCoreProc(EngineCore):
     def __init__(self, config: EngineConfig, model_path: str, hf_config,
                  input_address: str, output_address: str):
         super().__init__(config, model_path, hf_config)
+        # What start-up built (modules, the model's Python objects, compiled programs) lives
+        # as long as the process: frozen, it is left out of the oldest generation's
+        # collections, which would otherwise walk all of it between two steps (vLLM freezes
+        # its engine core's start-up heap too).
+        gc.collect()
+        gc.freeze()
         self.input_queue: queue.Queue = queue.Queue()
         self.output_queue: queue.Queue = queue.Queue()
         self.ctx = zmq.Context()
