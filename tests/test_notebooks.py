@@ -1,5 +1,6 @@
 """The notebooks run top to bottom in a real Jupyter kernel (nbclient) with the default model:
-what a user opening them gets, including the trace parsing and the plots."""
+what a user opening them gets, including the trace parsing and the plots. The three build the
+same engine configuration, so the later two load the step programs the first one compiled."""
 from __future__ import annotations
 
 from pathlib import Path
