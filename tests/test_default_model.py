@@ -56,9 +56,14 @@ def prompts(llm):
 
 @pytest.fixture(scope="module")
 def hf_greedy(hf_default_model, prompts):
+    """transformers' greedy tokens for every prompt, generated as one left-padded batch (the
+    pads masked out): the tokens each prompt gets alone, with one decode step for all."""
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     with torch.no_grad():
-        return [hf_default_model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=N_NEW,
-                                  min_new_tokens=N_NEW)[0, len(p):].tolist() for p in prompts]
+        return hf_default_model.generate(ids, attention_mask=mask, pad_token_id=0, do_sample=False,
+                                         max_new_tokens=N_NEW, min_new_tokens=N_NEW)[:, width:].tolist()
 
 
 def _pool_is_full(llm) -> bool:
