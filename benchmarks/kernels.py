@@ -117,12 +117,11 @@ def kernel_for(platform, smoke):
     return "gpu", ragged_paged_attention_gpu.ragged_paged_attention, False
 
 
-def profile(kernel, interpret, case, dtype, heads, trace_dir, calls):
-    """Trace `calls` kernel calls of one case and print the device time per call by event:
-    the attention kernel against the XLA ops around it."""
+def profile(fn, args, case, trace_dir, calls):
+    """Trace `calls` calls of one case's jitted kernel `fn(*args)` (compiled already: the case
+    was just timed) and print the device time per call by event: the attention kernel against
+    the XLA ops around it."""
     kind, seqs, ps = case
-    args = make_case(np.random.default_rng(1), seqs, ps, dtype, *heads)
-    fn = jax.jit(lambda *x: kernel(*x, sm_scale=heads[2] ** -0.5, interpret=interpret))
     fn(*args).block_until_ready()
     with jax.profiler.trace(trace_dir):
         for _ in range(calls):
@@ -151,7 +150,7 @@ def main(argv=None):
     cases = SMOKE if a.smoke else [] if a.sweep_only else CASES
     iters = 2 if a.smoke else a.iters
     nq, nkv, hd = (8, 2, 64) if a.smoke else (NQ, NKV, HD)
-    bw = copy_bandwidth(64 << 20 if a.smoke else 2 << 30)
+    bw = copy_bandwidth(4 << 20 if a.smoke else 2 << 30)  # smoke: small (bfloat16 copies slowly on a CPU)
     print(f"device: {dev.device_kind} ({dev.platform}), kernel: {name}{' (interpret)' if interpret else ''}, "
           f"dtype {dtype.name}, jax {jax.__version__}, measured copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
 
@@ -174,6 +173,8 @@ def main(argv=None):
         print(f"  {kind:8s} {len(seqs):4d} seqs ctx {ctx:5d} ps {ps:3d}: kernel {kt * 1e3:8.3f} ms, "
               f"reference {rt * 1e3:8.3f} ms, {row['kernel_gbps']:7.0f} GB/s ({row['pct_copy_bw']:5.1f}%), "
               f"err {err:.2e}", flush=True)
+        if a.profile and len(rows) == 1:
+            profile(kfn, args, (kind, seqs, ps), a.profile, iters)
         del args, kout, rout
 
     sweep = []
@@ -196,8 +197,10 @@ def main(argv=None):
                     print(f"  sweep {label} {o}: failed: {repr(e)[:200]}", flush=True)
             del args, want
 
-    if a.profile:
-        profile(kernel, interpret, cases[0] if cases else CASES[0], dtype, (nq, nkv, hd), a.profile, iters)
+    if a.profile and not cases:  # --sweep-only: the first case, for its trace alone
+        kind, seqs, ps = CASES[0]
+        profile(jax.jit(lambda *x: kernel(*x, sm_scale=HD ** -0.5, interpret=interpret)),
+                make_case(rng, seqs, ps, dtype), CASES[0], a.profile, iters)
 
     result = dict(device=dev.device_kind, platform=dev.platform, kernel=name, interpret=interpret,
                   dtype=dtype.name, jax=jax.__version__, host=_platform.node(), copy_gbps=bw / 1e9,

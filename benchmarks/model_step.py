@@ -126,7 +126,7 @@ def main(argv=None):
     dtype = jnp.dtype(a.dtype or current_platform.default_dtype)
 
     # The machine's limits, measured first (and with the device's clocks up).
-    bandwidth = copy_bandwidth(16 << 20 if a.smoke else 256 << 20 if on_cpu else 2 << 30)
+    bandwidth = copy_bandwidth(4 << 20 if a.smoke else 256 << 20 if on_cpu else 2 << 30)
     peak = peak_matmul(dtype, 512 if a.smoke else 2048 if on_cpu else 8192)
 
     abstract = nnx.eval_shape(lambda: LlamaForCausalLM(args, dtype=dtype))

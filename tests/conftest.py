@@ -2,6 +2,8 @@
 fast tests go through the same loader as real models."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -78,6 +80,18 @@ def tiny_model_dir(tmp_path_factory):
     write_tiny_llama(path)
     load_tokenizer(default_model_path()).save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def hf_default_model():
+    """transformers' own GGUF loading of the default model in float32 (needs torch, which only
+    the test extra installs): loaded once for the loader's tests and the default model's."""
+    torch = pytest.importorskip("torch")
+    import transformers
+    from jaxvllm.transformers_utils.model_path import default_model_path
+
+    directory, name = os.path.split(default_model_path())
+    return transformers.AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32).eval()
 
 
 @pytest.fixture

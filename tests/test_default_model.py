@@ -4,7 +4,6 @@ prompts, under plain, chunked-prefill and preempting configurations, and prefill
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pytest
@@ -13,7 +12,6 @@ import torch
 from conftest import run_prefill
 from jaxvllm import LLM, SamplingParams
 from jaxvllm.sampling_params import StructuredOutputsParams
-from jaxvllm.transformers_utils.model_path import default_model_path
 
 pytestmark = pytest.mark.slow
 
@@ -42,14 +40,6 @@ CHAT = [
 
 
 @pytest.fixture(scope="module")
-def hf_model():
-    from transformers import AutoModelForCausalLM
-    path = default_model_path()
-    return AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
-                                                dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
 def llm():
     return LLM(max_num_seqs=16, max_num_batched_tokens=256, max_model_len=512, skip_warmup=True)
 
@@ -65,10 +55,15 @@ def prompts(llm):
 
 
 @pytest.fixture(scope="module")
-def hf_greedy(hf_model, prompts):
+def hf_greedy(hf_default_model, prompts):
+    """transformers' greedy tokens for every prompt, generated as one left-padded batch (the
+    pads masked out): the tokens each prompt gets alone, with one decode step for all."""
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     with torch.no_grad():
-        return [hf_model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=N_NEW,
-                                  min_new_tokens=N_NEW)[0, len(p):].tolist() for p in prompts]
+        return hf_default_model.generate(ids, attention_mask=mask, pad_token_id=0, do_sample=False,
+                                         max_new_tokens=N_NEW, min_new_tokens=N_NEW)[:, width:].tolist()
 
 
 def _pool_is_full(llm) -> bool:
@@ -107,11 +102,11 @@ def test_greedy_matches_transformers_under_pressure(prompts, hf_greedy, engine_k
     assert _pool_is_full(llm)
 
 
-def test_prefill_logits_match_transformers(llm, prompts, hf_model):
+def test_prefill_logits_match_transformers(llm, prompts, hf_default_model):
     prompt = prompts[4]
     ours = run_prefill(llm.llm_engine.engine_core.model_executor.driver_worker.model, prompt, num_blocks=16)
     with torch.no_grad():
-        theirs = hf_model(torch.tensor([prompt])).logits[0].numpy()
+        theirs = hf_default_model(torch.tensor([prompt])).logits[0].numpy()
     rel = np.linalg.norm(ours - theirs) / np.linalg.norm(theirs)
     print(f"prefill logits: relative L2 error {rel:.2e}, "
           f"max abs error / max |logit| {np.abs(ours - theirs).max() / np.abs(theirs).max():.2e}")
@@ -119,7 +114,7 @@ def test_prefill_logits_match_transformers(llm, prompts, hf_model):
     assert (ours.argmax(-1) == theirs.argmax(-1)).all()
 
 
-def test_logprobs_and_json_output(llm, prompts, hf_model):
+def test_logprobs_and_json_output(llm, prompts, hf_default_model):
     """Greedy tokens' raw logprobs against transformers' log_softmax, and a JSON schema
     obeyed by the real model (its tokenizer covers every forced token)."""
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts[:2]],
@@ -128,7 +123,7 @@ def test_logprobs_and_json_output(llm, prompts, hf_model):
     for prompt, out in zip(prompts[:2], outs):
         ids = out.outputs[0].token_ids
         with torch.no_grad():
-            ref = torch.log_softmax(hf_model(torch.tensor([prompt + ids])).logits[0], -1)[len(prompt) - 1:-1]
+            ref = torch.log_softmax(hf_default_model(torch.tensor([prompt + ids])).logits[0], -1)[len(prompt) - 1:-1]
         for pos, (token, entry) in enumerate(zip(ids, out.outputs[0].logprobs)):
             worst = max(worst, abs(entry[token].logprob - ref[pos, token].item()))
             assert entry[token].rank == 1

@@ -1,5 +1,7 @@
 """The notebooks run top to bottom in a real Jupyter kernel (nbclient) with the default model:
-what a user opening them gets, including the trace parsing and the plots."""
+what a user opening them gets, including the trace parsing and the plots. The three build
+LLM()'s default engine, as the README's examples do, so in the suite they load the step
+programs that tests/entrypoints/test_readme_scripts.py compiled."""
 from __future__ import annotations
 
 from pathlib import Path

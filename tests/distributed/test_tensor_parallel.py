@@ -23,12 +23,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
-def run_tp(model: str, tps: str, prompts: list[list[int]], max_tokens: int, backend: str = "auto") -> dict:
+def run_tp_jobs(jobs: list[tuple[str, str, list[list[int]], int, str]]) -> list[dict]:
+    """tp_check.main(model, tps, prompts, max_tokens, backend) for each job, in one subprocess
+    (one start of 8 devices); the results in job order."""
+    calls = [(model, tps, json.dumps(prompts), str(n), backend) for model, tps, prompts, n, backend in jobs]
+    script = (f"import sys; sys.path.insert(0, {HERE!r}); import tp_check\n"
+              f"for call in {calls!r}:\n    tp_check.main(*call)")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "tp_check.py"), model, tps, json.dumps(prompts),
-                           str(max_tokens), backend], capture_output=True, text=True, env=env, timeout=900)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
 
 def expected_shards(name: str, shape: list[int], tp: int) -> list[int]:
@@ -59,8 +63,23 @@ TINY_PROMPTS = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15], [40, 41]]
 
 
 @pytest.fixture(scope="module")
-def tiny_tp(tiny_model_dir) -> dict:
-    return run_tp(str(tiny_model_dir), "1,2,4", TINY_PROMPTS, 8)
+def tiny_runs(tiny_model_dir, tmp_path_factory) -> dict:
+    """Every tiny-model run of this module in one subprocess: TP=1, 2, 4 ("auto"), TP=4 with
+    each Pallas kernel, and TP=2, 4 from an Orbax checkpoint converted on one device."""
+    from jaxvllm.entrypoints.cli import main
+    ckpt = tmp_path_factory.mktemp("orbax") / "ckpt"
+    assert main(["convert", str(tiny_model_dir), str(ckpt)]) == 0
+    model = str(tiny_model_dir)
+    jobs = {"auto": (model, "1,2,4", TINY_PROMPTS, 8, "auto"),
+            "pallas-tpu": (model, "4", TINY_PROMPTS, 8, "pallas-tpu"),
+            "pallas-gpu": (model, "4", TINY_PROMPTS, 8, "pallas-gpu"),
+            "orbax": (str(ckpt), "2,4", TINY_PROMPTS, 8, "auto")}
+    return dict(zip(jobs, run_tp_jobs(list(jobs.values()))))
+
+
+@pytest.fixture(scope="module")
+def tiny_tp(tiny_runs) -> dict:
+    return tiny_runs["auto"]
 
 
 def test_tiny_model_tp2_tp4_match_tp1_and_are_sharded(tiny_tp):
@@ -90,7 +109,7 @@ def test_default_model_tp2_tp4_match_tp1():
     tok = load_tokenizer(default_model_path())
     prompts = [tok.encode(p) for p in ["The capital of France is", "def fibonacci(n):",
                                        "The three primary colors are"]]
-    r = run_tp("default", "1,2,4", prompts, 16)
+    r, = run_tp_jobs([("default", "1,2,4", prompts, 16, "auto")])
     print({tp: v["tokens"] for tp, v in r.items()})
     assert r["2"]["tokens"] == r["1"]["tokens"]
     assert r["4"]["tokens"] == r["1"]["tokens"]
@@ -104,18 +123,15 @@ def test_default_model_tp2_tp4_match_tp1():
 
 
 @pytest.mark.parametrize("backend", ["pallas-tpu", "pallas-gpu"])
-def test_pallas_kernels_run_per_shard(tiny_tp, tiny_model_dir, backend):
+def test_pallas_kernels_run_per_shard(tiny_runs, tiny_tp, backend):
     """The Mosaic TPU and Triton GPU kernels (interpret mode here) under shard_map at TP=4:
     each device's kernel sees its own query heads and KV heads."""
-    r = run_tp(str(tiny_model_dir), "4", TINY_PROMPTS, 8, backend)
-    assert r["4"]["tokens"] == tiny_tp["1"]["tokens"]
+    assert tiny_runs[backend]["4"]["tokens"] == tiny_tp["1"]["tokens"]
 
 
-def test_orbax_checkpoint_restores_into_tp_shards(tiny_model_dir, tiny_tp, tmp_path):
+def test_orbax_checkpoint_restores_into_tp_shards(tiny_runs, tiny_tp):
     """Converted on one device, restored at TP=2 and TP=4 (heads padded on device)."""
-    from jaxvllm.entrypoints.cli import main
-    assert main(["convert", str(tiny_model_dir), str(tmp_path / "ckpt")]) == 0
-    r = run_tp(str(tmp_path / "ckpt"), "2,4", TINY_PROMPTS, 8)
+    r = tiny_runs["orbax"]
     for tp in ("2", "4"):
         assert r[tp]["tokens"] == tiny_tp["1"]["tokens"]
         assert r[tp]["weights"] == tiny_tp[tp]["weights"]

@@ -1,6 +1,7 @@
 """README.md's Python examples, saved as scripts exactly as written (no `if __name__ ==
 "__main__":` guard) and run in a subprocess: the engine process must start without
-re-running the script, and nothing may be logged after the script's own output."""
+re-running the script, and nothing may be logged after the script's own output. Both examples
+build LLM()'s default engine, so the later runs load the programs the first one compiled."""
 from __future__ import annotations
 
 import os

@@ -34,18 +34,10 @@ def default_model():
     return model_path.resolve_model(None)
 
 
-@pytest.fixture(scope="module")
-def reference_model(default_model):
-    """transformers' own GGUF loading of the default model (needs torch, which only the test extra installs)."""
-    torch = pytest.importorskip("torch")
-    directory, name = os.path.split(default_model)
-    return transformers.AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32)
-
-
 @pytest.mark.slow
-def test_default_weights_equal_transformers(default_model, reference_model):
+def test_default_weights_equal_transformers(default_model, hf_default_model):
     ours = loader.load_weights(default_model)
-    ref = {name: t.numpy() for name, t in reference_model.state_dict().items()}
+    ref = {name: t.numpy() for name, t in hf_default_model.state_dict().items()}
     # Tied embeddings: transformers lists the embedding a second time as lm_head; we must not invent it.
     np.testing.assert_array_equal(ref.pop("lm_head.weight"), ref["model.embed_tokens.weight"])
     assert ours.keys() == ref.keys()
@@ -55,13 +47,13 @@ def test_default_weights_equal_transformers(default_model, reference_model):
 
 
 @pytest.mark.slow
-def test_default_config(default_model, reference_model):
+def test_default_config(default_model, hf_default_model):
     config = hf_config.load_hf_config(default_model)
     assert (config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads) == (30, 9, 3)
     assert (config.vocab_size, config.hidden_size, config.head_dim) == (49152, 576, 64)
     assert config.tie_word_embeddings and config.rope_parameters["rope_theta"] == 100000
     # Everything else as transformers reads it, except what describes its own loading.
-    ours, ref = config.to_dict(), reference_model.config.to_dict()
+    ours, ref = config.to_dict(), hf_default_model.config.to_dict()
     for key in ("_name_or_path", "quantization_config", "dtype"):
         ours.pop(key, None)
         ref.pop(key, None)

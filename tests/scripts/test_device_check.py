@@ -1,8 +1,9 @@
 """scripts/device_check.sh: every step under its budget, a step that runs out of time
 reported in the closing table while the others still run, and (slow) the whole check with
-tiny shapes on this CPU, as `--smoke` runs it."""
+tiny shapes on this CPU, as `--smoke` runs it, with its start-up step's cold and warm children."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -48,3 +49,11 @@ def test_smoke_runs_every_step_on_a_cpu(tmp_path):
     assert "% of HBM roofline" in text and "MFU" in text and "output tok/s" in text and "cold" in text
     assert sorted(p.name for p in out.iterdir()) == ["kernels.json", "logs.tgz", "model_step.json", "startup.json",
                                                      "table.txt", "throughput.json"]
+    # The start-up step's children (benchmarks/latency.py; tests/benchmarks/test_latency.py leaves
+    # them to this test): the cold one compiled every bucket, the warm one loaded them all from disk.
+    startup = json.loads((out / "startup.json").read_text())["startup"]
+    assert startup["cold_child"]["num_compilations"] > 0 == startup["warm_child"]["num_compilations"]
+    assert startup["cold_s"] > 0 and startup["warm_s"] > 0
+    assert startup["speedup"] == startup["cold_s"] / startup["warm_s"]
+    assert startup["cold_child"]["llm_init_s"] < startup["cold_s"]
+    assert any((tmp_path / "scratch" / "caches" / "xla" / "executables").iterdir())
