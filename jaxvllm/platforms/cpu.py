@@ -2,10 +2,11 @@
 
 float32 (bfloat16 ran 3-5x slower in XLA here), small buckets and KV cache (warm-up is one
 compile per bucket), the native C++ kernels (jaxvllm/kernels/cpu) for attention and packed matmuls
-where the CPU has AVX-512, a grouped matmul for the experts that skips the pairs of row tile
-and expert holding no rows, the layers in a `fori_loop` + `lax.switch` (a conditional costs
-nothing here, and the attention compiles once instead of once per layer), and the caches that
-pay on a host: serialized step programs and huge pages.
+where the CPU has AVX-512, an argmax of block maxima for the sampler, a grouped matmul for the
+experts that skips the pairs of row tile and expert holding no rows, the layers in a
+`fori_loop` + `lax.switch` (a conditional costs nothing here, and the attention compiles once
+instead of once per layer), and the caches that pay on a host: serialized step programs and
+huge pages.
 """
 from __future__ import annotations
 
@@ -66,6 +67,12 @@ class CpuPlatform(Platform):
         every expert, masked."""
         from jaxvllm.kernels.xla.grouped_matmul import grouped_matmul
         return grouped_matmul
+
+    def sampler_argmax(self) -> Callable:
+        """Block maxima first, then the index within one block per row
+        (jaxvllm/kernels/xla/argmax.py): XLA:CPU's argmax reduction is not vectorized."""
+        from jaxvllm.kernels.xla.argmax import blocked_argmax
+        return blocked_argmax
 
     @property
     def layer_loop(self) -> Callable:

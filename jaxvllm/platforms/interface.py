@@ -100,6 +100,12 @@ class Platform:
         import jax
         return jax.lax.ragged_dot
 
+    def sampler_argmax(self) -> Callable:
+        """The sampler's argmax over the vocabulary, x [R, V] -> the first index of each row's
+        maximum, i32[R]: XLA's argmax reduction."""
+        from jaxvllm.worker.sampler import first_argmax
+        return first_argmax
+
     @property
     def layer_loop(self) -> Callable:
         """How the model runs its layers: unrolled in Python, one static layer index each,

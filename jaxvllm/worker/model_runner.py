@@ -89,6 +89,7 @@ class ModelRunner:
         abstract_mesh = abstract_mesh or mesh.abstract_mesh
 
         S = self.max_num_seqs
+        argmax = platform.sampler_argmax()
 
         def forward(params, kv_cache, input_ids, prev_rows, last_sampled, md, logits_indices):
             input_ids = with_tokens_in_flight(input_ids, prev_rows, last_sampled)
@@ -104,7 +105,7 @@ class ModelRunner:
             with jax.sharding.use_abstract_mesh(abstract_mesh):
                 R = sampling_md.temperature.shape[0]
                 logits = nnx.merge(graphdef, params).compute_logits(hidden[:R], num_reqs)
-                tokens = sample(logits, sampling_md, all_greedy, top_k_top_p)
+                tokens = sample(logits, sampling_md, all_greedy, top_k_top_p, argmax)
                 return tokens, last_sampled.at[rows].set(tokens, mode="drop")
 
         def sample_extended_fn(params, hidden, sampling_md, num_reqs, penalty_state, penalty_md, last_sampled,
@@ -113,7 +114,7 @@ class ModelRunner:
                 R = sampling_md.temperature.shape[0]
                 logits = nnx.merge(graphdef, params).compute_logits(hidden[:R], num_reqs)
                 tokens, lp, penalty_state = sample_extended(logits, sampling_md, penalty_state, penalty_md,
-                                                            all_greedy, top_k_top_p)
+                                                            all_greedy, top_k_top_p, argmax)
                 return tokens, lp, penalty_state, last_sampled.at[rows].set(tokens, mode="drop")
 
         def prompt_logprobs_fn(params, hidden, indices, targets):

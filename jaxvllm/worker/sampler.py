@@ -23,6 +23,8 @@ any bias, penalty, temperature or filter.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import flax
 import jax
 import jax.numpy as jnp
@@ -61,25 +63,33 @@ class SamplingMetadata:
     suppress_token_ids: jax.Array
 
 
+def first_argmax(x: jax.Array) -> jax.Array:
+    """First index of each row's maximum, i32[R]: the platform's `sampler_argmax` contract."""
+    return jnp.argmax(x, axis=-1).astype(jnp.int32)
+
+
 def sample(logits: jax.Array, md: SamplingMetadata, all_greedy: bool,
-           top_k_top_p: bool | None = None) -> jax.Array:
+           top_k_top_p: bool | None = None, argmax: Callable = first_argmax) -> jax.Array:
     """Next token id per row, i32[R].
 
     `all_greedy` and `top_k_top_p` must be static. all_greedy: when True the whole random
     path (noise, sorting, filters) is left out of the compiled function. top_k_top_p:
-    whether some row uses top_k or top_p; None decides it on device.
+    whether some row uses top_k or top_p; None decides it on device. argmax: the platform's
+    (`Platform.sampler_argmax`).
     """
-    return _draw(_suppress(logits.astype(jnp.float32), md.suppress_token_ids), md, all_greedy, top_k_top_p)
+    return _draw(_suppress(logits.astype(jnp.float32), md.suppress_token_ids), md, all_greedy, top_k_top_p,
+                 argmax)
 
 
 def sample_extended(logits: jax.Array, md: SamplingMetadata, state: PenaltyState,
-                    pmd: PenaltyMetadata, all_greedy: bool, top_k_top_p: bool | None = None):
+                    pmd: PenaltyMetadata, all_greedy: bool, top_k_top_p: bool | None = None,
+                    argmax: Callable = first_argmax):
     """`sample` after bias and penalties (vLLM's order: bias and masks, then penalties),
     with raw logprobs. Returns (tokens i32[R], logprobs, state with the tokens counted);
     logprobs is (sampled token's logprob f32[R], its rank i32[R], top MAX_LOGPROBS ids
     i32[R, K] and logprobs f32[R, K])."""
     raw = logits.astype(jnp.float32)
-    tokens = _draw(penalized_logits(raw, md, state, pmd), md, all_greedy, top_k_top_p)
+    tokens = _draw(penalized_logits(raw, md, state, pmd), md, all_greedy, top_k_top_p, argmax)
     return tokens, compute_logprobs(raw, tokens), record(state, pmd, tokens)
 
 
@@ -101,15 +111,12 @@ def compute_logprobs(raw: jax.Array, tokens: jax.Array):
     return token_raw[:, 0] - lse, rank.astype(jnp.int32), top_ids, top_raw - lse[:, None]
 
 
-def _draw(x: jax.Array, md: SamplingMetadata, all_greedy: bool, top_k_top_p: bool | None) -> jax.Array:
+def _draw(x: jax.Array, md: SamplingMetadata, all_greedy: bool, top_k_top_p: bool | None,
+          argmax: Callable) -> jax.Array:
     if all_greedy:
-        # argmax's (value, index) reduction: _argmax's two reductions stop fusing once x comes
-        # from a scatter (suppression, penalties), and took ~20 ms of a 64-row step on CPU
-        # against ~8.
-        return jnp.argmax(x, axis=-1).astype(jnp.int32)
-    greedy = _argmax(x)
+        return argmax(x)
     noisy = _filter(x, md, top_k_top_p) + _gumbel(md.seed, md.step, x.shape[-1])
-    return jnp.where(md.temperature < _SAMPLING_EPS, greedy, _argmax(noisy))
+    return jnp.where(md.temperature < _SAMPLING_EPS, argmax(x), argmax(noisy))
 
 
 def processed_logits(logits: jax.Array, md: SamplingMetadata) -> jax.Array:
@@ -223,14 +230,3 @@ def _fmix32(h: jax.Array) -> jax.Array:
     h = (h ^ (h >> 16)) * jnp.uint32(0x85EBCA6B)
     h = (h ^ (h >> 13)) * jnp.uint32(0xC2B2AE35)
     return h ^ (h >> 16)
-
-
-def _argmax(x: jax.Array) -> jax.Array:
-    """First index of each row's maximum (`vocab`, an invalid id, if the row has a NaN).
-
-    Max, then min index among equals: two plain reductions, which XLA:CPU runs ~2x
-    faster than argmax's (value, index) reduction once the noise is fused into it.
-    """
-    is_max = x == jnp.max(x, axis=-1, keepdims=True)
-    idx = lax.broadcasted_iota(jnp.int32, x.shape, 1)
-    return jnp.min(jnp.where(is_max, idx, x.shape[-1]), axis=-1)
