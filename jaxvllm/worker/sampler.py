@@ -133,22 +133,31 @@ def _suppress(x: jax.Array, ids: jax.Array) -> jax.Array:
 
 
 def _filter(x: jax.Array, md: SamplingMetadata, top_k_top_p: bool | None = None) -> jax.Array:
-    """Temperature, then min_p, top_k and top_p, each on the result of the previous."""
+    """Temperature, then min_p, top_k and top_p, each on the result of the previous. Each
+    filter keeps the logits at or above a per-row cutoff, so the largest cutoff applies them
+    all in one pass over the vocabulary (x at or above min_p's and top_k/top_p's cutoffs is
+    what filtering one after the other keeps)."""
     greedy = md.temperature < _SAMPLING_EPS
     x = x / jnp.where(greedy, 1.0, md.temperature)[:, None]
     # min_p: drop p_i < min_p * p_max, i.e. logit_i < max_logit + log(min_p) (log 0 = -inf).
-    min_logit = jnp.max(x, axis=-1) + jnp.log(md.min_p)
-    x = jnp.where(x < min_logit[:, None], -jnp.inf, x)
+    cutoff = jnp.max(x, axis=-1) + jnp.log(md.min_p)
     vocab = x.shape[-1]
     k = jnp.where(greedy | (md.top_k <= 0) | (md.top_k >= vocab), 0, md.top_k)
     p = jnp.where(greedy, 1.0, md.top_p)
+
+    # top_k and top_p see what min_p left.
     if top_k_top_p is None:
-        cutoff = lax.cond(jnp.any((k > 0) | (p < 1.0)), _top_k_top_p_cutoff,
-                          lambda x, k, p: jnp.full(x.shape[:1], -jnp.inf), x, k, p)
+        cutoff = lax.cond(jnp.any((k > 0) | (p < 1.0)),
+                          lambda x, c, k, p: jnp.maximum(c, _top_k_top_p_cutoff(_keep_above(x, c), k, p)),
+                          lambda x, c, k, p: c, x, cutoff, k, p)
     elif top_k_top_p:
-        cutoff = _cutoff_from(x, _sort_descending(x), k, p)[0]
-    else:
-        return x
+        left = _keep_above(x, cutoff)
+        cutoff = jnp.maximum(cutoff, _cutoff_from(left, _sort_descending(left), k, p)[0])
+    return _keep_above(x, cutoff)
+
+
+def _keep_above(x: jax.Array, cutoff: jax.Array) -> jax.Array:
+    """x where it is at least its row's cutoff, else -inf."""
     return jnp.where(x < cutoff[:, None], -jnp.inf, x)
 
 
