@@ -1,7 +1,8 @@
 """Rotary position embedding (rotate-half form, as Hugging Face Llama applies it).
 
 Inverse frequencies are computed once on the host, with the Llama-3 and linear
-scalings; the device only does cos/sin of positions times these.
+scalings; the device does cos/sin of positions times these once per step
+(`rotary_cos_sin`, vLLM's cos_sin_cache in effect), and every layer rotates with them.
 """
 from __future__ import annotations
 
@@ -35,11 +36,17 @@ def compute_inv_freq(head_dim: int, rope_theta: float, rope_scaling: dict | None
     return inv_freq.astype(np.float32)
 
 
-def apply_rotary(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
-    """x: [tokens, heads, head_dim]; positions: [tokens]."""
+def rotary_cos_sin(positions: jax.Array, inv_freq: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """cos and sin of each position times the inverse frequencies, [tokens, 1, head_dim / 2]
+    each: computed once for all layers (inside a layer, XLA:CPU fused them into the rotation
+    and computed them again for every element of q and k)."""
     freqs = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]
-    cos = jnp.cos(freqs)[:, None, :]
-    sin = jnp.sin(freqs)[:, None, :]
+    return jnp.cos(freqs)[:, None, :], jnp.sin(freqs)[:, None, :]
+
+
+def apply_rotary(x: jax.Array, cos_sin: tuple[jax.Array, jax.Array]) -> jax.Array:
+    """x: [tokens, heads, head_dim]; cos_sin: `rotary_cos_sin` of its positions."""
+    cos, sin = cos_sin
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return out.astype(x.dtype)

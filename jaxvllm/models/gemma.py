@@ -21,7 +21,7 @@ from flax import nnx
 
 from jaxvllm.distributed.mesh import MODEL_AXIS as M, constrain
 from jaxvllm.layers.attention import AttentionMetadata
-from jaxvllm.layers.rotary import apply_rotary, compute_inv_freq
+from jaxvllm.layers.rotary import apply_rotary, compute_inv_freq, rotary_cos_sin
 from jaxvllm.models import hf_weights
 from jaxvllm.models.layer_loops import by_layer
 from jaxvllm.models.llama import LlamaArgs, LlamaForCausalLM, _from_hf
@@ -76,9 +76,10 @@ def gemma_rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     return (x32 * (1.0 + weight.astype(jnp.float32))).astype(x.dtype)
 
 
-def attention_inputs(a: GemmaArgs, linear, layer: tuple[int, dict], h: jax.Array, *, positions: jax.Array,
-                     inv_freqs: tuple[jax.Array, jax.Array], num_tokens: jax.Array):
-    """q, k, v of one layer (Llama's fused projection); inv_freqs: (global, sliding layers')."""
+def attention_inputs(a: GemmaArgs, linear, layer: tuple[int, dict], h: jax.Array, *, cos_sins: tuple,
+                     num_tokens: jax.Array):
+    """q, k, v of one layer (Llama's fused projection); cos_sins: the step's `rotary_cos_sin`
+    for the global layers and for the sliding ones."""
     i, w = layer
     T, group = h.shape[0], a.num_heads // a.num_kv_heads
     x = gemma_rms_norm(h, w["input_layernorm"], a.rms_norm_eps)
@@ -88,8 +89,8 @@ def attention_inputs(a: GemmaArgs, linear, layer: tuple[int, dict], h: jax.Array
     if a.qk_norm:
         q, k = gemma_rms_norm(q, w["q_norm"], a.rms_norm_eps), gemma_rms_norm(k, w["k_norm"], a.rms_norm_eps)
     q = constrain(q.reshape(T, a.num_heads, a.head_dim), None, M, None)
-    inv_freq = inv_freqs[1] if a.sliding_layers[i] and a.local_rope_theta else inv_freqs[0]
-    return apply_rotary(q, positions, inv_freq), apply_rotary(k, positions, inv_freq), qkv[:, :, group + 1]
+    cos_sin = cos_sins[1] if a.sliding_layers[i] and a.local_rope_theta else cos_sins[0]
+    return apply_rotary(q, cos_sin), apply_rotary(k, cos_sin), qkv[:, :, group + 1]
 
 
 def mlp_block(a: GemmaArgs, linear, layer: tuple[int, dict], h: jax.Array, o: jax.Array, *,
@@ -132,12 +133,12 @@ class GemmaForCausalLM(LlamaForCausalLM):
     def forward_layers(self, h: jax.Array, kv_cache: jax.Array, md: AttentionMetadata, attend,
                        layer_loop) -> tuple[jax.Array, jax.Array]:
         a = self.args
-        inv_freqs = (jnp.asarray(compute_inv_freq(a.head_dim, a.rope_theta, dict(a.rope_scaling or ()))),
-                     jnp.asarray(compute_inv_freq(a.head_dim, a.local_rope_theta or a.rope_theta, None)))
+        inv_freqs = (compute_inv_freq(a.head_dim, a.rope_theta, dict(a.rope_scaling or ())),
+                     compute_inv_freq(a.head_dim, a.local_rope_theta or a.rope_theta, None))
+        cos_sins = tuple(rotary_cos_sin(md.positions, inv_freq) for inv_freq in inv_freqs)
         num_tokens = md.cu_q_lens[md.num_seqs[0]]
         linear = self.linear_method.apply
-        qkv = functools.partial(attention_inputs, a, linear, positions=md.positions, inv_freqs=inv_freqs,
-                                num_tokens=num_tokens)
+        qkv = functools.partial(attention_inputs, a, linear, cos_sins=cos_sins, num_tokens=num_tokens)
         mlp = functools.partial(mlp_block, a, linear, num_tokens=num_tokens)
         windows = tuple(a.sliding_window if s else None for s in a.sliding_layers)
 

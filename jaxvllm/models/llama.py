@@ -18,7 +18,7 @@ from flax import nnx
 from jaxvllm.distributed.mesh import MODEL_AXIS as M, constrain
 from jaxvllm.layers.attention import AttentionMetadata
 from jaxvllm.layers.linear import UnquantizedLinearMethod
-from jaxvllm.layers.rotary import apply_rotary, compute_inv_freq
+from jaxvllm.layers.rotary import apply_rotary, compute_inv_freq, rotary_cos_sin
 from jaxvllm.models import hf_weights
 
 
@@ -75,12 +75,13 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     return weight * x32.astype(x.dtype)
 
 
-def attention_inputs(a: LlamaArgs, linear, w: dict, h: jax.Array, *, positions: jax.Array,
-                     inv_freq: jax.Array, num_tokens: jax.Array):
+def attention_inputs(a: LlamaArgs, linear, w: dict, h: jax.Array, *, cos_sin: tuple[jax.Array, jax.Array],
+                     num_tokens: jax.Array):
     """A layer's q, k, v [tokens, heads, head_dim] from the hidden states h, rotated: one
     matmul, whose out axes are the KV heads, each with its group of query heads, its K and
     its V (so that a tensor-parallel shard of KV heads holds whole groups).
-    num_tokens: the real rows of h (the rest is bucket padding)."""
+    cos_sin: the step's `rotary_cos_sin`; num_tokens: the real rows of h (the rest is bucket
+    padding)."""
     T, group = h.shape[0], a.num_heads // a.num_kv_heads
     x = rms_norm(h, w["input_layernorm"], a.rms_norm_eps)
     qkv = linear(x, w["qkv_proj"], num_tokens).reshape(T, a.num_kv_heads, group + 2, a.head_dim)
@@ -90,7 +91,7 @@ def attention_inputs(a: LlamaArgs, linear, w: dict, h: jax.Array, *, positions: 
     qkv = constrain(qkv, None, M, None, None)
     q = constrain(qkv[:, :, :group].reshape(T, a.num_heads, a.head_dim), None, M, None)
     k, v = qkv[:, :, group], qkv[:, :, group + 1]
-    return apply_rotary(q, positions, inv_freq), apply_rotary(k, positions, inv_freq), v
+    return apply_rotary(q, cos_sin), apply_rotary(k, cos_sin), v
 
 
 def mlp_block(a: LlamaArgs, linear, w: dict, h: jax.Array, o: jax.Array, *,
@@ -175,8 +176,8 @@ class LlamaForCausalLM(nnx.Module):
         inv_freq = jnp.asarray(compute_inv_freq(a.head_dim, a.rope_theta, dict(a.rope_scaling or ())))
         num_tokens = md.cu_q_lens[md.num_seqs[0]]  # the rest of the token axis is padding
         linear = self.linear_method.apply
-        qkv = functools.partial(self.attention_inputs, a, linear, positions=md.positions,
-                                inv_freq=inv_freq, num_tokens=num_tokens)
+        qkv = functools.partial(self.attention_inputs, a, linear,
+                                cos_sin=rotary_cos_sin(md.positions, inv_freq), num_tokens=num_tokens)
 
         def attend_layer(q, k, v, kv_cache, layer):
             return attend(q, k, v, kv_cache, layer, md, a.head_dim ** -0.5, a.sliding_window)

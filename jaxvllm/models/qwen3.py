@@ -27,8 +27,8 @@ class Qwen3Args(LlamaArgs):
         return super().from_hf_config(cfg)
 
 
-def attention_inputs(a: Qwen3Args, linear, w: dict, h: jax.Array, *, positions: jax.Array,
-                     inv_freq: jax.Array, num_tokens: jax.Array):
+def attention_inputs(a: Qwen3Args, linear, w: dict, h: jax.Array, *, cos_sin: tuple[jax.Array, jax.Array],
+                     num_tokens: jax.Array):
     """As Llama's (models/llama.py), with each query and key head normalized before rotation."""
     T, group = h.shape[0], a.num_heads // a.num_kv_heads
     x = rms_norm(h, w["input_layernorm"], a.rms_norm_eps)
@@ -37,7 +37,7 @@ def attention_inputs(a: Qwen3Args, linear, w: dict, h: jax.Array, *, positions: 
     q = rms_norm(qkv[:, :, :group], w["q_norm"], a.rms_norm_eps).reshape(T, a.num_heads, a.head_dim)
     k = rms_norm(qkv[:, :, group], w["k_norm"], a.rms_norm_eps)
     q = constrain(q, None, M, None)
-    return apply_rotary(q, positions, inv_freq), apply_rotary(k, positions, inv_freq), qkv[:, :, group + 1]
+    return apply_rotary(q, cos_sin), apply_rotary(k, cos_sin), qkv[:, :, group + 1]
 
 
 class Qwen3ForCausalLM(LlamaForCausalLM):
