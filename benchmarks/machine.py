@@ -81,3 +81,53 @@ def args_flops_per_token(num_layers: int, hidden: int, intermediate: int, q_size
     matmul_params = num_layers * per_layer + (vocab * hidden if lm_head else 0)
     attention = 4 * num_layers * q_size * context_len
     return 2 * matmul_params + attention
+
+
+def cpu_times() -> list[int] | None:
+    """This machine's CPU time counters (/proc/stat's first line: user, nice, system, idle,
+    iowait, irq, softirq, steal, ...), or None off Linux."""
+    try:
+        with open("/proc/stat") as f:
+            return [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return None
+
+
+def round_conditions(before: list[int] | None, probe_flops: float) -> dict:
+    """What the machine was like over a timed round that started at `before` (cpu_times()):
+    the share of CPU time busy and stolen by the hypervisor (a neighbour on a shared host
+    slows every engine alike, but not every round), and a small matmul's FLOP/s just before."""
+    after = cpu_times()
+    out = {"probe_matmul_flops": probe_flops}
+    if before and after:
+        d = [b - a for a, b in zip(before, after)]
+        total = sum(d[:8]) or 1
+        out.update(busy_share=1 - (d[3] + d[4]) / total, steal_share=d[7] / total)
+    return out
+
+
+def probe_matmul_flops(n: int = 1024, repeats: int = 9) -> float:
+    """A 1024² float32 matmul's median FLOP/s: the machine's speed now (a median, where
+    `matmul_flops` keeps the best, because this is meant to see a slow moment)."""
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+    f = jax.jit(jnp.matmul)
+    jax.block_until_ready(f(a, a))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(f(a, a))
+        times.append(time.perf_counter() - start)
+    return 2 * n**3 / sorted(times)[repeats // 2]
+
+
+def anon_huge_pages_bytes() -> int | None:
+    """This process's memory on transparent huge pages (the CPU platform asks for them for
+    weights and KV cache: jaxvllm/platforms/huge_pages.py), or None off Linux."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("AnonHugePages:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None

@@ -35,7 +35,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from machine import llama_flops_per_token, memory_bandwidth, peak_matmul  # noqa: E402
+from machine import (anon_huge_pages_bytes, cpu_times, llama_flops_per_token, memory_bandwidth,  # noqa: E402
+                     peak_matmul, probe_matmul_flops, round_conditions)
 from model_shapes import RANDOM_SHAPES  # noqa: E402
 from workload import Workload, make_random_workload, make_workload  # noqa: E402
 
@@ -80,7 +81,8 @@ class JaxvllmRun:
         elapsed = time.perf_counter() - start
         n_out = sum(len(o.outputs[0].token_ids) for o in outs)
         return {"elapsed_s": elapsed, "output_tok_s": n_out / elapsed,
-                "input_tok_s": self.w.num_input_tokens / elapsed, "requests_s": len(outs) / elapsed}
+                "input_tok_s": self.w.num_input_tokens / elapsed, "requests_s": len(outs) / elapsed,
+                "anon_huge_pages_bytes": anon_huge_pages_bytes()}
 
     def summary(self) -> dict:
         """What the engine is, and its steady decode (measured once, after the timed runs)."""
@@ -103,6 +105,7 @@ def combine(rounds: list[dict]) -> dict:
     for key in ("elapsed_s", "output_tok_s", "input_tok_s", "requests_s"):
         result[key] = statistics.median(r[key] for r in rounds)
     result["output_tok_s_rounds"] = [r["output_tok_s"] for r in rounds]
+    result["rounds"] = rounds
     return result
 
 
@@ -241,13 +244,17 @@ def main(argv=None) -> dict:
             print(f"Round {r + 1}/{ns.rounds}: running {name} ...", flush=True)
             if name == "jaxvllm":
                 ours = ours or JaxvllmRun(w, ns)
-                rounds[name].append(ours.timed())
-                continue
-            try:
-                rounds[name].append(run_vllm(w, model_dir, ns) if name == "vllm" else
-                                    run_transformers(w, model_dir, [int(b) for b in ns.hf_batch_sizes.split(",")]))
-            except Exception as e:  # a peer that cannot run is reported, not fatal
-                rounds[name].append({"error": f"{type(e).__name__}: {e}"})
+            probe, before = probe_matmul_flops(), cpu_times()
+            if name == "jaxvllm":
+                result = ours.timed()
+            else:
+                try:
+                    result = (run_vllm(w, model_dir, ns) if name == "vllm" else
+                              run_transformers(w, model_dir, [int(b) for b in ns.hf_batch_sizes.split(",")]))
+                except Exception as e:  # a peer that cannot run is reported, not fatal
+                    result = {"error": f"{type(e).__name__}: {e}"}
+            rounds[name].append({**result, **round_conditions(before, probe)})
+            print(f"  {describe_round(rounds[name][-1])}", flush=True)
     results["peers"] = {name: combine(rounds[name]) for name in peers}
     results["jaxvllm"] = {**combine(rounds["jaxvllm"]), **ours.summary()}
     results["jaxvllm"]["decode_mfu"] = (results["jaxvllm"]["decode_tok_s"]
@@ -264,6 +271,18 @@ def main(argv=None) -> dict:
     if ns.json:
         Path(ns.json).write_text(json.dumps(results, indent=2))
     return results
+
+
+def describe_round(r: dict) -> str:
+    """One round's figure and the machine's conditions around it."""
+    if "error" in r:
+        return f"did not run: {r['error'][:200]}"
+    text = f"{r['output_tok_s']:.1f} out tok/s; probe matmul {r['probe_matmul_flops'] / 1e9:.0f} GFLOP/s"
+    if "busy_share" in r:
+        text += f", CPU busy {100 * r['busy_share']:.0f}%, stolen {100 * r['steal_share']:.1f}%"
+    if r.get("anon_huge_pages_bytes") is not None:
+        text += f", huge pages {r['anon_huge_pages_bytes'] / 2**20:.0f} MiB"
+    return text
 
 
 def print_table(results: dict) -> None:
