@@ -12,6 +12,9 @@ tokens x requests, and the costly 49k-wide LM head runs only for the rows that s
 (and, for requests asking for prompt logprobs, `_prompt_logprobs` over their prompt
 positions). Hidden states stay on device between the calls; only sampled token ids (and
 requested logprobs) come back to the host.
+
+The programs take the weights as flat tuples, the sampler's only the LM head's
+(worker/step_params.py): every argument costs dispatch time on every step.
 """
 from __future__ import annotations
 
@@ -40,6 +43,7 @@ from jaxvllm.worker.logprobs import step_prompt_logprobs
 from jaxvllm.worker.model_runner_utils import make_buckets, pick_bucket
 from jaxvllm.worker.sampler import compute_logprobs, sample, sample_extended
 from jaxvllm.worker.step_inputs import build_step_inputs, metadata_rows
+from jaxvllm.worker.step_params import StepParams
 from jaxvllm.worker.sampling_inputs import (penalty_metadata, sampler_variant, sampler_variants,
                                             sampling_metadata)
 
@@ -85,45 +89,47 @@ class ModelRunner:
         self.swapper = (KVSwapper(kv_cache, num_swap_blocks, self._count_compilation)
                         if num_swap_blocks else None)
 
-        graphdef, self.params = nnx.split(model)
+        graphdef, params = nnx.split(model)
         abstract_mesh = abstract_mesh or mesh.abstract_mesh
+        self.step_params = sp = StepParams(graphdef, params, jax.ShapeDtypeStruct(
+            (1, self.hidden_size), self.hidden_dtype), abstract_mesh)
+        self.params = params  # also sets param_leaves and head_leaves
 
         S = self.max_num_seqs
         argmax = platform.sampler_argmax()
 
-        def forward(params, kv_cache, input_ids, prev_rows, last_sampled, md, logits_indices):
+        def forward(param_leaves, kv_cache, input_ids, prev_rows, last_sampled, md, logits_indices):
             input_ids = with_tokens_in_flight(input_ids, prev_rows, last_sampled)
             with jax.sharding.use_abstract_mesh(abstract_mesh):  # for the model's constraints
-                hidden, kv_cache = nnx.merge(graphdef, params)(input_ids, kv_cache, md, attend,
-                                                               platform.layer_loop)
+                hidden, kv_cache = sp.model(param_leaves)(input_ids, kv_cache, md, attend, platform.layer_loop)
             return hidden[logits_indices], hidden, kv_cache
 
         # num_reqs: the real rows of the request bucket; the LM head skips the others.
         # Each sampler also keeps its tokens on device, by batch row (`last_sampled`, S past
         # the real rows), for the next step's inputs.
-        def sample_fn(params, hidden, sampling_md, num_reqs, last_sampled, rows, all_greedy, top_k_top_p):
+        def sample_fn(head_leaves, hidden, sampling_md, num_reqs, last_sampled, rows, all_greedy, top_k_top_p):
             with jax.sharding.use_abstract_mesh(abstract_mesh):
                 R = sampling_md.temperature.shape[0]
-                logits = nnx.merge(graphdef, params).compute_logits(hidden[:R], num_reqs)
+                logits = sp.head_model(head_leaves).compute_logits(hidden[:R], num_reqs)
                 tokens = sample(logits, sampling_md, all_greedy, top_k_top_p, argmax)
                 return tokens, last_sampled.at[rows].set(tokens, mode="drop")
 
-        def sample_extended_fn(params, hidden, sampling_md, num_reqs, penalty_state, penalty_md, last_sampled,
-                               rows, all_greedy, top_k_top_p):
+        def sample_extended_fn(head_leaves, hidden, sampling_md, num_reqs, penalty_state, penalty_md,
+                               last_sampled, rows, all_greedy, top_k_top_p):
             with jax.sharding.use_abstract_mesh(abstract_mesh):
                 R = sampling_md.temperature.shape[0]
-                logits = nnx.merge(graphdef, params).compute_logits(hidden[:R], num_reqs)
+                logits = sp.head_model(head_leaves).compute_logits(hidden[:R], num_reqs)
                 tokens, lp, penalty_state = sample_extended(logits, sampling_md, penalty_state, penalty_md,
                                                             all_greedy, top_k_top_p, argmax)
                 return tokens, lp, penalty_state, last_sampled.at[rows].set(tokens, mode="drop")
 
-        def prompt_logprobs_fn(params, hidden, indices, targets):
+        def prompt_logprobs_fn(head_leaves, hidden, indices, targets):
             with jax.sharding.use_abstract_mesh(abstract_mesh):
-                logits = nnx.merge(graphdef, params).compute_logits(hidden[indices])
+                logits = sp.head_model(head_leaves).compute_logits(hidden[indices])
                 return compute_logprobs(logits, targets)
 
         # Weights and cache keep their shardings; step inputs and hidden states are replicated.
-        params_sharding = jax.tree.map(lambda x: x.sharding, self.params)
+        params_sharding = tuple(x.sharding for x in self.param_leaves)
         self._replicated = rep = NamedSharding(mesh, P())
         key = fingerprint(config, model.args, mesh.devices.shape)
         self._executables_dir = directory = (
@@ -149,6 +155,17 @@ class ModelRunner:
                                         static_argnames=sampler_static, donate_argnums=(4, 6))
         self._set_row = program("set_row", penalties.set_row, (0,), donate_argnums=(0,))
         self._prompt_logprobs = program("prompt_logprobs", prompt_logprobs_fn, (0,))
+
+    @property
+    def params(self):
+        """The model's weights (an nnx State); setting them (weight updates, wake-up) sets the
+        flat tuples the programs take."""
+        return self._params
+
+    @params.setter
+    def params(self, params) -> None:
+        self._params = params
+        self.param_leaves, self.head_leaves = self.step_params.split(params)
 
     def _count_compilation(self) -> None:
         self.num_compilations += 1
@@ -178,7 +195,7 @@ class ModelRunner:
             inputs = build_step_inputs(batch, rows, counts, T, self.block_size)
         with jax.profiler.TraceAnnotation("model_step"):
             hidden, all_hidden, self.kv_cache = self._forward(
-                self.params, self.kv_cache, inputs.input_ids, inputs.prev_rows, self.last_sampled,
+                self.param_leaves, self.kv_cache, inputs.input_ids, inputs.prev_rows, self.last_sampled,
                 inputs.md, inputs.logits_indices)
         prompt_logprobs = self._prompt_logprobs_of(rows, counts, inputs.commit, all_hidden, T)
         with jax.profiler.TraceAnnotation("prepare_inputs"):
@@ -197,13 +214,13 @@ class ModelRunner:
                 penalty_md = penalty_metadata(batch, rows, inputs.commit, R, self.max_num_seqs,
                                               self.vocab_size, grammar_rows)
                 sampled, logprobs, self.penalty_state, self.last_sampled = self._sample_extended(
-                    self.params, hidden, sampling_md, np.int32(N), self.penalty_state, penalty_md,
+                    self.head_leaves, hidden, sampling_md, np.int32(N), self.penalty_state, penalty_md,
                     self.last_sampled, sample_rows, **variant)
                 num_logprobs = batch.num_logprobs[rows]
                 if not (num_logprobs >= 0).any():
                     logprobs = None
             else:
-                sampled, self.last_sampled = self._sample(self.params, hidden, sampling_md, np.int32(N),
+                sampled, self.last_sampled = self._sample(self.head_leaves, hidden, sampling_md, np.int32(N),
                                                           self.last_sampled, sample_rows, **variant)
         batch.num_computed_tokens[rows] += counts
         batch.num_tokens[rows[inputs.commit]] += 1  # its value arrives with get_output
@@ -220,7 +237,7 @@ class ModelRunner:
             return {}
         with jax.profiler.TraceAnnotation("prompt_logprobs"):
             return step_prompt_logprobs(self.input_batch, rows, counts, commit, T, lambda indices, targets:
-                                        self._prompt_logprobs(self.params, all_hidden, indices, targets))
+                                        self._prompt_logprobs(self.head_leaves, all_hidden, indices, targets))
 
     def _write_row(self, state) -> None:
         batch, n = self.input_batch, state.num_prompt_tokens
@@ -269,10 +286,10 @@ class ModelRunner:
                 kv_lens=np.zeros(M, np.int32), page_indices=np.zeros((M, self.max_pages_per_seq), np.int32),
                 cu_q_lens=np.zeros(M + 1, np.int32), num_seqs=np.zeros(1, np.int32))
             all_hidden = jax.ShapeDtypeStruct((T, self.hidden_size), self.hidden_dtype, sharding=rep)
-            jobs.append((self._forward, (self.params, self.kv_cache, np.zeros(T, np.int32),
+            jobs.append((self._forward, (self.param_leaves, self.kv_cache, np.zeros(T, np.int32),
                                          np.full(T, S, np.int32), self.last_sampled, md,
                                          np.zeros(S, np.int32)), {}))
-            extra.append((self._prompt_logprobs, (self.params, all_hidden, np.zeros(T, np.int32),
+            extra.append((self._prompt_logprobs, (self.head_leaves, all_hidden, np.zeros(T, np.int32),
                                                   np.zeros(T, np.int32)), {}))
         no_rows = np.zeros(0, np.int32)
         for R in self.request_buckets:
@@ -280,9 +297,9 @@ class ModelRunner:
             penalty_md = penalty_metadata(None, no_rows, no_rows, R, S, self.vocab_size)
             rows = np.full(R, S, np.int32)
             for variant in sampler_variants(self.step_may_branch):
-                jobs.append((self._sample, (self.params, hidden, md, np.int32(R), self.last_sampled, rows),
+                jobs.append((self._sample, (self.head_leaves, hidden, md, np.int32(R), self.last_sampled, rows),
                              variant))
-                extra.append((self._sample_extended, (self.params, hidden, md, np.int32(R), self.penalty_state,
+                extra.append((self._sample_extended, (self.head_leaves, hidden, md, np.int32(R), self.penalty_state,
                                                       penalty_md, self.last_sampled, rows), variant))
         extra.append((self._set_row, (self.penalty_state, np.int32(0)) + penalties.build_row(
             SamplingParams(), [0], [], self.vocab_size), {}))
