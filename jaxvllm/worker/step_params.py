@@ -1,8 +1,7 @@
 """The model's weights as the step programs take them: one flat tuple, and the head's few.
 
-Every argument of a call costs the host dispatch time, on every step (a few µs each: the
-default model's ~180 weights made ~0.2 ms of a forward's dispatch and most of the sampler's).
-So the programs take the weights as a flat tuple (no pytree to flatten per call), and the
+Every argument of a call costs the host dispatch time, on every step: with the default
+model's ~180 weight arrays, most of a call's. So the programs take the weights as a flat tuple (no pytree to flatten per call), and the
 sampler and prompt logprobs take only those `compute_logits` reads (the LM head, a tied
 embedding, a final projection), found by tracing it once so that no model has to list them.
 """
