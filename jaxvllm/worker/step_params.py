@@ -1,9 +1,10 @@
 """The model's weights as the step programs take them: one flat tuple, and the head's few.
 
 Every argument of a call costs the host dispatch time, on every step: with the default
-model's ~180 weight arrays, most of a call's. So the programs take the weights as a flat tuple (no pytree to flatten per call), and the
-sampler and prompt logprobs take only those `compute_logits` reads (the LM head, a tied
-embedding, a final projection), found by tracing it once so that no model has to list them.
+model's ~180 weight arrays, most of a call's. So the programs take the weights as a flat
+tuple (no pytree to flatten per call), and the sampler and prompt logprobs take only those
+`compute_logits` reads (the LM head, a tied embedding, a final projection), found by tracing
+it once so that no model has to list them.
 """
 from __future__ import annotations
 
