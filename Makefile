@@ -45,4 +45,4 @@ clean:
 bench-peers: .venv-peers/.installed
 
 bench: setup-test bench-peers
-	$(PY) benchmarks/throughput.py --rounds 2 --json benchmarks/results/cpu-throughput.json
+	$(PY) benchmarks/throughput.py --rounds 5 --json benchmarks/results/cpu-throughput.json

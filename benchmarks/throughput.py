@@ -18,7 +18,7 @@ Every MFU is against the fastest matmul measured in the same run (benchmarks/mac
 
     python benchmarks/throughput.py [--num-requests 64] [--input-len 32 512]
         [--output-len 16 256] [--peers vllm,transformers] [--rounds 1] [--json PATH]
-    python benchmarks/throughput.py --rounds 2   # jaxvllm and vLLM twice each, ABBA
+    python benchmarks/throughput.py --rounds 5   # jaxvllm and vLLM five times each, ABBA
     python benchmarks/throughput.py --random-weights llama3-8b        # 256 requests, on a GPU/TPU
     python benchmarks/throughput.py --peers "" --data-parallel-size 2  # against the default 1
 """
@@ -43,7 +43,7 @@ from workload import Workload, make_random_workload, make_workload  # noqa: E402
 from jaxvllm import LLM, SamplingParams  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks/peers"))
-from runners import run_transformers, run_vllm  # noqa: E402
+from runners import VllmRun, run_transformers  # noqa: E402
 
 EXPORT_DIR = Path(os.path.expanduser("~/.cache/jaxvllm/peers/smollm2-135m-instruct-f32"))
 
@@ -233,29 +233,36 @@ def main(argv=None) -> dict:
         from export_safetensors import export
         model_dir = Path(export(ns.model, str(EXPORT_DIR)))
     # Rounds alternate the order (peers then jaxvllm, then jaxvllm then peers: ABBA over two),
-    # so that a machine that speeds up or slows down during the run favours no engine. Our
-    # engine starts once, after the peers' first round; vLLM starts afresh in each round.
-    # transformers, several times slower than both, runs in the first round only.
+    # so that a machine that speeds up or slows down during the run favours no engine. Both
+    # engines start once, in the first round, and stay up. transformers, several times slower
+    # than both, runs in the first round only.
     rounds: dict[str, list[dict]] = {name: [] for name in ["jaxvllm", *peers]}
-    ours = None
+    ours = vllm = None
     for r in range(ns.rounds):
         round_peers = [p for p in peers if p == "vllm" or r == 0]
         for name in (round_peers + ["jaxvllm"] if r % 2 == 0 else ["jaxvllm"] + round_peers):
             print(f"Round {r + 1}/{ns.rounds}: running {name} ...", flush=True)
-            if name == "jaxvllm":
-                ours = ours or JaxvllmRun(w, ns)
-            probe, before = probe_matmul_flops(), cpu_times()
-            if name == "jaxvllm":
-                result = ours.timed()
-            else:
-                try:
-                    result = (run_vllm(w, model_dir, ns) if name == "vllm" else
-                              run_transformers(w, model_dir, [int(b) for b in ns.hf_batch_sizes.split(",")]))
-                except Exception as e:  # a peer that cannot run is reported, not fatal
-                    result = {"error": f"{type(e).__name__}: {e}"}
-            rounds[name].append({**result, **round_conditions(before, probe)})
-            print(f"  {describe_round(rounds[name][-1])}", flush=True)
-    results["peers"] = {name: combine(rounds[name]) for name in peers}
+            try:  # engines start outside the round's window
+                if name == "jaxvllm":
+                    ours = ours or JaxvllmRun(w, ns)
+                elif name == "vllm":
+                    vllm = vllm or VllmRun(w, model_dir, ns)
+                probe, before = probe_matmul_flops(), cpu_times()
+                result = (ours.timed() if name == "jaxvllm" else vllm.timed() if name == "vllm" else
+                          run_transformers(w, model_dir, [int(b) for b in ns.hf_batch_sizes.split(",")]))
+                result.update(round_conditions(before, probe))
+            except Exception as e:
+                if name == "jaxvllm":
+                    raise
+                result = {"error": f"{type(e).__name__}: {e}"}  # a peer that cannot run is reported
+                if name == "vllm":
+                    peers.remove("vllm")  # and not started again
+                    results["peers"]["vllm"] = result
+            rounds[name].append(result)
+            print(f"  {describe_round(result)}", flush=True)
+    if vllm is not None:
+        vllm.close()
+    results["peers"].update({name: combine(rounds[name]) for name in peers})
     results["jaxvllm"] = {**combine(rounds["jaxvllm"]), **ours.summary()}
     results["jaxvllm"]["decode_mfu"] = (results["jaxvllm"]["decode_tok_s"]
                                         * results["jaxvllm"]["decode_flops_per_token"] / machine["matmul_flops"])

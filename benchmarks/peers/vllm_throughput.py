@@ -1,5 +1,8 @@
 """Runs in vLLM's own venv (.venv-peers, `make bench-peers`): offline throughput of
-vLLM on a workload file written by benchmarks/throughput.py; prints one JSON line.
+vLLM on a workload file written by benchmarks/throughput.py. Starts the engine once, warms
+it with a first call of two requests (as jaxvllm's is), prints `READY {...}`, then runs the
+whole workload once for each line `run` on stdin, printing `RESULT {...}` after each, until
+stdin closes (benchmarks/peers/runners.py: VllmRun).
 
     .venv-peers/bin/python benchmarks/peers/vllm_throughput.py MODEL_DIR WORKLOAD_JSON
 """
@@ -24,16 +27,21 @@ def main(model_dir: str, workload_path: str) -> None:
     prompts = [TokensPrompt(prompt_token_ids=p) for p in w["prompts"]]
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in w["output_lens"]]
     llm.generate(prompts[:2], params[:2], use_tqdm=False)  # first-call warm-up, not timed
-    llm.reset_prefix_cache()  # the timed run computes every prompt (jaxvllm's does the same)
-    start = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    elapsed = time.perf_counter() - start
-    n_out = sum(len(o.outputs[0].token_ids) for o in outs)
+    version = __import__("vllm").__version__
+    print("READY " + json.dumps({"startup_s": startup_s, "version": version}), flush=True)
     n_in = sum(len(p) for p in w["prompts"])
-    print("RESULT " + json.dumps({"elapsed_s": elapsed, "output_tokens": n_out, "input_tokens": n_in,
-                                  "output_tok_s": n_out / elapsed, "input_tok_s": n_in / elapsed,
-                                  "requests_s": len(outs) / elapsed, "startup_s": startup_s,
-                                  "version": __import__("vllm").__version__}), flush=True)
+    for line in sys.stdin:
+        if line.strip() != "run":
+            continue
+        llm.reset_prefix_cache()  # every run computes every prompt (jaxvllm's does the same)
+        start = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        elapsed = time.perf_counter() - start
+        n_out = sum(len(o.outputs[0].token_ids) for o in outs)
+        print("RESULT " + json.dumps({"elapsed_s": elapsed, "output_tokens": n_out, "input_tokens": n_in,
+                                      "output_tok_s": n_out / elapsed, "input_tok_s": n_in / elapsed,
+                                      "requests_s": len(outs) / elapsed, "startup_s": startup_s,
+                                      "version": version}), flush=True)
 
 
 if __name__ == "__main__":
