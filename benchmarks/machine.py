@@ -8,20 +8,26 @@ therefore times every matmul the platform may use and keeps the fastest.
 """
 from __future__ import annotations
 
+import statistics
 import time
 
 import jax
 import jax.numpy as jnp
 
 
-def _best_time(fn, *args, repeats: int = 5) -> float:
-    jax.block_until_ready(fn(*args))  # compile and warm
-    best = float("inf")
+def _times(fn, *args, repeats: int = 5) -> list[float]:
+    """Seconds of each of `repeats` calls, after one that compiles and warms."""
+    jax.block_until_ready(fn(*args))
+    times = []
     for _ in range(repeats):
         start = time.perf_counter()
         jax.block_until_ready(fn(*args))
-        best = min(best, time.perf_counter() - start)
-    return best
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def _best_time(fn, *args, repeats: int = 5) -> float:
+    return min(_times(fn, *args, repeats=repeats))
 
 
 def matmul_flops(n: int = 2048, dtype="float32") -> float:
@@ -110,14 +116,7 @@ def probe_matmul_flops(n: int = 1024, repeats: int = 9) -> float:
     """A 1024² float32 matmul's median FLOP/s: the machine's speed now (a median, where
     `matmul_flops` keeps the best, because this is meant to see a slow moment)."""
     a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-    f = jax.jit(jnp.matmul)
-    jax.block_until_ready(f(a, a))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(f(a, a))
-        times.append(time.perf_counter() - start)
-    return 2 * n**3 / sorted(times)[repeats // 2]
+    return 2 * n**3 / statistics.median(_times(jax.jit(jnp.matmul), a, a, repeats=repeats))
 
 
 def anon_huge_pages_bytes() -> int | None:

@@ -97,7 +97,7 @@ class VllmRun:
     def timed(self) -> dict:
         self.proc.stdin.write("run\n")
         self.proc.stdin.flush()
-        return {**self._wait_for("RESULT "), **self.ready}
+        return self._wait_for("RESULT ")  # with the engine's start-up time and vLLM's version
 
     def close(self) -> None:
         if not self.proc.stdin.closed:
