@@ -26,6 +26,8 @@ device's, so the period approaches the device time.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import json
 import sys
 import tempfile
@@ -95,6 +97,20 @@ def tiny_model(path: Path, vocab_size: int | None = None) -> Path:
     return path
 
 
+@contextlib.contextmanager
+def frozen_heap():
+    """The engine core process freezes the heap it built at start-up (engine/core_proc.py), so
+    the collector's oldest generation never walks it between two steps. Measured in process,
+    the engine's host path runs under the same condition; unfrozen after, so that the engine
+    dropped next is collected."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def measure(model: Path, batch: int, steps: int, mixed: bool, clock=time.perf_counter,
             output_kind: str = "FINAL_ONLY") -> dict:
     """Per-step seconds of each part over `steps` steps with `batch` requests running; with
@@ -118,14 +134,15 @@ def measure(model: Path, batch: int, steps: int, mixed: bool, clock=time.perf_co
         engine.step()
     timer = StepTimer(llm, clock)
     timer.reset()
-    start = time.perf_counter()
-    for step in range(steps):
-        if mixed:  # one new 48-token prompt per step, decoding beside the others
-            engine.add_request(f"m{step}", {"prompt_token_ids": [7] * 48},
-                               SamplingParams(max_tokens=2, ignore_eos=True, temperature=0.0,
-                                              output_kind=RequestOutputKind[output_kind]))
-        engine.step()
-    wall = (time.perf_counter() - start) / steps
+    with frozen_heap():
+        start = time.perf_counter()
+        for step in range(steps):
+            if mixed:  # one new 48-token prompt per step, decoding beside the others
+                engine.add_request(f"m{step}", {"prompt_token_ids": [7] * 48},
+                                   SamplingParams(max_tokens=2, ignore_eos=True, temperature=0.0,
+                                                  output_kind=RequestOutputKind[output_kind]))
+            engine.step()
+        wall = (time.perf_counter() - start) / steps
     parts = {p: s / steps for p, s in timer.parts().items()}
     host = sum(s for p, s in parts.items() if p != "device")
     engine.abort_request([f"d{i}" for i in range(batch)])
@@ -154,17 +171,18 @@ def step_period(model: str | None, batch: int, steps: int, async_scheduling: boo
         engine.step()
     timer = StepTimer(llm)  # when on, waits for the device at each call: steps no longer overlap
     rounds, period, device = -(-steps // window), 0.0, 0.0
-    for k in range(rounds):
-        for timed in ((False, True) if k % 2 == 0 else (True, False)):
-            timer.enabled = timed
-            engine.step()  # the first step after a switch overlaps with nothing: not counted
-            start, before = time.perf_counter(), timer.totals["device"]
-            for _ in range(window):
-                engine.step()
-            if timed:
-                device += timer.totals["device"] - before
-            else:
-                period += time.perf_counter() - start
+    with frozen_heap():
+        for k in range(rounds):
+            for timed in ((False, True) if k % 2 == 0 else (True, False)):
+                timer.enabled = timed
+                engine.step()  # the first step after a switch overlaps with nothing: not counted
+                start, before = time.perf_counter(), timer.totals["device"]
+                for _ in range(window):
+                    engine.step()
+                if timed:
+                    device += timer.totals["device"] - before
+                else:
+                    period += time.perf_counter() - start
     n = rounds * window
     engine.abort_request([f"p{i}" for i in range(batch)])
     return {"step_ms": period / n * 1e3, "device_ms": device / n * 1e3}
