@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 import jaxvllm
 from jaxvllm.engine.exceptions import EngineDeadError
 from jaxvllm.entrypoints.openai.chat_template_sandbox import ChatTemplateSandbox
-from jaxvllm.entrypoints.openai.chat_utils import ChatRenderer
+from jaxvllm.entrypoints.openai.chat_utils import ChatRenderer, load_chat_template
 from jaxvllm.entrypoints.openai.connection_limits import (install_accept_error_handler,
                                                           protocol_class, raise_fd_limit)
 from jaxvllm.entrypoints.openai.errors import APIError, error_response
@@ -65,7 +65,7 @@ def build_app(engine, model_name: str, server_args: ServerArgs) -> FastAPI:
     engine.add_stat_logger(metrics)
     sandbox = (ChatTemplateSandbox(server_args.chat_template_timeout_s, server_args.max_request_bytes)
                if server_args.trust_request_chat_template else None)
-    renderer = ChatRenderer(engine.get_tokenizer(), sandbox)
+    renderer = ChatRenderer(engine.get_tokenizer(), sandbox, load_chat_template(server_args.chat_template))
     completion = OpenAIServingCompletion(engine, model_name, server_args, metrics)
     chat = OpenAIServingChat(engine, model_name, server_args, metrics, renderer)
     tokenization = OpenAIServingTokenization(engine, model_name, server_args, metrics, renderer)

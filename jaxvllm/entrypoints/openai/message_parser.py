@@ -39,11 +39,13 @@ class ParsedMessage:
 
 class MessageParser:
     def __init__(self, reasoning_parser: ReasoningParser | None = None, in_reasoning: bool = False,
-                 tool_parser: ToolParser | None = None, tools: list[dict] | None = None):
+                 tool_parser: ToolParser | None = None, tools: list[dict] | None = None,
+                 max_calls: int | None = None):
         self.reasoning_parser = reasoning_parser
         self.in_reasoning = in_reasoning
         self.tool_parser = tool_parser
         self.tools = tools
+        self.max_calls = max_calls  # parallel_tool_calls: false -> 1
         self.text = ""
         self._sent_reasoning = 0
         self._sent_content = 0
@@ -56,7 +58,7 @@ class MessageParser:
         if self.tool_parser is None:
             return reasoning, content, []
         out = self.tool_parser.parse(content, final, self.tools)
-        return reasoning, out.content, out.calls
+        return reasoning, out.content, out.calls[:self.max_calls]
 
     def full(self, text: str) -> ParsedMessage:
         reasoning, content, calls = self.parse(text, final=True)

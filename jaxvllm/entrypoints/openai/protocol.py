@@ -7,7 +7,7 @@ number; -> HTTP 400 naming the field), and range-checked by SamplingParams.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -24,6 +24,8 @@ class OpenAIBaseModel(BaseModel):
                   "token-id lists.",
         "stop": "must be a string or a list of strings.",
         "messages[].content": "must be a string or a list of {\"type\": \"text\", \"text\": ...} parts.",
+        "tool_choice": "must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                       "\"function\": {\"name\": ...}}.",
     }
 
 
@@ -146,10 +148,45 @@ class ChatContentPart(OpenAIBaseModel):
     text: str | None = None
 
 
+class FunctionDefinition(OpenAIBaseModel):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema of type object
+    strict: bool | None = None
+
+
+class ChatCompletionToolsParam(OpenAIBaseModel):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class FunctionName(OpenAIBaseModel):
+    name: str
+
+
+class ChatCompletionNamedToolChoiceParam(OpenAIBaseModel):
+    type: Literal["function"] = "function"
+    function: FunctionName
+
+
+class FunctionCallParam(OpenAIBaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCallParam(OpenAIBaseModel):
+    """A call of an earlier assistant turn, sent back by the client."""
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallParam
+
+
 class ChatMessage(OpenAIBaseModel):
     role: str
     content: str | list[ChatContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallParam] | None = None  # role "assistant"
+    tool_call_id: str | None = None  # role "tool": the call this is the result of
 
 
 class ChatCompletionRequest(SamplingRequestBase):
@@ -162,6 +199,9 @@ class ChatCompletionRequest(SamplingRequestBase):
     continue_final_message: bool = False
     chat_template: str | None = None  # honoured only with --trust-request-chat-template
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[ChatCompletionToolsParam] | None = None
+    tool_choice: Literal["none", "auto", "required"] | ChatCompletionNamedToolChoiceParam | None = None
+    parallel_tool_calls: bool = True
 
 
 class TokenizeRequest(OpenAIBaseModel):

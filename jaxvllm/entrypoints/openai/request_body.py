@@ -11,6 +11,7 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from jaxvllm.entrypoints.openai.errors import APIError, from_validation_error
+from jaxvllm.entrypoints.openai.unknown_fields import log_unknown_fields
 
 MAX_DEPTH = 64  # JSON schemas and chat messages nest far less
 
@@ -61,6 +62,8 @@ async def parse_body(raw: Request, model: type[BaseModel]):
         raise APIError(f"The request body must be a JSON object, got {type(obj).__name__}.")
     _check_structure(obj)
     try:
-        return model.model_validate(obj)
+        parsed = model.model_validate(obj)
     except ValidationError as e:
         raise from_validation_error(e, model.field_hints) from e
+    log_unknown_fields(model, obj)
+    return parsed

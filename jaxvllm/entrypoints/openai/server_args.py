@@ -31,6 +31,15 @@ class ServerArgs:
     shutdown_timeout_s: float = 30.0
     # /sleep, /wake_up, /is_sleeping, /reset_prefix_cache and /update_weights (sleep_routes.py).
     enable_sleep_mode: bool = False
+    # Agents (vLLM's flags): a chat template for every request, tool calls read from the
+    # text by a named parser when tool_choice is "auto", reasoning split from the answer,
+    # and how many /v1/responses replies are kept for previous_response_id.
+    chat_template: str | None = None
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
+    tool_parser_plugin: str | None = None
+    reasoning_parser: str | None = None
+    max_stored_responses: int = 1024
 
     def __post_init__(self) -> None:
         for name in ("max_request_bytes", "max_n", "max_prompts_per_request",
@@ -40,6 +49,21 @@ class ServerArgs:
         for name in ("header_timeout_s", "chat_template_timeout_s", "shutdown_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}.")
+        self._check_agent_args()
+
+    def _check_agent_args(self) -> None:
+        from jaxvllm.entrypoints.openai.reasoning import ReasoningParserManager
+        from jaxvllm.entrypoints.openai.tool_parsers import ToolParserManager
+        if self.tool_parser_plugin:
+            ToolParserManager.import_tool_parser(self.tool_parser_plugin)
+        if self.tool_call_parser:
+            ToolParserManager.get_tool_parser(self.tool_call_parser)
+        if self.enable_auto_tool_choice and not self.tool_call_parser:
+            raise ValueError("--enable-auto-tool-choice needs --tool-call-parser NAME.")
+        if self.reasoning_parser:
+            ReasoningParserManager.get_reasoning_parser(self.reasoning_parser)
+        if self.max_stored_responses < 0:
+            raise ValueError(f"max_stored_responses must be at least 0, got {self.max_stored_responses}.")
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -82,6 +106,24 @@ class ServerArgs:
         parser.add_argument("--enable-sleep-mode", action="store_true",
                             help="Serve POST /sleep, /wake_up, /reset_prefix_cache, /update_weights "
                                  "and GET /is_sleeping (vLLM's), for RL trainers and schedulers.")
+        agents = parser.add_argument_group("Tool calling, reasoning and the Responses API")
+        agents.add_argument("--chat-template", default=None,
+                            help="A Jinja chat template (a file, or the template itself) used "
+                                 "instead of the model's.")
+        agents.add_argument("--enable-auto-tool-choice", action="store_true",
+                            help='Let the model decide to call tools (tool_choice "auto"); '
+                                 "needs --tool-call-parser.")
+        agents.add_argument("--tool-call-parser", default=None,
+                            help="How tool calls are read from the model's text: hermes, "
+                                 "llama3_json, mistral, pythonic, qwen3_coder, or a plugin's name.")
+        agents.add_argument("--tool-parser-plugin", default=None,
+                            help="A Python file that registers more tool parsers "
+                                 "(@ToolParserManager.register_module).")
+        agents.add_argument("--reasoning-parser", default=None,
+                            help="Split <think>...</think> into reasoning_content: deepseek_r1, qwen3.")
+        agents.add_argument("--max-stored-responses", type=int, default=d.max_stored_responses,
+                            help="/v1/responses replies kept in memory for previous_response_id; "
+                                 "the oldest go first (default: %(default)s).")
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> "ServerArgs":

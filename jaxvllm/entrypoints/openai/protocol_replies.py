@@ -1,0 +1,97 @@
+"""The server's replies as pydantic models, with the fields and names the OpenAI SDK reads
+(and vLLM's extras: stop_reason, reasoning_content, prompt_logprobs). Replies are dumped
+with exclude_unset: a field the server did not set is left out (a stream delta carries only
+what changed), one it set to None is sent as null."""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+
+class ReplyModel(BaseModel):
+    def dump(self) -> dict:
+        return self.model_dump(exclude_unset=True)
+
+
+class UsageInfo(ReplyModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+    @classmethod
+    def of(cls, prompt_tokens: int, completion_tokens: int) -> "UsageInfo":
+        return cls(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                   total_tokens=prompt_tokens + completion_tokens)
+
+
+class FunctionCall(ReplyModel):
+    name: str
+    arguments: str
+
+
+class ToolCall(ReplyModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class DeltaFunctionCall(ReplyModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(ReplyModel):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall
+
+
+class ChatMessageReply(ReplyModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+
+
+class ChatCompletionResponseChoice(ReplyModel):
+    index: int
+    message: ChatMessageReply
+    logprobs: dict[str, Any] | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionResponse(ReplyModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatCompletionResponseChoice]
+    usage: UsageInfo
+    prompt_logprobs: list | None = None
+
+
+class DeltaMessage(ReplyModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
+
+
+class ChatCompletionStreamChoice(ReplyModel):
+    index: int
+    delta: DeltaMessage
+    logprobs: dict[str, Any] | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionStreamResponse(ReplyModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatCompletionStreamChoice]
+    usage: UsageInfo | None = None
