@@ -33,6 +33,7 @@ from jaxvllm.entrypoints.openai.server_args import ServerArgs
 from jaxvllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from jaxvllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from jaxvllm.entrypoints.openai.serving_engine import OpenAIServing
+from jaxvllm.entrypoints.openai.serving_responses import add_responses_routes
 from jaxvllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from jaxvllm.entrypoints.openai.sleep_routes import add_sleep_routes
 from jaxvllm.metrics.prometheus import PrometheusStatLogger
@@ -163,6 +164,7 @@ def build_app(engine, model_name: str, server_args: ServerArgs) -> FastAPI:
 
     if server_args.enable_sleep_mode:
         add_sleep_routes(app, engine)
+    add_responses_routes(app, engine, model_name, server_args, metrics, renderer)
     return app
 
 
