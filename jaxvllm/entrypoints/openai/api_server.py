@@ -28,6 +28,7 @@ from jaxvllm.entrypoints.openai.graceful_shutdown import GracefulServer
 from jaxvllm.entrypoints.openai.middleware import ServerMiddleware
 from jaxvllm.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest,
                                                  DetokenizeRequest, TokenizeRequest)
+from jaxvllm.entrypoints.openai.protocol_replies import ModelCard, ModelList
 from jaxvllm.entrypoints.openai.request_body import parse_body
 from jaxvllm.entrypoints.openai.server_args import ServerArgs
 from jaxvllm.entrypoints.openai.serving_chat import OpenAIServingChat
@@ -107,10 +108,9 @@ def build_app(engine, model_name: str, server_args: ServerArgs) -> FastAPI:
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{
-            "id": model_name, "object": "model", "created": OpenAIServing.created(),
-            "owned_by": "jaxvllm", "root": model_name, "parent": None,
-            "max_model_len": completion.max_model_len}]}
+        return ModelList(data=[ModelCard(
+            id=model_name, created=OpenAIServing.created(), owned_by="jaxvllm", root=model_name,
+            parent=None, max_model_len=completion.max_model_len)]).dump()
 
     @app.get("/metrics")
     async def prometheus_metrics():

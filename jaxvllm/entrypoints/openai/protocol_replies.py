@@ -10,6 +10,13 @@ from pydantic import BaseModel, Field
 
 
 class ReplyModel(BaseModel):
+    def model_post_init(self, context: Any) -> None:
+        # A reply's kind ("object": "chat.completion", "type": "function", a message's role)
+        # is always sent.
+        self.__pydantic_fields_set__ |= {name for name in ("object", "type", "role")
+                                         if name in type(self).model_fields
+                                         and type(self).model_fields[name].default is not None}
+
     def dump(self) -> dict:
         return self.model_dump(exclude_unset=True)
 
@@ -95,3 +102,37 @@ class ChatCompletionStreamResponse(ReplyModel):
     model: str
     choices: list[ChatCompletionStreamChoice]
     usage: UsageInfo | None = None
+
+
+class CompletionResponseChoice(ReplyModel):
+    index: int
+    text: str
+    logprobs: dict[str, Any] | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    prompt_logprobs: list | None = None
+
+
+class CompletionResponse(ReplyModel):
+    """A whole completion, and (object "text_completion" too, as OpenAI streams it) a chunk."""
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionResponseChoice]
+    usage: UsageInfo | None = None
+
+
+class ModelCard(ReplyModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "jaxvllm"
+    root: str | None = None
+    parent: str | None = None
+    max_model_len: int | None = None
+
+
+class ModelList(ReplyModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

@@ -11,7 +11,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from jaxvllm.entrypoints.openai.errors import APIError, error_body
 from jaxvllm.entrypoints.openai.logprobs import completion_logprobs, prompt_logprobs_json
 from jaxvllm.entrypoints.openai.protocol import CompletionRequest
-from jaxvllm.entrypoints.openai.serving_engine import OpenAIServing, engine_error, usage
+from jaxvllm.entrypoints.openai.protocol_replies import (CompletionResponse,
+                                                         CompletionResponseChoice, UsageInfo)
+from jaxvllm.entrypoints.openai.serving_engine import OpenAIServing, engine_error
 from jaxvllm.beam_search import beam_search_async
 from jaxvllm.sampling_params import BeamSearchParams, RequestOutputKind
 
@@ -94,13 +96,12 @@ class OpenAIServingCompletion(OpenAIServing):
             for j, seq in enumerate(out.sequences):
                 generated = seq.tokens[len(ids):]
                 num_gen += len(generated)
-                choices.append({"index": i * request.n + j,
-                                "text": (text if request.echo else "") + self.tokenizer.decode(
-                                    generated, skip_special_tokens=True),
-                                "logprobs": None, "finish_reason": seq.finish_reason,
-                                "stop_reason": None})
-        return {**self._head(request_id, self.created()), "choices": choices,
-                "usage": usage(sum(len(ids) for _, ids, _ in prompts), num_gen)}
+                choices.append(CompletionResponseChoice(
+                    index=i * request.n + j, text=(text if request.echo else "") + self.tokenizer.decode(
+                        generated, skip_special_tokens=True),
+                    logprobs=None, finish_reason=seq.finish_reason, stop_reason=None))
+        return self._reply(request_id, self.created(), choices,
+                           UsageInfo.of(sum(len(ids) for _, ids, _ in prompts), num_gen)).dump()
 
     def _logprobs(self, request, prompt, o, prompt_lps, first: bool, offset: int):
         """Legacy logprobs of one (delta) output; with echo, the prompt's come first."""
@@ -116,9 +117,12 @@ class OpenAIServingCompletion(OpenAIServing):
                                          [{}] * len(o.token_ids), request.logprobs, offset))
         return {k: sum((p[k] for p in parts), []) for k in parts[0]}
 
-    def _head(self, request_id: str, created: int) -> dict:
-        return {"id": request_id, "object": "text_completion", "created": created,
-                "model": self.model_name}
+    def _reply(self, request_id: str, created: int, choices, usage=None) -> CompletionResponse:
+        reply = CompletionResponse(id=request_id, created=created, model=self.model_name,
+                                   choices=choices)
+        if usage is not None:
+            reply.usage = usage
+        return reply
 
     async def _full(self, request, request_id, prompts, gen) -> dict:
         finals, prompt_lps = {}, {}
@@ -129,19 +133,18 @@ class OpenAIServingCompletion(OpenAIServing):
         choices = []
         for idx in sorted(finals):
             i, o = finals[idx]
-            choices.append({
-                "index": idx, "text": (prompts[i][0] if request.echo else "") + o.text,
-                "logprobs": self._logprobs(request, prompts[i], o, prompt_lps.get(i), True, 0),
-                "finish_reason": o.finish_reason, "stop_reason": o.stop_reason})
+            choices.append(CompletionResponseChoice(
+                index=idx, text=(prompts[i][0] if request.echo else "") + o.text,
+                logprobs=self._logprobs(request, prompts[i], o, prompt_lps.get(i), True, 0),
+                finish_reason=o.finish_reason, stop_reason=o.stop_reason))
             if request.prompt_logprobs is not None:
-                choices[-1]["prompt_logprobs"] = prompt_logprobs_json(self.tokenizer, prompt_lps.get(i))
+                choices[-1].prompt_logprobs = prompt_logprobs_json(self.tokenizer, prompt_lps.get(i))
         num_prompt = sum(len(ids) for _, ids, _ in prompts)
         num_gen = sum(len(o.token_ids) for _, o in finals.values())
-        return {**self._head(request_id, self.created()), "choices": choices,
-                "usage": usage(num_prompt, num_gen)}
+        return self._reply(request_id, self.created(), choices, UsageInfo.of(num_prompt, num_gen)).dump()
 
     async def _stream(self, request, request_id, prompts, gen):
-        head = self._head(request_id, self.created())
+        created = self.created()
         opts = request.stream_options
         include_usage = bool(opts and opts.include_usage)
         continuous = include_usage and bool(opts.continuous_usage_stats)
@@ -159,15 +162,14 @@ class OpenAIServingCompletion(OpenAIServing):
                     text_len[idx] += len(text)
                     if not text and o.finish_reason is None and not o.token_ids:
                         continue
-                    chunk = {**head, "choices": [{
-                        "index": idx, "text": text, "logprobs": lps,
-                        "finish_reason": o.finish_reason, "stop_reason": o.stop_reason}]}
-                    if continuous:
-                        chunk["usage"] = usage(len(prompts[i][1]), generated[idx])
-                    yield sse(chunk)
+                    choice = CompletionResponseChoice(index=idx, text=text, logprobs=lps,
+                                                      finish_reason=o.finish_reason,
+                                                      stop_reason=o.stop_reason)
+                    yield sse(self._reply(request_id, created, [choice], UsageInfo.of(
+                        len(prompts[i][1]), generated[idx]) if continuous else None).dump())
             if include_usage:
-                yield sse({**head, "choices": [], "usage": usage(
-                    sum(len(ids) for _, ids, _ in prompts), sum(generated.values()))})
+                yield sse(self._reply(request_id, created, [], UsageInfo.of(
+                    sum(len(ids) for _, ids, _ in prompts), sum(generated.values()))).dump())
         except Exception as e:  # the status line is gone: report in the stream
             err = engine_error(e)
             yield sse(error_body(err.message, err.status, err.param))

@@ -158,11 +158,6 @@ class OpenAIServing:
         task.add_done_callback(self._background.discard)
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
-
-
 def engine_error(e: Exception) -> APIError:
     """Failures inside the engine are the server's fault (500), not the client's; the
     client reads what happened, never Python's internals (those go to the log)."""
