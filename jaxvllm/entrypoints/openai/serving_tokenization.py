@@ -20,7 +20,8 @@ class OpenAIServingTokenization(OpenAIServing):
         if request.messages is not None:
             ids = await self.chat_renderer.render(
                 request.messages, request.add_generation_prompt, request.continue_final_message,
-                request.chat_template_kwargs, request.chat_template)
+                request.chat_template_kwargs, request.chat_template,
+                [t.model_dump(exclude_none=True) for t in request.tools] if request.tools else None)
         else:
             ids = await asyncio.to_thread(self.tokenizer.encode, request.prompt,
                                           add_special_tokens=request.add_special_tokens)

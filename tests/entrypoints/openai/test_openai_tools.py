@@ -115,3 +115,10 @@ def test_openai_agents_runs_one_tool_turn(agents_server):
 
     outputs = asyncio.run(run_both())
     assert len(cities) == 2 and outputs == [f"Sunny, 21 C in {c}." for c in cities]
+
+
+def test_tokenize_renders_tools_as_chat_does(agents_server):
+    import httpx
+    count = lambda **extra: httpx.post(f"{agents_server.url}/tokenize", json={
+        "messages": QUESTION, **extra}, headers={"Authorization": f"Bearer {API_KEY}"}).json()["count"]
+    assert count(tools=[WEATHER]) > count() + 50

@@ -150,3 +150,15 @@ def test_plugin_parser_is_loaded_from_a_file(tmp_path):
     assert parser.full("CALL ping").tool_calls[0]["function"] == {"name": "ping", "arguments": "{}"}
     with pytest.raises(ValueError, match="--tool-call-parser 'nope' is not registered"):
         ToolParserManager.get_tool_parser("nope")
+
+
+def test_server_flags_are_checked_at_start_up():
+    from jaxvllm.entrypoints.openai.server_args import ServerArgs
+    with pytest.raises(ValueError, match="--enable-auto-tool-choice needs --tool-call-parser"):
+        ServerArgs(enable_auto_tool_choice=True)
+    with pytest.raises(ValueError, match="'xml9' is not registered; choose one of hermes, llama3_json"):
+        ServerArgs(enable_auto_tool_choice=True, tool_call_parser="xml9")
+    with pytest.raises(ValueError, match="--reasoning-parser 'o1' is not registered"):
+        ServerArgs(reasoning_parser="o1")
+    assert ServerArgs(enable_auto_tool_choice=True, tool_call_parser="qwen3_coder",
+                      reasoning_parser="deepseek_r1").tool_call_parser == "qwen3_coder"
