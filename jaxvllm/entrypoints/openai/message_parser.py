@@ -4,7 +4,9 @@ The reasoning parser splits the text first and the tool parser reads the content
 Streaming parses the whole text so far on every delta (parsers are functions of the text,
 see tool_parsers/abstract_tool_parser.py) and sends what grew: a call's id, type and name
 once, then its argument fragments, as OpenAI streams them. Content that is only whitespace
-so far is held, so a reply that is just calls streams no stray newlines.
+so far is held, so a reply that is just calls streams no stray newlines. A long reply is
+parsed again only once it has grown by 1/64 of its length (partial JSON is parsed in
+Python: a call writing a file must not cost the event loop quadratic time).
 """
 from __future__ import annotations
 
@@ -50,6 +52,7 @@ class MessageParser:
         self._sent_reasoning = 0
         self._sent_content = 0
         self._sent_calls: list[list] = []  # [id, arguments sent so far]
+        self._parsed = 0  # length of the text last parsed
 
     def parse(self, text: str, final: bool) -> tuple[str | None, str, list[ParsedCall]]:
         reasoning, content = None, text
@@ -70,6 +73,9 @@ class MessageParser:
 
     def feed(self, delta: str, final: bool = False) -> MessageDelta:
         self.text += delta
+        if not final and len(self.text) - self._parsed < len(self.text) // 64:
+            return MessageDelta()
+        self._parsed = len(self.text)
         reasoning, content, calls = self.parse(self.text, final)
         out = MessageDelta()
         if reasoning and len(reasoning) > self._sent_reasoning:

@@ -100,7 +100,7 @@ class JsonCallsParser(ToolParser):
     name_key = "name"
     args_keys: tuple[str, ...] = ("arguments", "parameters")
 
-    def call_from_json(self, text: str, final: bool) -> ParsedCall | None:
+    def call_from_json(self, text: str) -> ParsedCall | None:
         ok, value = complete_json(text.strip())
         if ok:
             if not isinstance(value, dict) or not isinstance(value.get(self.name_key), str):

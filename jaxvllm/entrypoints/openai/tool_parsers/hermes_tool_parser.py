@@ -25,7 +25,7 @@ class HermesToolParser(JsonCallsParser):
                 body = body[:len(body) - held_back(body, (self.end,))]
             else:
                 body = text[body_at:end_at]
-            call = self.call_from_json(body, final)
+            call = self.call_from_json(body)
             if call is not None and (call.done or end_at < 0):
                 out.calls.append(call)
             if end_at < 0:

@@ -32,11 +32,11 @@ class Llama3JsonToolParser(JsonCallsParser):
             try:
                 value, end = _DECODER.raw_decode(body, pos)
             except ValueError:  # the call still being written (or not JSON: no more calls)
-                call = self.call_from_json(body[pos:], final)
+                call = self.call_from_json(body[pos:])
                 if call is not None:
                     out.calls.append(call)
                 return out if out.calls or not final else ParsedOutput(text)
-            call = self.call_from_json(body[pos:end], final)
+            call = self.call_from_json(body[pos:end])
             if call is None:
                 return out if out.calls else ParsedOutput(text if final else "")
             out.calls.append(call)
