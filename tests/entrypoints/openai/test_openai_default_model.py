@@ -6,25 +6,14 @@ import openai
 import pytest
 
 from jaxvllm.sampling_params import SamplingParams
-from openai_server import API_KEY, shared_server
+from default_server import default_server, oai  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.slow
 
-FLAGS = ["--skip-warmup", "--max-num-seqs", "8", "--max-model-len", "512",
-         "--max-num-batched-tokens", "64", "--kv-cache-memory-bytes", str(128 << 20),
-         "--api-key", API_KEY]
 PROMPT = "The capital of France is"
 MESSAGES = [{"role": "user", "content": "Name three colors."}]
 
 
-@pytest.fixture(scope="module")
-def server(request):
-    return shared_server(request.config, "default", lambda: FLAGS)
-
-
-@pytest.fixture(scope="module")
-def oai(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from agents_server import MODEL, WEATHER, agents_server, oai  # noqa: F401  (fixtures)
+from default_server import MODEL, WEATHER, default_server, oai  # noqa: F401  (fixtures)
 from jaxvllm.entrypoints.openai.message_parser import MessageParser
 from jaxvllm.entrypoints.openai.reasoning import ReasoningParserManager
 from jaxvllm.entrypoints.openai.responses_stream import ItemWriter
@@ -23,13 +23,13 @@ TOOL = {"type": "function", **WEATHER["function"]}
 
 
 @pytest.mark.slow
-def test_text_and_previous_response_id(oai, agents_server):
+def test_text_and_previous_response_id(oai, default_server):
     first = oai.responses.create(model=MODEL, input="Name a color.", max_output_tokens=6, temperature=0)
     assert first.object == "response" and first.output_text
     assert first.status == "incomplete" or first.status == "completed"
     assert first.usage.output_tokens <= 6 and first.usage.total_tokens == (
         first.usage.input_tokens + first.usage.output_tokens)
-    got = httpx.get(f"{agents_server.url}/v1/responses/{first.id}",
+    got = httpx.get(f"{default_server.url}/v1/responses/{first.id}",
                     headers={"Authorization": f"Bearer {API_KEY}"}).json()
     assert got["output"][0]["content"][0]["text"] == first.output_text
     alone = oai.responses.create(model=MODEL, input=[{"role": "user", "content": "And another?"}],

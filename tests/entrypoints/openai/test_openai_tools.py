@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from agents_server import MODEL, WEATHER, agents_server, oai  # noqa: F401  (fixtures)
+from default_server import MODEL, WEATHER, default_server, oai  # noqa: F401  (fixtures)
 from openai_server import API_KEY
 
 pytestmark = pytest.mark.slow
@@ -88,7 +88,7 @@ def test_reasoning_is_split_streamed_and_not(oai):
     assert (streamed_reasoning, content, calls) == (reasoning, message.content, [])
 
 
-def test_openai_agents_runs_one_tool_turn(agents_server):
+def test_openai_agents_runs_one_tool_turn(default_server):
     from agents import (Agent, ModelSettings, OpenAIChatCompletionsModel, OpenAIResponsesModel,
                         Runner, function_tool, set_tracing_disabled)
     from openai import AsyncOpenAI
@@ -103,7 +103,7 @@ def test_openai_agents_runs_one_tool_turn(agents_server):
         return f"Sunny, 21 C in {city}."
 
     async def run_both():
-        client = AsyncOpenAI(base_url=agents_server.url + "/v1", api_key=API_KEY, max_retries=0)
+        client = AsyncOpenAI(base_url=default_server.url + "/v1", api_key=API_KEY, max_retries=0)
         outputs = []
         for model in (OpenAIResponsesModel(MODEL, client), OpenAIChatCompletionsModel(MODEL, client)):
             agent = Agent(name="weather", instructions="Use the tool.", tools=[get_weather],
@@ -117,8 +117,8 @@ def test_openai_agents_runs_one_tool_turn(agents_server):
     assert len(cities) == 2 and outputs == [f"Sunny, 21 C in {c}." for c in cities]
 
 
-def test_tokenize_renders_tools_as_chat_does(agents_server):
+def test_tokenize_renders_tools_as_chat_does(default_server):
     import httpx
-    count = lambda **extra: httpx.post(f"{agents_server.url}/tokenize", json={
+    count = lambda **extra: httpx.post(f"{default_server.url}/tokenize", json={
         "messages": QUESTION, **extra}, headers={"Authorization": f"Bearer {API_KEY}"}).json()["count"]
     assert count(tools=[WEATHER]) > count() + 50
