@@ -201,7 +201,7 @@ class ChatCompletionRequest(SamplingRequestBase):
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[ChatCompletionToolsParam] | None = None
     tool_choice: Literal["none", "auto", "required"] | ChatCompletionNamedToolChoiceParam | None = None
-    parallel_tool_calls: bool = True
+    parallel_tool_calls: bool | None = None  # None: true, as in OpenAI's API
 
 
 class TokenizeRequest(OpenAIBaseModel):

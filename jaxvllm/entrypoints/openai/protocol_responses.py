@@ -42,7 +42,7 @@ class ResponsesRequest(OpenAIBaseModel):
     instructions: str | None = None
     tools: list[ResponsesFunctionTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | ResponsesNamedToolChoice | None = None
-    parallel_tool_calls: bool = True
+    parallel_tool_calls: bool | None = None  # None: true
     max_output_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -106,7 +106,8 @@ OutputItem = ReasoningItem | OutputMessage | FunctionCallItem
 
 class ResponseUsage(ResponsesModel):
     input_tokens: int
-    input_tokens_details: dict[str, int] = Field(default_factory=lambda: {"cached_tokens": 0, "cache_write_tokens": 0})
+    input_tokens_details: dict[str, int] = Field(
+        default_factory=lambda: {"cached_tokens": 0, "cache_write_tokens": 0})
     output_tokens: int
     output_tokens_details: dict[str, int] = Field(default_factory=lambda: {"reasoning_tokens": 0})
     total_tokens: int

@@ -66,16 +66,7 @@ class OpenAIServingResponses(OpenAIServingChat):
         self.validate_prompt(ids, "input")
         params = self._sampling_params(request, plan, len(ids))
         make_parser = self.message_parser_factory(plan, ids) or MessageParser
-        head = dict(id=request_id, created_at=self.created(), model=self.model_name,
-                    instructions=request.instructions, previous_response_id=request.previous_response_id,
-                    tools=[t.model_dump(by_alias=True, exclude_none=True) for t in request.tools or []],
-                    tool_choice=(request.tool_choice.model_dump() if hasattr(request.tool_choice, "model_dump")
-                                 else request.tool_choice or "auto"),
-                    parallel_tool_calls=request.parallel_tool_calls, temperature=request.temperature,
-                    top_p=request.top_p, max_output_tokens=request.max_output_tokens,
-                    metadata=request.metadata, store=request.store,
-                    text={"format": request.text.format.model_dump(by_alias=True, exclude_none=True)
-                          if request.text and request.text.format else {"type": "text"}})
+        head = self._head(request, request_id)
         remember = lambda response, output: self._remember(request, response, history + own, output)
         gen = self.generate_all([{"prompt_token_ids": ids}], [params], request_id)
         if request.stream:
@@ -93,9 +84,26 @@ class OpenAIServingResponses(OpenAIServingChat):
         remember(response, parsed)
         return JSONResponse(response)
 
+    def _head(self, request, request_id: str) -> dict:
+        """The response's fields that echo the request."""
+        choice = request.tool_choice
+        fmt = request.text.format if request.text else None
+        return dict(
+            id=request_id, created_at=self.created(), model=self.model_name,
+            instructions=request.instructions, previous_response_id=request.previous_response_id,
+            tools=[t.model_dump(by_alias=True, exclude_none=True) for t in request.tools or []],
+            tool_choice=choice.model_dump() if hasattr(choice, "model_dump") else choice or "auto",
+            parallel_tool_calls=request.parallel_tool_calls is not False,
+            temperature=request.temperature, top_p=request.top_p,
+            max_output_tokens=request.max_output_tokens, metadata=request.metadata,
+            store=request.store,
+            text={"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"}})
+
     def _sampling_params(self, request, plan, prompt_len: int) -> SamplingParams:
-        kwargs = {"max_tokens": self.max_tokens(request.max_output_tokens, prompt_len, "max_output_tokens"),
-                  "output_kind": RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY}
+        kwargs = {"max_tokens": self.max_tokens(request.max_output_tokens, prompt_len,
+                                                "max_output_tokens"),
+                  "output_kind": (RequestOutputKind.DELTA if request.stream
+                                  else RequestOutputKind.FINAL_ONLY)}
         kwargs |= {k: getattr(request, k) for k in ("temperature", "top_p", "seed")
                    if getattr(request, k) is not None}
         fmt = request.text.format if request.text else None
@@ -149,8 +157,9 @@ class OpenAIServingResponses(OpenAIServingChat):
     async def _stream(self, head, num_prompt, gen, parser: MessageParser, remember):
         seq = iter(range(1 << 62))
         writer = ItemWriter(seq)
-        yield event("response.created", next(seq), response=self._response(head, [], None, 0, 0, "in_progress"))
-        yield event("response.in_progress", next(seq), response=self._response(head, [], None, 0, 0, "in_progress"))
+        started = self._response(head, [], None, 0, 0, "in_progress")
+        yield event("response.created", next(seq), response=started)
+        yield event("response.in_progress", next(seq), response=started)
         generated, finish_reason = 0, None
         try:
             async for _, out in gen:

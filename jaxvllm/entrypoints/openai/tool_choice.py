@@ -105,7 +105,8 @@ def plan_tools(request, server_args, tokenizer) -> ToolPlan:
     dicts = [t.model_dump(exclude_none=True) for t in tools]
     if choice == "none":
         return ToolPlan(dicts)
-    max_calls = None if request.parallel_tool_calls else 1
+    parallel = request.parallel_tool_calls is not False
+    max_calls = None if parallel else 1
     if choice == "auto":
         if not (server_args.enable_auto_tool_choice and server_args.tool_call_parser):
             raise APIError(AUTO_NEEDS_FLAGS, 400, "tool_choice")
@@ -117,7 +118,7 @@ def plan_tools(request, server_args, tokenizer) -> ToolPlan:
                        "tool_choice")
     if choice == "required":
         return ToolPlan(dicts, RequiredCallsParser(), StructuredOutputsParams(
-            json=_required_schema(tools, request.parallel_tool_calls)), max_calls)
+            json=_required_schema(tools, parallel)), max_calls)
     name = choice.function.name
     tool = next((t for t in tools if t.function.name == name), None)
     if tool is None:
