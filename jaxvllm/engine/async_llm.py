@@ -174,9 +174,17 @@ class AsyncLLM:
     def add_stat_logger(self, stat_logger) -> None:
         self.stat_loggers.append(stat_logger)
 
+    @property
+    def dead_engines(self) -> list[int]:
+        """Data-parallel cores that died while the others serve on."""
+        return list(getattr(self.engine_core, "dead_engines", ()))
+
     async def check_health(self) -> None:
         if self.errored:
             raise EngineDeadError()
+        if self.dead_engines:
+            raise EngineDeadError(f"Data-parallel engine core(s) {self.dead_engines} died; the "
+                                  f"others keep serving. Restart the server to restore them.")
 
     async def get_stats(self) -> SchedulerStats:
         return SchedulerStats(**await self.engine_core.call_utility_async("get_stats"))

@@ -119,6 +119,8 @@ def build_app(engine, model_name: str, server_args: ServerArgs) -> FastAPI:
                     metrics.update_scheduler(stats, index)
             except (EngineDeadError, asyncio.TimeoutError):
                 pass
+        for index in engine.dead_engines:
+            metrics.drop_engine(index)
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/completions")
