@@ -13,6 +13,7 @@ import logging
 import os
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -82,6 +83,13 @@ def build_app(engine, model_name: str, server_args: ServerArgs) -> FastAPI:
     @app.exception_handler(APIError)
     async def _api_error(_, e: APIError):
         return error_response(e.message, e.status, e.param)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_, e: RequestValidationError):  # FastAPI's 422, OpenAI-shaped
+        first = e.errors()[0] if e.errors() else {}
+        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        return error_response(f"Invalid request field '{param}': {first.get('msg', 'invalid')}.",
+                              400, param)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_, e: StarletteHTTPException):

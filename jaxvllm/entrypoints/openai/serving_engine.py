@@ -168,6 +168,8 @@ def engine_error(e: Exception) -> APIError:
     client reads what happened, never Python's internals (those go to the log)."""
     if isinstance(e, APIError):
         return e
+    if isinstance(e, EngineSleepingError):  # /sleep won the race to the engine core
+        return APIError(str(e), 503)
     if isinstance(e, EngineGenerateError) and str(e).startswith("structured_outputs:"):
         return APIError(str(e), 400, "structured_outputs")  # the request's grammar failed midway
     if isinstance(e, (EngineDeadError, EngineGenerateError)):

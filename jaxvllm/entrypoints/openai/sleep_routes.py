@@ -30,8 +30,10 @@ async def _call(coro):
 
 def add_sleep_routes(app: FastAPI, engine) -> None:
     @app.post("/sleep")
-    async def sleep(level: int = 1):
-        await _call(engine.sleep(level))
+    async def sleep(level: str = "1"):
+        if level not in ("1", "2"):  # read as text: any other string is the client's 400
+            raise APIError(f"sleep level must be 1 or 2, got {level[:20]!r}.", 400, "level")
+        await _call(engine.sleep(int(level)))
         return Response(status_code=200)
 
     @app.post("/wake_up")
