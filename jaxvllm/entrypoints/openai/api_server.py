@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -185,7 +186,12 @@ async def serve(engine_args, server_args: ServerArgs, host: str = "127.0.0.1", p
 
     fd_limit = raise_fd_limit()
     install_accept_error_handler(asyncio.get_running_loop())
-    engine = AsyncLLM.from_engine_args(engine_args)
+    sock = bind_server_socket(host, port)  # a busy port fails now, not after the engine loads
+    try:
+        engine = AsyncLLM.from_engine_args(engine_args)
+    except BaseException:
+        sock.close()
+        raise
     try:
         name = served_model_name or default_served_name(engine_args.model)
         app = build_app(engine, name, server_args)
@@ -199,11 +205,30 @@ async def serve(engine_args, server_args: ServerArgs, host: str = "127.0.0.1", p
                                 http=protocol_class(server_args.header_timeout_s))
         server = GracefulServer(config, engine, server_args.shutdown_timeout_s)
         watchdog = asyncio.create_task(_stop_when_engine_dies(engine, server))
-        await server.serve()
+        await server.serve(sockets=[sock])
         watchdog.cancel()
         return 1 if engine.errored else 0
     finally:
         engine.shutdown()
+
+
+def bind_server_socket(host: str, port: int) -> socket.socket:
+    """The listening address, bound before anything slow starts (vLLM binds first too).
+    ValueError (the CLI's one-line error) when it is taken or cannot be had."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as e:
+        raise ValueError(f"Cannot serve on {host}:{port}: {e.strerror or e}.") from e
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)  # held from now on: a second server on this port fails its bind
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"Cannot serve on {host}:{port}: {e.strerror or e}.") from e
+    return sock
 
 
 def default_served_name(model: str | None) -> str:

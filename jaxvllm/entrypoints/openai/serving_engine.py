@@ -46,7 +46,8 @@ class OpenAIServing:
 
     def check_model(self, model: str | None) -> None:
         if model and model != self.model_name:
-            raise APIError(f"The model `{model}` does not exist; this server serves "
+            shown = model if len(model) <= 100 else model[:100] + "..."  # not echoed whole
+            raise APIError(f"The model `{shown}` does not exist; this server serves "
                            f"`{self.model_name}`.", 404, "model")
 
     def check_fan_out(self, n: int, num_prompts: int = 1) -> None:

@@ -22,10 +22,10 @@ async def _call(coro):
     except RuntimeError as e:  # raised by the engine process's utility call, as "Type: message"
         kind, _, message = str(e).partition(": ")
         if kind == "ValueError":
-            raise APIError(message, 400) from e
+            raise APIError(message or "The engine refused the arguments.", 400) from e
         if kind == "RuntimeError" and message.startswith("Cannot "):
             raise APIError(message, 409) from e
-        raise
+        raise APIError(f"The engine failed: {message or kind}", 500) from e
 
 
 def add_sleep_routes(app: FastAPI, engine) -> None:

@@ -126,3 +126,17 @@ def test_requests_racing_sleep_get_503(sleepy):
     print(f"\nstatuses over 6 races (/sleep and 72 completions): {seen}")
     assert seen.get(503), seen
     assert c.get("/is_sleeping").json() == {"is_sleeping": False} and text(c)
+
+
+def test_every_update_weights_refusal_says_why(sleepy, tmp_path):
+    c, _ = sleepy
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "model.safetensors").write_bytes(b"")
+    (tmp_path / "junk.gguf").write_bytes(b"GGUF\x03\x00\x00\x00")
+    (tmp_path / "nothing").mkdir()
+    for path in ("empty", "junk.gguf", "nothing", "missing"):
+        r = c.post("/update_weights", json={"update_info": {"path": str(tmp_path / path)}})
+        assert r.status_code == 400, r.text
+        message = r.json()["error"]["message"]
+        assert message.startswith("update_weights: ") and not message.rstrip(".").endswith(":"), message
+        assert len(message) > len(f"update_weights: {str(tmp_path / path)!r}") + 20, message
