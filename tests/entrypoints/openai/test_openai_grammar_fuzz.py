@@ -120,3 +120,16 @@ def test_the_5000_deep_ref_chain_is_a_400(tiny_server, pids, via):
     assert "deeper than 128 levels" in r.json()["error"]["message"]
     assert (tiny_server.proc.pid, tiny_server.engine_core_pid) == pids
     assert httpx.get(tiny_server.url + "/health", timeout=5).status_code == 200
+
+
+def test_a_grammar_that_crashes_the_compiler_is_a_400(tiny_server, pids):
+    """A 5,000-rule Lark chain is past no schema limit: its compiler crashes, in the front
+    end's checking process, and the request gets its 400."""
+    lark = "start: a0\n" + "".join(f"a{i}: a{i + 1}\n" for i in range(5000)) + 'a5000: "7"\n'
+    r = httpx.post(tiny_server.url + "/v1/completions", headers=AUTH, timeout=60, json={
+        "model": "tiny", "prompt": "hi", "max_tokens": 4, "structured_outputs": {"grammar": lark}})
+    assert r.status_code == 400 and "crashed its compiler" in r.json()["error"]["message"], r.text
+    assert (tiny_server.proc.pid, tiny_server.engine_core_pid) == pids
+    ok = httpx.post(tiny_server.url + "/v1/completions", headers=AUTH, timeout=60, json={
+        "model": "tiny", "prompt": "hi", "max_tokens": 4, "structured_outputs": {"regex": "[0-9]{4}"}})
+    assert ok.status_code == 200 and ok.json()["choices"][0]["text"].isdigit(), ok.text
