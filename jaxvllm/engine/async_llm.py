@@ -17,10 +17,10 @@ from jaxvllm.core.stats import SchedulerStats
 from jaxvllm.engine.core_client import AsyncMPClient
 from jaxvllm.engine.dp_client import DPAsyncMPClient
 from jaxvllm.engine.exceptions import EngineDeadError
-from jaxvllm.engine.sleep_state import SleepStage, SleepState, check_sleep_level
 from jaxvllm.engine.output_processor import OutputProcessor, RequestOutputCollector
 from jaxvllm.engine.parallel_sampling import ParentRequest
 from jaxvllm.engine.processor import Processor, eos_token_id
+from jaxvllm.engine.sleep_state import SleepStage, SleepState, check_sleep_level
 from jaxvllm.metrics.stats import IterationStats
 from jaxvllm.outputs import RequestOutput
 from jaxvllm.sampling_params import SamplingParams
