@@ -19,6 +19,7 @@ class RequestStatus(enum.IntEnum):
     FINISHED_LENGTH_CAPPED = enum.auto()
     FINISHED_ABORTED = enum.auto()
     FINISHED_IGNORED = enum.auto()
+    FINISHED_ERROR = enum.auto()  # this request could not go on (its grammar failed); see `error`
 
     @staticmethod
     def is_finished(status: "RequestStatus") -> bool:
@@ -35,6 +36,7 @@ _FINISHED_REASON_MAP = {
     RequestStatus.FINISHED_LENGTH_CAPPED: FinishReason.LENGTH,
     RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
     RequestStatus.FINISHED_IGNORED: FinishReason.LENGTH,
+    RequestStatus.FINISHED_ERROR: FinishReason.ERROR,
 }
 
 
@@ -55,6 +57,7 @@ class Request:
     # not yet in output_token_ids; the scheduler counts them as if they were.
     num_output_placeholders: int = 0
     stop_reason: int | str | None = None
+    error: str | None = None  # with FINISHED_ERROR: what went wrong, for the client
     num_preemptions: int = 0
     # Lower runs first under the "priority" scheduling policy (vLLM's convention).
     priority: int = 0

@@ -294,10 +294,12 @@ class Scheduler:
             request.output_token_ids.extend(sampled)
             if request.num_output_placeholders:  # 0 after a preemption while it was in flight
                 request.num_output_placeholders -= 1
-            if grammar and req_id in grammar:
-                self.structured_output_manager.accept_token(req_id, sampled[-1])
             running = request.status == RequestStatus.RUNNING
-            if not check_stop(request, max_model_len):
+            if grammar and req_id in grammar:
+                request.error = self.structured_output_manager.accept_token(req_id, sampled[-1])
+                if request.error is not None:
+                    request.status = RequestStatus.FINISHED_ERROR
+            if request.error is None and not check_stop(request, max_model_len):
                 if logprobs is None and not prompt_logprobs:  # a plain decode: the cheap path
                     outputs.append(EngineCoreOutput(req_id, sampled, None, request.stop_reason))
                     continue
@@ -316,6 +318,7 @@ class Scheduler:
                 stop_reason=request.stop_reason,
                 new_logprobs=logprobs[i] if logprobs is not None else None,
                 new_prompt_logprobs=prompt_logprobs.get(req_id) if prompt_logprobs else None,
+                error=request.error,
             ))
         return outputs
 

@@ -4,7 +4,9 @@ As in vLLM V1, the scheduler owns the matchers: when it schedules a step it asks
 constrained request that will sample for its allowed-token bitmask (one bit per token,
 int32 words, token t at bit t % 32 of word t // 32), the worker masks the logits with it
 on device, and the sampled token is fed back to the matcher. llguidance only allows EOS
-once the grammar is complete, so requests end through the normal EOS stop.
+once the grammar is complete, so requests end through the normal EOS stop; a matcher that
+fails midway (its lexer gives up) allows only EOS too, so that token is refused here and
+the request ends with an error instead of a "stop" on text that breaks its grammar.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import json
 
 import numpy as np
 
+from jaxvllm.core.grammar_limits import check_grammar_limits
 from jaxvllm.core.request import Request
 from jaxvllm.sampling_params import StructuredOutputsParams
 
@@ -20,6 +23,9 @@ def grammar_for(params: StructuredOutputsParams) -> str:
     """The llguidance grammar for the params; ValueError if it does not compile."""
     import llguidance
 
+    for kind in ("json", "regex", "choice", "grammar"):
+        if getattr(params, kind) is not None:
+            check_grammar_limits(f"structured_outputs.{kind}", kind, getattr(params, kind))
     M = llguidance.LLMatcher
     if params.json is not None:
         schema = params.json if isinstance(params.json, str) else json.dumps(params.json)
@@ -81,5 +87,12 @@ class StructuredOutputManager:
         rows[:, :n] = words[:, :n]
         return {req_id: row.tolist() for req_id, row in zip(request_ids, rows)}
 
-    def accept_token(self, request_id: str, token: int) -> None:
-        self.matchers[request_id].consume_token(token)
+    def accept_token(self, request_id: str, token: int) -> str | None:
+        """Feeds the sampled token to the matcher; returns why the grammar failed, if it did."""
+        matcher = self.matchers[request_id]
+        if not matcher.is_error():
+            matcher.consume_token(token)
+        if matcher.is_error():
+            return ("structured_outputs: the grammar could not be followed "
+                    f"({matcher.get_error().splitlines()[0][:200]}).")
+        return None

@@ -16,10 +16,11 @@ from jaxvllm.config import EngineArgs, EngineConfig
 from jaxvllm.core.stats import SchedulerStats
 from jaxvllm.engine.core_client import AsyncMPClient
 from jaxvllm.engine.dp_client import DPAsyncMPClient
-from jaxvllm.engine.exceptions import EngineDeadError, EngineSleepingError
+from jaxvllm.engine.exceptions import EngineDeadError
 from jaxvllm.engine.output_processor import OutputProcessor, RequestOutputCollector
 from jaxvllm.engine.parallel_sampling import ParentRequest
 from jaxvllm.engine.processor import Processor, eos_token_id
+from jaxvllm.engine.sleep_state import SleepStage, SleepState, check_sleep_level
 from jaxvllm.metrics.stats import IterationStats
 from jaxvllm.outputs import RequestOutput
 from jaxvllm.sampling_params import SamplingParams
@@ -52,7 +53,8 @@ class AsyncLLM:
         self._output_handler: asyncio.Task | None = None
         self._errored_with: Exception | None = None
         self._children: dict[str, list[str]] = {}  # request id -> its engine request ids
-        self.sleeping = False  # as the last sleep / wake_up / update_weights left the engine
+        self.sleep_state = SleepState()  # as the last sleep / wake_up / update_weights left it
+        self._sleep_lock = asyncio.Lock()  # one transition at a time
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs, stat_loggers=None) -> "AsyncLLM":
@@ -68,8 +70,7 @@ class AsyncLLM:
         self._ensure_output_handler()
         if self.errored:
             raise EngineDeadError()
-        if self.sleeping:
-            raise EngineSleepingError()
+        self.sleep_state.check_admits()
         collector = RequestOutputCollector(sampling_params.output_kind)
         parent = ParentRequest.from_params(request_id, sampling_params)
         children = (parent.child_requests() if parent is not None
@@ -79,6 +80,7 @@ class AsyncLLM:
             self.processor.process_inputs(child_id, prompt, params, priority=priority)
             for child_id, params in children])
         requests, child_ids = [], []
+        self.sleep_state.check_admits()  # /sleep may have begun while this was tokenized
         try:
             for index, (request, prompt_text) in enumerate(processed):
                 self.output_processor.add_request(request, prompt_text, collector, parent, index)
@@ -174,9 +176,17 @@ class AsyncLLM:
     def add_stat_logger(self, stat_logger) -> None:
         self.stat_loggers.append(stat_logger)
 
+    @property
+    def dead_engines(self) -> list[int]:
+        """Data-parallel cores that died while the others serve on."""
+        return list(getattr(self.engine_core, "dead_engines", ()))
+
     async def check_health(self) -> None:
         if self.errored:
             raise EngineDeadError()
+        if self.dead_engines:
+            raise EngineDeadError(f"Data-parallel engine core(s) {self.dead_engines} died; the "
+                                  f"others keep serving. Restart the server to restore them.")
 
     async def get_stats(self) -> SchedulerStats:
         return SchedulerStats(**await self.engine_core.call_utility_async("get_stats"))
@@ -196,19 +206,39 @@ class AsyncLLM:
     async def reset_prefix_cache(self) -> bool:
         return await self.engine_core.call_utility_async("reset_prefix_cache")
 
+    @property
+    def sleeping(self) -> bool:
+        """Asleep, or on the way in or out of it: no request is admitted."""
+        return not self.sleep_state.admits
+
     async def sleep(self, level: int = 1) -> None:
-        await self.engine_core.call_utility_async("sleep", level)
-        self.sleeping = True
+        check_sleep_level(level)
+        async with self._sleep_lock:
+            before = self.sleep_state.begin_sleep()
+            try:
+                await self.engine_core.call_utility_async("sleep", level)
+            except BaseException:
+                self.sleep_state.settle(asleep=before is SleepStage.ASLEEP)
+                raise
+            self.sleep_state.settle(asleep=True)
 
     async def wake_up(self, tags: list[str] | None = None) -> None:
-        self.sleeping = await self.engine_core.call_utility_async("wake_up", tags)
+        async with self._sleep_lock:
+            before = self.sleep_state.begin_wake_up()
+            try:
+                asleep = await self.engine_core.call_utility_async("wake_up", tags)
+            except BaseException:  # refused (bad tags) or failed: the core changed nothing
+                self.sleep_state.settle(asleep=before is SleepStage.ASLEEP)
+                raise
+            self.sleep_state.settle(asleep)
 
     async def is_sleeping(self) -> bool:
         return await self.engine_core.call_utility_async("is_sleeping")
 
     async def update_weights(self, path: str) -> None:
         """New weights from a safetensors directory or an Orbax checkpoint."""
-        self.sleeping = await self.engine_core.call_utility_async("update_weights", path)
+        async with self._sleep_lock:
+            self.sleep_state.settle(await self.engine_core.call_utility_async("update_weights", path))
 
     def shutdown(self) -> None:
         if self._output_handler is not None:

@@ -20,6 +20,7 @@ import zmq
 
 from jaxvllm.config import EngineConfig
 from jaxvllm.engine.engine_core import EngineCore
+from jaxvllm.engine.exceptions import EngineSleepingError
 from jaxvllm.engine.messages import (EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType,
                                      UtilityOutput, UtilityRequest)
 from jaxvllm.outputs import EngineCoreOutput, FinishReason
@@ -101,10 +102,10 @@ class EngineCoreProc(EngineCore):
         except Exception as e:
             request_id = _request_id_of(payload)
             logger.warning("Rejected request %s: %s: %s", request_id, type(e).__name__, e)
-            if request_id is not None:
+            if request_id is not None:  # sleeping: the message as it is, for the front end's 503
+                error = str(e) if isinstance(e, EngineSleepingError) else f"The engine rejected the request: {e}"
                 self.output_queue.put(EngineCoreOutputs(outputs=[EngineCoreOutput(
-                    request_id, [], FinishReason.ERROR, error=f"The engine rejected the request: {e}")],
-                    timestamp=time.monotonic()))
+                    request_id, [], FinishReason.ERROR, error=error)], timestamp=time.monotonic()))
 
     # ---- socket threads -----------------------------------------------------------
     def _process_input_socket(self, address: str) -> None:

@@ -8,12 +8,15 @@ and devices (platforms/device_sets.py). The clients here wrap one MP client per 
 - each core's outputs are merged into one stream, tagged with the core's index (the
   `engine` label in /metrics);
 - when a core dies its own requests end with an error naming it and the others keep
-  serving; the client is dead (EngineDeadError) only when every core is.
+  serving; the client is dead (EngineDeadError) only when every core is. A dead core is
+  not restarted here: the server reports it (/health 503) and its supervisor restarts
+  the whole server, which reloads every core the same tested way a start does.
 """
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +29,7 @@ from jaxvllm.engine.exceptions import EngineDeadError
 from jaxvllm.engine.messages import EngineCoreOutputs, EngineCoreRequest
 
 _STOP = object()
+logger = logging.getLogger(__name__)
 
 
 def _start_cores(client_cls, args: EngineArgs) -> list:
@@ -46,6 +50,8 @@ def _start_cores(client_cls, args: EngineArgs) -> list:
         for client in clients:
             client.shutdown()
         raise failed[0]
+    for rank, client in enumerate(clients):
+        logger.info("Data-parallel engine core %d: pid %s", rank, client.engine_core_pid)
     return clients
 
 
@@ -71,6 +77,11 @@ class _DPClientBase:
     @property
     def engine_dead(self) -> bool:
         return self.balancer.all_dead
+
+    @property
+    def dead_engines(self) -> list[int]:
+        """The cores that died (their requests failed; /health reports them)."""
+        return [i for i, ok in enumerate(self.balancer.alive) if not ok]
 
     @property
     def engine_core_pid(self) -> int | None:

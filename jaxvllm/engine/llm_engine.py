@@ -19,7 +19,7 @@ from jaxvllm.distributed.multihost import initialize_distributed
 from jaxvllm.engine.core_client import InprocClient, SyncMPClient
 from jaxvllm.engine.dp_client import DPSyncMPClient
 from jaxvllm.engine.engine_core import EngineCore
-from jaxvllm.engine.exceptions import EngineSleepingError
+from jaxvllm.engine.sleep_state import SleepState, check_sleep_level
 from jaxvllm.engine.output_processor import OutputProcessor
 from jaxvllm.engine.parallel_sampling import ParentRequest
 from jaxvllm.engine.processor import Processor, eos_token_id
@@ -52,7 +52,7 @@ class LLMEngine:
                                    eos_token_id(tokenizer, hf_config))
         self.output_processor = OutputProcessor(tokenizer)
         self._children: dict[str, list[str]] = {}  # n > 1 requests: parent id -> child ids
-        self.sleeping = False  # as the last sleep / wake_up / update_weights left the engine
+        self.sleep_state = SleepState()  # as the last sleep / wake_up / update_weights left it
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs, multiprocess_mode: bool | None = None) -> "LLMEngine":
@@ -89,8 +89,7 @@ class LLMEngine:
 
     def _add_request(self, request_id, prompt, params, arrival_time, priority, parent=None,
                      parent_index=0) -> None:
-        if self.sleeping:
-            raise EngineSleepingError()
+        self.sleep_state.check_admits()
         request, prompt_text = self.processor.process_inputs(request_id, prompt, params, arrival_time,
                                                              priority)
         self.output_processor.add_request(request, prompt_text, parent=parent, parent_index=parent_index)
@@ -121,12 +120,16 @@ class LLMEngine:
     def stop_profile(self) -> None:
         self.engine_core_client.call_utility("stop_profile")
 
+    @property
+    def sleeping(self) -> bool:
+        return not self.sleep_state.admits
+
     def sleep(self, level: int = 1) -> None:
-        self.engine_core_client.call_utility("sleep", level)
-        self.sleeping = True
+        self.engine_core_client.call_utility("sleep", check_sleep_level(level))
+        self.sleep_state.settle(asleep=True)
 
     def wake_up(self, tags: list[str] | None = None) -> None:
-        self.sleeping = self.engine_core_client.call_utility("wake_up", tags)
+        self.sleep_state.settle(self.engine_core_client.call_utility("wake_up", tags))
 
     def is_sleeping(self) -> bool:
         return self.engine_core_client.call_utility("is_sleeping")
@@ -135,12 +138,12 @@ class LLMEngine:
         """A dict of arrays reaches an engine in another process as a temporary safetensors
         file (messages carry no arrays); in this process it is passed as it is."""
         if isinstance(weights, (str, os.PathLike)) or isinstance(self.engine_core_client, InprocClient):
-            self.sleeping = self.engine_core_client.call_utility(
-                "update_weights", os.fspath(weights) if isinstance(weights, os.PathLike) else weights)
+            self.sleep_state.settle(self.engine_core_client.call_utility(
+                "update_weights", os.fspath(weights) if isinstance(weights, os.PathLike) else weights))
             return
         with tempfile.TemporaryDirectory(prefix="jaxvllm-weights-") as path:
             write_weights_dir(weights, path)
-            self.sleeping = self.engine_core_client.call_utility("update_weights", path)
+            self.sleep_state.settle(self.engine_core_client.call_utility("update_weights", path))
 
     def step(self) -> list[RequestOutput]:
         outputs = self.engine_core_client.get_output()

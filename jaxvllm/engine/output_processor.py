@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from jaxvllm.engine.detokenizer import IncrementalDetokenizer
-from jaxvllm.engine.exceptions import EngineGenerateError
+from jaxvllm.engine.exceptions import EngineGenerateError, EngineSleepingError
 from jaxvllm.engine.logprobs import LogprobsProcessor
 from jaxvllm.engine.messages import EngineCoreRequest
 from jaxvllm.engine.parallel_sampling import ParentRequest
@@ -135,7 +135,8 @@ class OutputProcessor:
             if state is None:
                 continue  # aborted meanwhile
             if out.finish_reason == FinishReason.ERROR and state.queue is not None:
-                self._fail(state, EngineGenerateError(out.error or "The engine failed this request."))
+                self._fail(state, EngineSleepingError() if out.error == str(EngineSleepingError())
+                           else EngineGenerateError(out.error or "The engine failed this request."))
                 continue
             try:
                 output, abort = self._process_output(state, out, now, iteration_stats)

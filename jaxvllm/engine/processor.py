@@ -10,7 +10,7 @@ import random
 import time
 
 from jaxvllm.config import EngineConfig
-from jaxvllm.core.structured_output import grammar_for
+from jaxvllm.engine.grammar_sandbox import GrammarSandbox
 from jaxvllm.engine.messages import EngineCoreRequest
 from jaxvllm.sampling_params import SamplingParams, is_int
 
@@ -31,6 +31,7 @@ class Processor:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
+        self.grammar_sandbox = GrammarSandbox()  # its process starts with the first grammar
         # Seeds for requests without one: reproducible per engine seed, distinct per request.
         self._seed_rng = random.Random(config.seed)
 
@@ -75,7 +76,7 @@ class Processor:
             if any(t >= vocab for t in ids):
                 raise ValueError(f"{name} must lie in [0, {vocab}); got {[t for t in ids if t >= vocab][:5]}.")
         if params.structured_outputs is not None:
-            grammar_for(params.structured_outputs)  # a bad grammar is rejected here, by name
+            self.grammar_sandbox.check(params.structured_outputs)  # rejected here, by name
         if not params.bad_words:
             return params
         words = []

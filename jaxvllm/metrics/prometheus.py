@@ -97,5 +97,14 @@ class PrometheusStatLogger:
         self.preemptions.labels(**labels).inc(max(0, s.num_preemptions - last.num_preemptions))
         self._last[engine] = s
 
+    def drop_engine(self, engine: int) -> None:
+        """A dead core's gauges go: it runs nothing and holds no cache any more."""
+        for gauge in (self.num_running, self.num_waiting, self.num_swapped, self.kv_usage,
+                      self.free_blocks, self.total_blocks, self.hit_rate, self.compilations):
+            try:
+                gauge.remove(self._labels["model_name"], str(engine))
+            except KeyError:
+                pass
+
     def render(self) -> bytes:
         return prom.generate_latest(self.registry)

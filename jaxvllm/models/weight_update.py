@@ -93,7 +93,8 @@ class WeightUpdater:
                                           self.expert_parallel))
             weights = load_weights(path)
         except Exception as e:
-            raise ValueError(f"update_weights: could not read {path!r} for this model: {e}") from e
+            reason = str(e) or f"{type(e).__name__} without a message"
+            raise ValueError(f"update_weights: could not read {path!r} for this model: {reason}") from e
         if not weights:
             raise ValueError(f"update_weights: {path!r} holds no *.safetensors tensors.")
         return weights

@@ -185,6 +185,7 @@ class Worker:
             sleep_mode.free(runner.kv_cache)
             runner.kv_cache = None
             self.sleeping_tags.add("kv_cache")
+        sleep_mode.release_host_memory()
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         """Restore what `tags` names (default: both) that is asleep; the rest of a partial
@@ -202,6 +203,7 @@ class Worker:
         if "kv_cache" in tags and "kv_cache" in self.sleeping_tags:
             self.model_runner.kv_cache = self._new_kv_cache()
             self.sleeping_tags.discard("kv_cache")
+        sleep_mode.release_host_memory()  # the host copy of the weights, freed
 
     def update_weights(self, weights) -> None:
         """New weights from {name: array} or a path (models/weight_update.py), all validated

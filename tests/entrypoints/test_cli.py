@@ -124,3 +124,18 @@ def test_a_hub_id_resolves_from_the_local_cache_offline(tiny_model_dir, tmp_path
                           env=os.environ | {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub")})
     assert proc.returncode == 0, proc.stderr
     assert "### Completion:" in proc.stdout
+
+
+def test_serve_on_a_busy_port_fails_before_the_engine_loads(tiny_model_dir):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "jaxvllm.entrypoints.cli", "serve",
+                               str(tiny_model_dir), "--port", str(port), "--skip-warmup"],
+                              capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert f"Cannot serve on 127.0.0.1:{port}: Address already in use" in proc.stderr, proc.stderr
+    assert "KV cache" not in proc.stderr  # the engine never started

@@ -58,3 +58,17 @@ def test_bad_grammar_is_rejected_naming_the_field(llm):
         StructuredOutputsParams(regex="a", choice=["b"])
     assert not llm.llm_engine.has_unfinished_requests()
     assert_pool_full(llm)
+
+
+def test_grammars_that_would_crash_the_compiler_are_refused_offline(llm):
+    """The offline path refuses them too, and the same process generates right after."""
+    chain = {"$defs": {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(5000)}, "$ref": "#/$defs/d0"}
+    with pytest.raises(ValueError, match="deeper than 128 levels"):
+        llm.generate(PROMPTS[0], constrained(json=chain), use_tqdm=False)
+    lark = "start: a0\n" + "".join(f"a{i}: a{i + 1}\n" for i in range(5000)) + 'a5000: "7"\n'
+    with pytest.raises(ValueError, match="crashed its compiler"):
+        llm.generate(PROMPTS[0], constrained(grammar=lark), use_tqdm=False)
+    out = llm.generate(PROMPTS[0], constrained(regex="[0-9]{2}"), use_tqdm=False)[0]
+    assert re.fullmatch(r"[0-9]{2}", out.outputs[0].text)
+    assert not llm.llm_engine.has_unfinished_requests()
+    assert_pool_full(llm)

@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -85,6 +87,13 @@ def build_app(engine, model_name: str, server_args: ServerArgs) -> FastAPI:
     async def _api_error(_, e: APIError):
         return error_response(e.message, e.status, e.param)
 
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_, e: RequestValidationError):  # FastAPI's 422, OpenAI-shaped
+        first = e.errors()[0] if e.errors() else {}
+        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        return error_response(f"Invalid request field '{param}': {first.get('msg', 'invalid')}.",
+                              400, param)
+
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_, e: StarletteHTTPException):
         return error_response(str(e.detail), e.status_code)
@@ -120,6 +129,8 @@ def build_app(engine, model_name: str, server_args: ServerArgs) -> FastAPI:
                     metrics.update_scheduler(stats, index)
             except (EngineDeadError, asyncio.TimeoutError):
                 pass
+        for index in engine.dead_engines:
+            metrics.drop_engine(index)
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/completions")
@@ -177,7 +188,12 @@ async def serve(engine_args, server_args: ServerArgs, host: str = "127.0.0.1", p
 
     fd_limit = raise_fd_limit()
     install_accept_error_handler(asyncio.get_running_loop())
-    engine = AsyncLLM.from_engine_args(engine_args)
+    sock = bind_server_socket(host, port)  # a busy port fails now, not after the engine loads
+    try:
+        engine = AsyncLLM.from_engine_args(engine_args)
+    except BaseException:
+        sock.close()
+        raise
     try:
         name = served_model_name or default_served_name(engine_args.model)
         app = build_app(engine, name, server_args)
@@ -191,11 +207,30 @@ async def serve(engine_args, server_args: ServerArgs, host: str = "127.0.0.1", p
                                 http=protocol_class(server_args.header_timeout_s))
         server = GracefulServer(config, engine, server_args.shutdown_timeout_s)
         watchdog = asyncio.create_task(_stop_when_engine_dies(engine, server))
-        await server.serve()
+        await server.serve(sockets=[sock])
         watchdog.cancel()
         return 1 if engine.errored else 0
     finally:
         engine.shutdown()
+
+
+def bind_server_socket(host: str, port: int) -> socket.socket:
+    """The listening address, bound before anything slow starts (vLLM binds first too).
+    ValueError (the CLI's one-line error) when it is taken or cannot be had."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as e:
+        raise ValueError(f"Cannot serve on {host}:{port}: {e.strerror or e}.") from e
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)  # held from now on: a second server on this port fails its bind
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"Cannot serve on {host}:{port}: {e.strerror or e}.") from e
+    return sock
 
 
 def default_served_name(model: str | None) -> str:

@@ -79,6 +79,8 @@ class SamplingRequestBase(OpenAIBaseModel):
     min_tokens: int = 0
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
@@ -92,6 +94,7 @@ class SamplingRequestBase(OpenAIBaseModel):
         given = {
             "n": self.n, "seed": self.seed, "stop": self.stop, "min_tokens": self.min_tokens,
             "ignore_eos": self.ignore_eos, "stop_token_ids": self.stop_token_ids,
+            "allowed_token_ids": self.allowed_token_ids, "bad_words": self.bad_words,
             "include_stop_str_in_output": self.include_stop_str_in_output,
             "skip_special_tokens": self.skip_special_tokens,
             "spaces_between_special_tokens": self.spaces_between_special_tokens,

@@ -46,6 +46,10 @@ def _check_structure(obj) -> None:
 
 
 async def parse_body(raw: Request, model: type[BaseModel]):
+    media_type = raw.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    if media_type != "application/json" and not media_type.endswith("+json"):
+        raise APIError(f"The request body must be JSON (Content-Type: application/json), got "
+                       f"{media_type[:100]!r}.", 415)
     body = await raw.body()
     try:
         text = body.decode("utf-8")

@@ -46,7 +46,8 @@ class OpenAIServing:
 
     def check_model(self, model: str | None) -> None:
         if model and model != self.model_name:
-            raise APIError(f"The model `{model}` does not exist; this server serves "
+            shown = model if len(model) <= 100 else model[:100] + "..."  # not echoed whole
+            raise APIError(f"The model `{shown}` does not exist; this server serves "
                            f"`{self.model_name}`.", 404, "model")
 
     def check_fan_out(self, n: int, num_prompts: int = 1) -> None:
@@ -163,6 +164,10 @@ def engine_error(e: Exception) -> APIError:
     client reads what happened, never Python's internals (those go to the log)."""
     if isinstance(e, APIError):
         return e
+    if isinstance(e, EngineSleepingError):  # /sleep won the race to the engine core
+        return APIError(str(e), 503)
+    if isinstance(e, EngineGenerateError) and str(e).startswith("structured_outputs:"):
+        return APIError(str(e), 400, "structured_outputs")  # the request's grammar failed midway
     if isinstance(e, (EngineDeadError, EngineGenerateError)):
         return APIError(str(e), 500)
     logger.error("Request failed: %s: %s", type(e).__name__, e)

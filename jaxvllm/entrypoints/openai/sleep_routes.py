@@ -22,16 +22,18 @@ async def _call(coro):
     except RuntimeError as e:  # raised by the engine process's utility call, as "Type: message"
         kind, _, message = str(e).partition(": ")
         if kind == "ValueError":
-            raise APIError(message, 400) from e
+            raise APIError(message or "The engine refused the arguments.", 400) from e
         if kind == "RuntimeError" and message.startswith("Cannot "):
             raise APIError(message, 409) from e
-        raise
+        raise APIError(f"The engine failed: {message or kind}", 500) from e
 
 
 def add_sleep_routes(app: FastAPI, engine) -> None:
     @app.post("/sleep")
-    async def sleep(level: int = 1):
-        await _call(engine.sleep(level))
+    async def sleep(level: str = "1"):
+        if level not in ("1", "2"):  # read as text: any other string is the client's 400
+            raise APIError(f"sleep level must be 1 or 2, got {level[:20]!r}.", 400, "level")
+        await _call(engine.sleep(int(level)))
         return Response(status_code=200)
 
     @app.post("/wake_up")

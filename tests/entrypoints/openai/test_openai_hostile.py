@@ -78,6 +78,10 @@ CASES = [
     ("stop_token_ids as bools", "POST", CMPL, cmpl(stop_token_ids=[True]), AUTH, 400,
      "stop_token_ids[0]"),
     ("stop as list of ints", "POST", CMPL, cmpl(stop=[5]), AUTH, 400, "stop"),
+    ("allowed_token_ids past the vocabulary", "POST", CMPL, cmpl(allowed_token_ids=[2**40]), AUTH,
+     400, "allowed_token_ids"),
+    ("bad_words as ints", "POST", CMPL, cmpl(bad_words=[5]), AUTH, 400, "bad_words[0]"),
+    ("chat: bad_words as ints", "POST", CHAT, chat(bad_words=[5]), AUTH, 400, "bad_words[0]"),
     ("logit_bias to a string", "POST", CMPL, cmpl(logit_bias={"5": "x"}), AUTH, 400, "logit_bias.5"),
     ("logit_bias past the vocabulary", "POST", CMPL, cmpl(logit_bias={str(BIG): 1}), AUTH, 400,
      "logit_bias"),
@@ -133,6 +137,11 @@ CASES = [
     ("tokenizer_info without the key", "GET", "/tokenizer_info", b"", {}, 401, None),
     ("docs without the key", "GET", "/docs", b"", {}, 401, None),
     ("openapi.json without the key", "GET", "/openapi.json", b"", {}, 401, None),
+    # Bodies that say they are not JSON.
+    ("body as text/plain", "POST", CMPL, cmpl(), AUTH | {"Content-Type": "text/plain"}, 415, None),
+    ("body form-encoded", "POST", CHAT, chat(),
+     AUTH | {"Content-Type": "application/x-www-form-urlencoded"}, 415, None),
+    ("an unknown model named in 20 KB", "POST", CMPL, cmpl(model="m" * 20_000), AUTH, 404, "model"),
     ("body past --max-request-bytes", "POST", "/tokenize",
      json.dumps({"prompt": "a" * (2 << 20)}).encode(), AUTH, 413, None),
 ]
@@ -179,6 +188,7 @@ def test_hostile_request(server, case, method, path, raw, headers, status, param
     assert set(err) == {"message", "type", "param", "code"}
     assert err["code"] == status and err["param"] == param and err["message"]
     assert "Traceback" not in err["message"] and not re.search(r"\b[A-Z]\w*Error\b", err["message"])
+    assert len(err["message"]) < 1000  # nothing the client sent is echoed whole
     assert probe.worst < 1.0 and not probe.failures, (probe.worst, probe.failures)
     ok = httpx.post(server.url + CMPL, json={"model": "tiny", "prompt": "Hello", "max_tokens": 3},
                     headers=AUTH, timeout=60)
