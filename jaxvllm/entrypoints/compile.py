@@ -1,176 +1,80 @@
-"""`jaxvllm compile MODEL --target tpu-v6e-8`: every program the engine warms up, compiled by
-the TPU compiler (Mosaic kernels included) for a slice's compile-only devices, on any
-machine, with no weights read (a directory holding only config.json will do).
-
-It builds what the engine would build on that slice: the TPU platform's choices, tensor
-parallel over its chips, the memory plan for its HBM (the KV cache gets hbm_utilization of
-the chip less the weights and the largest step's temporaries, which it compiles for as the
-worker profiles them), then compiles each program against abstract weights and KV cache and
-reports what the compiler says: memory (arguments, temporaries, the donated KV cache as
-aliased bytes), cost, and a roofline time from the chip's published figures (a prediction,
-not a measurement). A plan that does not fit is refused naming the smallest slice that
-holds the weights and one request of max_model_len.
-"""
+"""`jaxvllm compile MODEL --target TARGET [engine flags] [--json FILE]` and `--list-targets`:
+the command line of jaxvllm/aot_compile.py, a table per program and the plan, and the
+whole report as JSON."""
 from __future__ import annotations
 
+import argparse
 import dataclasses
-import math
+import json
 import os
-import time
+import sys
 
-from jaxvllm.platforms.tpu_targets import TARGETS, Target, get_target
-
-
-def _per_device_bytes(tree) -> int:
-    import jax
-    return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(tree))
+MiB = 2**20
 
 
-def _abstract_model(config, hf_config, mesh, platform):
-    """The model as the worker builds it on this mesh (padded heads, the platform's matmuls),
-    every weight a ShapeDtypeStruct with its sharding."""
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-
-    from jaxvllm.distributed.partition import padded_heads, param_name, param_sharding
-    from jaxvllm.models.registry import get_model_class
-
-    model_cls, args_cls = get_model_class(hf_config)
-    args = args_cls.from_hf_config(hf_config)
-    num_heads, num_kv_heads = padded_heads(args.num_heads, args.num_kv_heads, mesh.size)
-    args = dataclasses.replace(args, num_heads=num_heads, num_kv_heads=num_kv_heads)
-    ep = config.parallel.enable_expert_parallel
-    moe = {}
-    if hasattr(args, "num_experts"):
-        args = dataclasses.replace(args, expert_parallel=ep)
-        moe = dict(moe_method=platform.fused_moe_method(config.quantization))
-    method = platform.linear_method(config.attention_backend, mesh.size, config.quantization)
-    dtype = jnp.dtype(config.dtype)
-    model = nnx.eval_shape(lambda: model_cls(args, dtype=dtype, linear_method=method, **moe))
-    nnx.update(model, jax.tree_util.tree_map_with_path(lambda path, x: jax.ShapeDtypeStruct(
-        x.shape, x.dtype, sharding=param_sharding(param_name(path), x.shape, mesh, ep)), nnx.state(model)))
-    return model
+def add_parser(sub, add_engine_flags) -> None:
+    p = sub.add_parser("compile", help="Compile every program the engine warms up for a TPU slice "
+                                       "(compile-only devices: no TPU needed) and report memory and cost.")
+    p.add_argument("model_arg", nargs="?", metavar="MODEL",
+                   help="Checkpoint directory, hub id in the local cache, or a directory with only config.json.")
+    p.add_argument("--target", help="A TPU slice, e.g. tpu-v5e-8 (--list-targets).")
+    p.add_argument("--list-targets", action="store_true", help="Print the known targets and exit.")
+    p.add_argument("--json", help="Write the report here.")
+    p.add_argument("--programs", nargs="+", default=None,
+                   help="Only programs whose names start with these (forward, sample, ...).")
+    add_engine_flags(p)
 
 
-def _program_name(runner, program, args, static) -> str:
-    bucket = (f" R={int(args[3])}" if program in (runner._sample, runner._sample_extended)
-              else f" T={len(args[2])}" if program.name in ("forward", "prompt_logprobs") else "")
-    return program.name + bucket + "".join(f" {k}={v}" for k, v in static.items())
-
-
-def _compile_one(program, args, static, mesh, chip) -> dict:
-    import jax
-    start = time.perf_counter()
-    try:
-        with jax.set_mesh(mesh):
-            compiled = program.jitted.lower(*args, **static).compile()
-    except Exception as e:  # Mosaic's or XLA's refusal is the finding: report it, go on
-        return dict(compiled=False, error=str(e).strip().splitlines()[0][:2000],
-                    compile_s=round(time.perf_counter() - start, 2))
-    mem, cost = compiled.memory_analysis(), compiled.cost_analysis() or {}
-    if isinstance(cost, list):  # older jax: one dict per module
-        cost = cost[0] if cost else {}
-    flops, accessed = float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
-    return dict(compiled=True, error=None, compile_s=round(time.perf_counter() - start, 2),
-                argument_bytes=mem.argument_size_in_bytes, output_bytes=mem.output_size_in_bytes,
-                temp_bytes=mem.temp_size_in_bytes, alias_bytes=mem.alias_size_in_bytes,
-                flops=flops, bytes_accessed=accessed,
-                predicted_s=max(accessed / chip.hbm_bytes_per_s, flops / chip.peak_flops))
-
-
-def _smallest_fit(target: Target, need_weights: int, need_kv: int, peak: int, utilization: float) -> str | None:
-    """The smallest slice (same chip first, then the others) whose chips hold, split by tensor
-    parallelism, the weights, one request of max_model_len and the step's temporaries."""
-    order = sorted(TARGETS.values(), key=lambda t: (t.chip is not target.chip, t.num_chips * t.chip.hbm_bytes))
-    for t in order:
-        if (need_weights + need_kv) / t.num_chips + peak <= t.chip.hbm_bytes * utilization:
-            return t.name
-    return None
-
-
-def compile_for_target(model: str, target: str, *, programs: tuple[str, ...] | None = None,
-                       **engine_kwargs) -> dict:
-    """The report of `jaxvllm compile` (module doc) as a dict; `programs`: compile only those
-    whose names start with one of these (`forward`, `sample`, ...); engine_kwargs: EngineArgs
-    (tensor_parallel_size defaults to the slice's chips). Raises ValueError for an unknown
-    target or a configuration that does not fit, naming what would."""
-    spec = get_target(target)
-    import jax
-    from flax import nnx
+def _engine_kwargs(ns: argparse.Namespace) -> dict:
+    """The engine flags given, over the --config preset's values (whatever is not given keeps
+    the engine's default; tensor_parallel_size: the slice's chips)."""
+    import yaml
 
     from jaxvllm.config import EngineArgs
-    from jaxvllm.distributed.mesh import make_mesh
-    from jaxvllm.distributed.partition import kv_cache_sharding
-    from jaxvllm.layers.attention import get_attention
-    from jaxvllm.layers.kv_cache_dtype import kv_cache_dtype
-    from jaxvllm.platforms import get_platform
-    from jaxvllm.transformers_utils.config import load_hf_config
-    from jaxvllm.transformers_utils.model_path import resolve_model
-    from jaxvllm.worker.memory_profiling import MemoryProfile, peak_step_bytes
-    from jaxvllm.worker.model_runner import ModelRunner
+    names = {f.name for f in dataclasses.fields(EngineArgs)} - {"seed", "model"}
+    given = {}
+    if ns.config:
+        EngineArgs.from_file(ns.config)  # checks the preset
+        with open(ns.config) as f:
+            given = {k: v for k, v in (yaml.safe_load(f) or {}).items() if k in names}
+    return {**given, **{k: getattr(ns, k) for k in names if getattr(ns, k, None) is not None}}
 
-    path = model if os.path.isfile(os.path.join(model, "config.json")) else resolve_model(model)
-    hf_config = load_hf_config(path)
-    engine_kwargs.setdefault("tensor_parallel_size", spec.num_chips)
-    config = EngineArgs(model=path, skip_warmup=True, **engine_kwargs).create_engine_config(hf_config, "tpu")
-    platform = get_platform("tpu")
-    tp = config.parallel.tensor_parallel_size
-    if tp > spec.num_chips:
-        raise ValueError(f"tensor_parallel_size={tp} is more than {target}'s {spec.num_chips} chips.")
-    mesh = make_mesh(tp, spec.devices())
-    abstract_model = _abstract_model(config, hf_config, mesh, platform)
-    a = abstract_model.args
-    kv_format = kv_cache_dtype(config.kv_cache_dtype, jax.numpy.dtype(config.dtype), platform.kv_cache_fp8_as_bits)
-    attend = get_attention(config.attention_backend, platform, mesh, kv_format)
-    bs, max_len = config.cache.block_size, config.scheduler.max_model_len
-    pages_per_request = -(-max_len // bs)
 
-    def runner_for(num_blocks: int):
-        shape = platform.kv_cache_shape(a.num_layers, num_blocks, bs, a.num_kv_heads, a.head_dim)
-        kv = jax.ShapeDtypeStruct(shape, kv_format.storage, sharding=kv_cache_sharding(mesh))
-        return ModelRunner(config, abstract_model, kv, attend, mesh=mesh, platform=platform, abstract=True)
+def run(ns: argparse.Namespace) -> int:
+    from jaxvllm.platforms.tpu_targets import TARGETS
+    if ns.list_targets:
+        for t in TARGETS.values():
+            print(f"{t.name:12s} {t.num_chips:2d} x {t.chip.device_kind} ({t.chip.hbm_bytes / 2**30:g} GiB HBM)")
+        return 0
+    model = ns.model_arg or ns.model
+    if not (model and ns.target):
+        print("error: jaxvllm compile needs MODEL and --target (see --list-targets).", file=sys.stderr)
+        return 2
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")  # compile-only devices: no TPU backend wanted
+    from jaxvllm.aot_compile import compile_for_target
+    print(f"{'program':44s} {'ok':>3s} {'compile s':>9s} {'args MiB':>9s} {'temp MiB':>9s} "
+          f"{'alias MiB':>9s} {'GFLOP':>8s} {'predicted ms':>12s}")
+    try:
+        report = compile_for_target(model, ns.target, programs=ns.programs, on_program=_print_row,
+                                    **_engine_kwargs(ns))
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{report['target']} (TP {report['tensor_parallel_size']}): fits={report['fits']}, weights "
+          f"{report['weights_bytes'] / MiB:.1f} MiB/chip, {report['kv_blocks']} KV blocks "
+          f"({report['kv_cache_bytes'] / MiB:.1f} MiB/chip), max_concurrency {report['max_concurrency']} at "
+          f"max_model_len {report['max_model_len']}; {len(report['programs'])} programs compiled in "
+          f"{report["compile_s"]:.1f} s ({report["wall_s"]:.0f} s in all, with the plan). predicted_s is the chip's roofline, not a measurement.")
+    if ns.json:
+        with open(ns.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0 if report["fits"] else 1
 
-    weights = _per_device_bytes(nnx.state(abstract_model))
-    block_bytes = math.prod(platform.kv_cache_shape(a.num_layers, 1, bs, a.num_kv_heads, a.head_dim)) \
-        * kv_format.storage.itemsize  # whole mesh, as the worker counts it
-    utilization = config.cache.hbm_utilization
-    peak = None
-    if config.cache.num_gpu_blocks_override is not None:
-        num_blocks = config.cache.num_gpu_blocks_override
-    elif config.cache.kv_cache_memory_bytes is not None:
-        num_blocks = config.cache.kv_cache_memory_bytes // block_bytes
-    else:
-        with jax.set_mesh(mesh):
-            peak = peak_step_bytes(runner_for(pages_per_request + 1))
-        budget = MemoryProfile(spec.chip.hbm_bytes, weights, peak).kv_cache_budget(utilization, tp)
-        num_blocks = max(budget // block_bytes, 0)
-    max_concurrency = max(num_blocks - 1, 0) // pages_per_request
-    if max_concurrency < 1:
-        fit = _smallest_fit(spec, weights * tp, pages_per_request * block_bytes, peak or 0, utilization)
-        raise ValueError(
-            f"{config.model} does not fit {target} at tensor_parallel_size={tp}: {weights / 2**30:.2f} GiB of "
-            f"weights per chip leave {num_blocks} KV blocks of {bs} tokens, fewer than one request of "
-            f"max_model_len={max_len} needs ({pages_per_request + 1}) in {spec.chip.hbm_bytes / 2**30:g} GiB x "
-            f"{utilization}. " + (f"The smallest slice that fits: {fit} (tensor_parallel_size="
-                                  f"{TARGETS[fit].num_chips})." if fit else "No known slice fits; "
-                                  "lower max_model_len or use quantization.")
-            + " Or lower max_model_len.")
 
-    runner = runner_for(num_blocks)
-    rows = []
-    for program, args, static in runner.warmup_jobs():
-        name = _program_name(runner, program, args, static)
-        if programs and not name.startswith(tuple(programs)):
-            continue
-        rows.append(dict(program=name, **_compile_one(program, args, static, mesh, spec.chip)))
-    kv_bytes = _per_device_bytes(runner.kv_cache)
-    fits = all(r["compiled"] and r["argument_bytes"] + r["output_bytes"] - r["alias_bytes"] + r["temp_bytes"]
-               <= spec.chip.hbm_bytes for r in rows)
-    return dict(target=target, model=config.model, chips=spec.num_chips, tensor_parallel_size=tp,
-                device_kind=spec.chip.device_kind, attention_backend=config.attention_backend,
-                dtype=config.dtype, kv_cache_dtype=config.kv_cache_dtype, quantization=config.quantization,
-                block_size=bs, max_model_len=max_len, fits=fits, hbm_bytes=spec.chip.hbm_bytes,
-                weights_bytes=weights, kv_blocks=num_blocks, kv_cache_bytes=kv_bytes, peak_step_bytes=peak,
-                max_concurrency=max_concurrency, compile_s=round(sum(r["compile_s"] for r in rows), 2),
-                programs=rows)
+def _print_row(r: dict) -> None:
+    if not r["compiled"]:
+        print(f"{r['program']:44s} {'NO':>3s} {r['compile_s']:9.1f}  {r['error']}", flush=True)
+        return
+    print(f"{r['program']:44s} {'yes':>3s} {r['compile_s']:9.1f} {r['argument_bytes'] / MiB:9.1f} "
+          f"{r['temp_bytes'] / MiB:9.1f} {r['alias_bytes'] / MiB:9.1f} {r['flops'] / 1e9:8.2f} "
+          f"{r['predicted_s'] * 1e3:12.3f}", flush=True)

@@ -65,7 +65,7 @@ class ModelRunner:
         """abstract_mesh: the mesh the step is traced against (default: `mesh`'s); an abstract
         TPU's stands in to lower the step for a TPU elsewhere (benchmarks/lower_step.py).
         abstract: allocate nothing, the runner's own device state being shape structs too, to
-        compile its programs for devices that cannot run them (entrypoints/compile.py)."""
+        compile its programs for devices that cannot run them (jaxvllm/aot_compile.py)."""
         self.config = config
         self.step_may_branch = platform.step_may_branch  # else the host picks sampler variants
         self.block_size = config.cache.block_size
