@@ -53,6 +53,8 @@ def compile_cell(mesh, kv_dtype, head_dim, nq, nkv, variant) -> tuple[bool, floa
 def main(argv=None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--chips", nargs="+", default=sorted(CHIPS), choices=sorted(CHIPS))
+    p.add_argument("--groups", nargs="+", type=int, default=list(range(1, 9)),
+                   help="GQA groups of 2 KV heads to compile (SmolLM2's 9 / 3 heads always)")
     p.add_argument("--json", help="write the cells here")
     ns = p.parse_args(argv)
     from jax.experimental import topologies
@@ -61,7 +63,8 @@ def main(argv=None) -> list[dict]:
         device = topologies.get_topology_desc(topology_name=f"{chip}:{CHIPS[chip].host_topology}",
                                               platform="tpu").devices[0]
         mesh = Mesh(np.array([device]), ("x",))
-        for (dt, hd, (nq, nkv), variant) in itertools.product(KV_DTYPES, HEAD_DIMS, HEADS, VARIANTS):
+        heads = [(nq, nkv) for nq, nkv in HEADS if nkv == 3 or nq // nkv in ns.groups]
+        for (dt, hd, (nq, nkv), variant) in itertools.product(KV_DTYPES, HEAD_DIMS, heads, VARIANTS):
             ok, secs, error = compile_cell(mesh, KV_DTYPES[dt], hd, nq, nkv, variant)
             rows.append(dict(chip=chip, kv_dtype=dt, head_dim=hd, q_heads=nq, kv_heads=nkv, variant=variant,
                              compiled=ok, compile_s=round(secs, 2), error=error))
