@@ -141,6 +141,10 @@ def compile_for_target(model: str, target: str, *, programs: tuple[str, ...] | N
     peak = None
 
     def refuse(num_blocks: int):
+        if config.cache.num_gpu_blocks_override is not None or config.cache.kv_cache_memory_bytes is not None:
+            raise ValueError(f"The KV cache set ({num_blocks} blocks of {bs} tokens) holds fewer blocks than one "
+                             f"request of max_model_len={max_len} needs ({pages_per_request + 1}); raise "
+                             "num_gpu_blocks_override / kv_cache_memory_bytes or lower max_model_len.")
         fit = _smallest_fit(spec, weights * tp, pages_per_request * block_bytes, peak or 0, utilization)
         raise ValueError(
             f"{config.model} does not fit {target} at tensor_parallel_size={tp}: {weights / 2**30:.2f} GiB of "
