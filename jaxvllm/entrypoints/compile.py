@@ -64,7 +64,7 @@ def run(ns: argparse.Namespace) -> int:
           f"{report['weights_bytes'] / MiB:.1f} MiB/chip, {report['kv_blocks']} KV blocks "
           f"({report['kv_cache_bytes'] / MiB:.1f} MiB/chip), max_concurrency {report['max_concurrency']} at "
           f"max_model_len {report['max_model_len']}; {len(report['programs'])} programs compiled in "
-          f"{report['compile_s']:.1f} s ({report['wall_s']:.0f} s in all, with the plan). "
+          f"{report['compile_s']:.1f} s ({report['wall_s']:.0f} s in all). "
           "predicted_s is the chip's roofline, not a measurement.")
     if ns.json:
         with open(ns.json, "w") as f:
