@@ -62,8 +62,8 @@ def lower_step(platform_name: str, args: LlamaArgs, tensor_parallel_size: int = 
     nnx.update(model, jax.tree_util.tree_map_with_path(lambda path, x: jax.ShapeDtypeStruct(
         x.shape, x.dtype, sharding=param_sharding(param_name(path), x.shape, mesh)), nnx.state(model)))
     kv_cache = jax.ShapeDtypeStruct(
-        (args.num_layers, 2, NUM_BLOCKS, config.cache.block_size, args.num_kv_heads, args.head_dim), dtype,
-        sharding=kv_cache_sharding(mesh))
+        platform.kv_cache_shape(args.num_layers, NUM_BLOCKS, config.cache.block_size, args.num_kv_heads,
+                                args.head_dim), dtype, sharding=kv_cache_sharding(mesh))
     chip = contextlib.nullcontext()
     abstract_mesh = None
     if platform_name == "tpu":  # the Mosaic lowering asks which chip it tiles for

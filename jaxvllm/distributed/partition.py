@@ -70,7 +70,8 @@ EXPERT_PARALLEL_SPECS: dict[str, tuple] = {
     "layers.experts_down": (M, None, None),
 }
 # [layers, K/V, pages, page_size, kv_heads, head_dim]
-KV_CACHE_SPEC = P(None, None, None, None, M, None)
+# The heads axis (or heads x head_dim, platforms' kv_cache_shape), the fifth either way.
+KV_CACHE_SPEC = P(None, None, None, None, M)
 
 
 def padded_heads(num_heads: int, num_kv_heads: int, tp: int) -> tuple[int, int]:

@@ -1,6 +1,6 @@
 """`jaxvllm generate` and `jaxvllm chat`: offline generation from the command line;
 `jaxvllm serve`: the OpenAI-compatible HTTP server; `jaxvllm convert`: a model to an Orbax
-checkpoint.
+checkpoint; `jaxvllm compile`: every program compiled for a TPU slice (entrypoints/compile.py).
 
 Engine flags are spelled as vLLM spells them (--max-model-len, --max-num-seqs, ...);
 they are generated from EngineArgs so the two can never drift apart.
@@ -17,6 +17,7 @@ import sys
 import jaxvllm
 from jaxvllm import vllm_compat
 from jaxvllm.config import EngineArgs, attribute_docs
+from jaxvllm.entrypoints import compile as compile_cli
 from jaxvllm.entrypoints.openai.server_args import ServerArgs
 from jaxvllm.sampling_params import SamplingParams
 
@@ -143,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     conv.add_argument("out", help="New directory: Orbax weights + config + tokenizer, a model path.")
     conv.add_argument("--dtype", default="auto")
     conv.add_argument("--tensor-parallel-size", type=int, default=1)
+    compile_cli.add_parser(sub, _add_engine_flags)
     ns = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("jaxvllm").setLevel(logging.INFO)
@@ -154,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+    if ns.command == "compile":
+        vllm_compat.check_cli_args(ns)
+        return compile_cli.run(ns)
     if ns.command == "convert":
         from jaxvllm.entrypoints.convert import convert
         try:

@@ -76,9 +76,15 @@ def get_attention(backend: str, platform: Platform, mesh: Mesh | None = None,
 
 def write_kv(kv_cache: jax.Array, layer: jax.Array, k: jax.Array, v: jax.Array,
              slot_mapping: jax.Array, kv_dtype: KVCacheDtype | None = None) -> jax.Array:
-    """kv_cache: [layers, 2, pages, page_size, kv_heads, head_dim], updated in place; k and v
-    stored as kv_dtype says (default: cast to the cache's dtype)."""
+    """kv_cache: [layers, 2, pages, page_size, ...] (platforms' kv_cache_shape), updated in
+    place; k and v stored as kv_dtype says (default: cast to the cache's dtype)."""
     page_size = kv_cache.shape[3]
     fmt = kv_dtype or KVCacheDtype(kv_cache.dtype)
-    kv = jnp.stack([fmt.quantize(k, fmt.k_scale), fmt.quantize(v, fmt.v_scale)], axis=1)  # [tokens, 2, kv_heads, head_dim]
-    return kv_cache.at[layer, :, slot_mapping // page_size, slot_mapping % page_size].set(kv)
+    kv = jnp.stack([fmt.quantize(k, fmt.k_scale), fmt.quantize(v, fmt.v_scale)])  # [2, tokens, kv_heads, head_dim]
+    if kv_cache.ndim == 5:  # heads along lanes, each padded to kv_cache's lanes per head
+        lanes = kv_cache.shape[4] // kv.shape[2]
+        kv = jnp.pad(kv, ((0, 0),) * 3 + ((0, lanes - kv.shape[3]),)).reshape(kv.shape[:2] + (-1,))
+    # K/V is indexed, not a window of the update: a TPU then writes each slot's row where
+    # the cache's own layout keeps it (a window over K/V had XLA relayout the whole pool).
+    which = jnp.arange(2, dtype=jnp.int32)[:, None]
+    return kv_cache.at[layer, which, (slot_mapping // page_size)[None], (slot_mapping % page_size)[None]].set(kv)

@@ -42,6 +42,14 @@ class Platform:
     # converting them whole (layers/kv_cache_dtype.py).
     kv_cache_fp8_as_bits = False
 
+    def kv_cache_shape(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
+                       head_dim: int) -> tuple[int, ...]:
+        """The KV cache array's shape: [layers, 2 (K, V), blocks, block_size, ...] with a
+        token slot's K (or V) last, as kv_heads x head_dim elements. Every kernel reads either
+        form; the blocks axis stays third (swap, prefix pages) and the heads lead the slot, so
+        tensor parallelism splits the same axis in both."""
+        return (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim)
+
     def attention_kernel(self, backend: str) -> tuple[str, bool]:
         """(kernel, interpret) for an `attention_backend`: kernel is `xla`, `native`,
         `tpu` or `gpu`; `auto` picks this platform's fastest."""

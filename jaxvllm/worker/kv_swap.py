@@ -17,9 +17,9 @@ from jaxvllm.worker.model_runner_utils import make_buckets, pick_bucket
 
 class KVSwapper:
     def __init__(self, kv_cache: jax.Array, num_slots: int, on_compile):
-        L, two, num_blocks, bs, H, D = kv_cache.shape
+        L, two, num_blocks = kv_cache.shape[:3]
         # Slot-major, so one slot's data for every layer is one contiguous row.
-        self.host = np.zeros((num_slots, L, two, bs, H, D), kv_cache.dtype)
+        self.host = np.zeros((num_slots, L, two) + kv_cache.shape[3:], kv_cache.dtype)
         self.buckets = make_buckets(1, max(1, min(num_blocks - 1, num_slots)))
 
         def gather(kv, block_ids):

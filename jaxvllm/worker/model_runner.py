@@ -61,9 +61,11 @@ def with_tokens_in_flight(input_ids: jax.Array, prev_rows: jax.Array, last_sampl
 class ModelRunner:
     def __init__(self, config: EngineConfig, model: nnx.Module, kv_cache: jax.Array, attend,
                  num_swap_blocks: int = 0, *, mesh: Mesh, platform: Platform,
-                 abstract_mesh: AbstractMesh | None = None):
+                 abstract_mesh: AbstractMesh | None = None, abstract: bool = False):
         """abstract_mesh: the mesh the step is traced against (default: `mesh`'s); an abstract
-        TPU's stands in to lower the step for a TPU elsewhere (benchmarks/lower_step.py)."""
+        TPU's stands in to lower the step for a TPU elsewhere (benchmarks/lower_step.py).
+        abstract: allocate nothing, the runner's own device state being shape structs too, to
+        compile its programs for devices that cannot run them (jaxvllm/aot_compile.py)."""
         self.config = config
         self.step_may_branch = platform.step_may_branch  # else the host picks sampler variants
         self.block_size = config.cache.block_size
@@ -80,8 +82,9 @@ class ModelRunner:
         self.input_batch = InputBatch(self.max_num_seqs, sched.max_model_len, self.max_pages_per_seq)
         # Replicated over the mesh, like the hidden states the sampler reads beside it.
         # Made by one jitted program (three eager zeros compiled three: ~0.5 s of start-up).
-        self.penalty_state = jax.jit(penalties.init_state, static_argnums=(0, 1),
-                                     out_shardings=NamedSharding(mesh, P()))(self.max_num_seqs, self.vocab_size)
+        init_penalties = jax.jit(penalties.init_state, static_argnums=(0, 1), out_shardings=NamedSharding(mesh, P()))
+        self.penalty_state = (jax.eval_shape(init_penalties, self.max_num_seqs, self.vocab_size) if abstract
+                              else init_penalties(self.max_num_seqs, self.vocab_size))
         # Incremented at trace time: one trace is one compilation.
         self.num_compilations = 0
         self.num_warmup_compilations = 0
@@ -144,7 +147,8 @@ class ModelRunner:
 
         # fixed_argnums: the weights, the KV cache, the penalty rows and last_sampled never
         # change shape.
-        self.last_sampled = jax.device_put(np.zeros(S, np.int32), rep)
+        self.last_sampled = (jax.ShapeDtypeStruct((S,), np.int32, sharding=rep) if abstract
+                             else jax.device_put(np.zeros(S, np.int32), rep))
         self._forward = program("forward", forward, (0, 1, 4), donate_argnums=(1,),
                                 in_shardings=(params_sharding, kv_cache.sharding, rep, rep, rep, rep, rep),
                                 out_shardings=(rep, rep, kv_cache.sharding))

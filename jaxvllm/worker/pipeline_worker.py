@@ -75,7 +75,8 @@ class PipelineWorker(Worker):
         a, bs = self.args, self.config.cache.block_size
         caches = []
         for mesh, layers in zip(self.meshes, self.layer_ranges):
-            shape = (len(layers), 2, num_blocks, bs, a.num_kv_heads, a.head_dim)
+            shape = platforms.current_platform.kv_cache_shape(len(layers), num_blocks, bs, a.num_kv_heads,
+                                                              a.head_dim)
             caches.append(jax.jit(lambda shape=shape: jnp.zeros(shape, self.kv_dtype.storage),
                                   out_shardings=kv_cache_sharding(mesh))())
         logger.info("KV cache: %d blocks of %d tokens (%.1f MiB over %d stages).", num_blocks, bs,

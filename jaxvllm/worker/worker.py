@@ -73,8 +73,13 @@ class Worker:
 
     @property
     def kv_cache_shape_per_block(self) -> tuple[int, ...]:
+        shape = self._kv_cache_shape(1)
+        return shape[:2] + shape[3:]
+
+    def _kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
         a = self.args
-        return (a.num_layers, 2, self.config.cache.block_size, a.num_kv_heads, a.head_dim)
+        return platforms.current_platform.kv_cache_shape(a.num_layers, num_blocks, self.config.cache.block_size,
+                                                         a.num_kv_heads, a.head_dim)
 
     @property
     def block_bytes(self) -> int:
@@ -114,16 +119,15 @@ class Worker:
     def _peak_step_bytes(self) -> int:
         """The largest step's memory beyond its arguments, from its programs compiled for a
         small abstract KV cache (a step's temporaries scale with its tokens, not the cache)."""
-        a, bs = self.args, self.config.cache.block_size
-        blocks = -(-self.config.scheduler.max_model_len // bs) + 1
-        kv_cache = jax.ShapeDtypeStruct((a.num_layers, 2, blocks, bs, a.num_kv_heads, a.head_dim),
-                                        self.kv_dtype.storage, sharding=kv_cache_sharding(self.mesh))
+        blocks = -(-self.config.scheduler.max_model_len // self.config.cache.block_size) + 1
+        kv_cache = jax.ShapeDtypeStruct(self._kv_cache_shape(blocks), self.kv_dtype.storage,
+                                        sharding=kv_cache_sharding(self.mesh))
         return peak_step_bytes(ModelRunner(self.config, self.model, kv_cache, self.attend, mesh=self.mesh,
                                            platform=platforms.current_platform))
 
     def initialize_cache(self, num_blocks: int, num_swap_blocks: int = 0) -> ModelRunner:
-        a, bs = self.args, self.config.cache.block_size
-        shape = (a.num_layers, 2, num_blocks, bs, a.num_kv_heads, a.head_dim)
+        bs = self.config.cache.block_size
+        shape = self._kv_cache_shape(num_blocks)
         # Created in place, each device allocating only its KV heads; kept to create it again
         # at wake-up without compiling.
         self._new_kv_cache = jax.jit(lambda: jnp.zeros(shape, self.kv_dtype.storage),

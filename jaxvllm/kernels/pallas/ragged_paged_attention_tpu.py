@@ -36,11 +36,17 @@ from jaxvllm.kernels.pallas.common import as_elements, attention_mask, kv_range,
 _LANES = 128
 
 
+def padded_head_dim(head_dim: int) -> int:
+    """Lanes a head takes in a [..., page_size, kv_heads * lanes] cache (platforms/tpu.py):
+    whole 128-lane vregs."""
+    return -(-head_dim // _LANES) * _LANES
+
+
 def _kernel(layer_ref, kv_lens_ref, pages_ref, cu_ref, block_ref, seq_ref, first_ref,  # SMEM
             q_ref,      # [kv_heads, rows, head_dim] (VMEM block)
-            kv_hbm,     # [layers, 2, pages, page_size * kv_heads, head_dim] (HBM)
+            kv_hbm,     # [layers, 2, pages, page_size, kv_heads * padded_head_dim] (HBM)
             o_ref,      # [kv_heads, rows, head_dim] (VMEM block)
-            buf, sems,  # [2 (slot), 2 (K, V), pages_per_block * page_size * kv_heads, head_dim], DMA[2]
+            buf, sems,  # [2 (slot), 2 (K, V), pages_per_block * page_size, kv_heads * padded_head_dim], DMA[2]
             m_ref, l_ref, acc_ref,  # [kv_heads, rows, 128], same, [kv_heads, rows, head_dim]
             *, block_q, group, page_size, pages_per_block, pages_per_seq, sm_scale,
             sliding_window, soft_cap, kv_dtype, precision):
@@ -48,7 +54,7 @@ def _kernel(layer_ref, kv_lens_ref, pages_ref, cu_ref, block_ref, seq_ref, first
     seq = seq_ref[j]
     num_kv_heads, rows, head_dim = q_ref.shape
     block_kv = pages_per_block * page_size
-    page_rows = page_size * num_kv_heads
+    lanes = buf.shape[-1] // num_kv_heads  # per head: padded_head_dim
 
     @pl.when(first_ref[j] == 1)
     def _():
@@ -75,7 +81,7 @@ def _kernel(layer_ref, kv_lens_ref, pages_ref, cu_ref, block_ref, seq_ref, first
             # masked pages, see the wrapper), so waits always match starts.
             return [pltpu.make_async_copy(
                         kv_hbm.at[layer, :, pages_ref[seq * pages_per_seq + c * pages_per_block + i]],
-                        buf.at[slot, :, pl.ds(i * page_rows, page_rows)], sems.at[slot])
+                        buf.at[slot, :, pl.ds(i * page_size, page_size)], sems.at[slot])
                     for i in range(pages_per_block)]
 
         for cp in copies(c_lo, 0):
@@ -97,10 +103,11 @@ def _kernel(layer_ref, kv_lens_ref, pages_ref, cu_ref, block_ref, seq_ref, first
             kv_pos = c * block_kv + jax.lax.broadcasted_iota(jnp.int32, (1, block_kv), 1)
             mask = attention_mask(q_pos, kv_pos, row_valid, sliding_window)
             for h in range(num_kv_heads):
-                # Rows h, h + kv_heads, ...: head h of every token of the block's pages.
-                # A quantized cache (int8, fp8) is converted as loaded; its scales are the caller's.
-                k = as_elements(buf.at[slot, 0][pl.ds(h, block_kv, stride=num_kv_heads), :], kv_dtype)
-                v = as_elements(buf.at[slot, 1][pl.ds(h, block_kv, stride=num_kv_heads), :], kv_dtype)
+                # Lanes h * head_dim ...: head h of every token of the block's pages, a
+                # contiguous load of any dtype (tokens on sublanes). A quantized cache (int8,
+                # fp8) is converted as loaded; its scales are the caller's.
+                k = as_elements(buf[slot, 0, :, pl.ds(h * lanes, head_dim)], kv_dtype)
+                v = as_elements(buf[slot, 1, :, pl.ds(h * lanes, head_dim)], kv_dtype)
                 k, v = k.astype(q_ref.dtype), v.astype(q_ref.dtype)
                 m, l, acc = softmax_update(
                     qk(q_ref[h], k, precision) * sm_scale, mask, m_ref[h][:, :1], l_ref[h][:, :1],
@@ -121,7 +128,7 @@ def _kernel(layer_ref, kv_lens_ref, pages_ref, cu_ref, block_ref, seq_ref, first
                                              "pages_per_block", "interpret", "vmem_limit_bytes"))
 def ragged_paged_attention(
     q: jax.Array,             # [num_tokens, num_q_heads, head_dim]
-    kv_cache: jax.Array,      # [num_layers, 2 (K, V), num_pages, page_size, num_kv_heads, head_dim]
+    kv_cache: jax.Array,      # [num_layers, 2 (K, V), num_pages, page_size, num_kv_heads * padded_head_dim]
     layer: jax.Array,         # i32[]
     kv_lens: jax.Array,       # i32[max_num_seqs]
     page_indices: jax.Array,  # i32[max_num_seqs, pages_per_seq]
@@ -139,7 +146,14 @@ def ragged_paged_attention(
 ) -> jax.Array:
     """`interpret`: False on TPU; True (or a pltpu.InterpretParams) to run anywhere."""
     num_tokens, num_q_heads, head_dim = q.shape
-    num_layers, _, num_pages, page_size, num_kv_heads, _ = kv_cache.shape
+    # The TPU platform's layout (platforms/tpu.py); the portable one ([..., page_size,
+    # kv_heads, head_dim], the tests' and a CPU's) is padded into it here.
+    kv = kv_cache
+    if kv.ndim == 6:
+        kv = jnp.pad(kv, ((0, 0),) * 5 + ((0, padded_head_dim(head_dim) - head_dim),))
+        kv = kv.reshape(kv.shape[:4] + (-1,))
+    num_layers, _, num_pages, page_size, _ = kv.shape
+    num_kv_heads = kv.shape[4] // padded_head_dim(head_dim)
     group = num_q_heads // num_kv_heads
     # block_q * group rows per matmul, a multiple of 16 (bfloat16 sublane tiling).
     block_q = block_q or 16 * max(1, 8 // group)
@@ -152,8 +166,6 @@ def ragged_paged_attention(
     qg = jnp.pad(q, ((0, padded - num_tokens), (0, 0), (0, 0)))
     qg = qg.reshape(padded, num_kv_heads, group, head_dim).transpose(1, 0, 2, 3)
     qg = qg.reshape(num_kv_heads, padded * group, head_dim)
-    # Free reshape: a page of one layer's K (or V) is one contiguous [page_size * kv_heads, head_dim].
-    kv = kv_cache.reshape(num_layers, 2, num_pages, page_size * num_kv_heads, head_dim)
     # Clipped to real pages and padded so a block past a row's end fetches real pages (masked).
     pages = jnp.pad(jnp.clip(page_indices, 0, num_pages - 1).reshape(-1), (0, pages_per_block))
     block, seq, first = work_list(cu_q_lens, num_seqs, num_tokens, block_q)
@@ -171,7 +183,7 @@ def ragged_paged_attention(
             in_specs=[q_spec, pl.BlockSpec(memory_space=pl.ANY)],
             out_specs=q_spec,
             scratch_shapes=[
-                pltpu.VMEM((2, 2, pages_per_block * page_size * num_kv_heads, head_dim), kv.dtype),
+                pltpu.VMEM((2, 2, pages_per_block * page_size, kv.shape[4]), kv.dtype),
                 pltpu.SemaphoreType.DMA((2,)),
                 pltpu.VMEM((num_kv_heads, rows, _LANES), jnp.float32),
                 pltpu.VMEM((num_kv_heads, rows, _LANES), jnp.float32),

@@ -32,6 +32,7 @@ the one gather XLA on CPU runs at memory speed, and never as a copy of the layer
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -51,6 +52,8 @@ def as_elements(x: jax.Array, kv_dtype) -> jax.Array:
 def ragged_paged_attention(
     q: jax.Array,             # [num_tokens, num_q_heads, head_dim]
     kv_cache: jax.Array,      # [num_layers, 2 (K, V), num_pages, page_size, num_kv_heads, head_dim]
+                              # or [..., page_size, num_kv_heads * lanes] (platforms/tpu.py: a
+                              # head's lanes are head_dim rounded up to 128)
     layer: jax.Array,         # i32[]: which layer of kv_cache to read
     kv_lens: jax.Array,       # i32[max_num_seqs]
     page_indices: jax.Array,  # i32[max_num_seqs, pages_per_seq]
@@ -67,13 +70,18 @@ def ragged_paged_attention(
     query_block: int = 128,
 ) -> jax.Array:
     num_tokens, num_q_heads, head_dim = q.shape
-    _, _, num_pages, page_size, num_kv_heads, _ = kv_cache.shape
+    num_pages, page_size = kv_cache.shape[2:4]
+    lanes = head_dim if kv_cache.ndim == 6 else -(-head_dim // 128) * 128
+    num_kv_heads = math.prod(kv_cache.shape[4:]) // lanes
     group = num_q_heads // num_kv_heads
     pages_per_seq = page_indices.shape[1]
     chunk = pages_per_chunk * page_size
     num_chunks_max = -(-pages_per_seq // pages_per_chunk)
     page_indices = jnp.pad(page_indices, ((0, 0), (0, num_chunks_max * pages_per_chunk - pages_per_seq)))
-    page_rows = kv_cache.reshape(-1, page_size * num_kv_heads * head_dim)
+    # A page per row, as a view that merges only leading axes of the layout stored (a TPU
+    # tiles the last two: flattening [page_size, kv_heads * head_dim] would copy the pool).
+    page_rows = kv_cache.reshape((-1, page_size * num_kv_heads * head_dim) if kv_cache.ndim == 6
+                                 else (-1,) + kv_cache.shape[3:])
 
     # Which sequence each token belongs to, its position, and the context cached before it.
     token = jnp.arange(num_tokens, dtype=jnp.int32)
@@ -103,7 +111,7 @@ def ragged_paged_attention(
     def gather(pages, which):
         """K or V of `pages` (any shape [..., n]) -> [..., n * page_size, kv_heads, head_dim]."""
         rows = page_rows.at[(layer * 2 + which) * num_pages + pages].get(mode="promise_in_bounds")
-        rows = rows.reshape(pages.shape[:-1] + (-1, num_kv_heads, head_dim))
+        rows = rows.reshape(pages.shape[:-1] + (-1, num_kv_heads, lanes))[..., :head_dim]
         return as_elements(rows, kv_dtype).astype(jnp.float32)
 
     def online_softmax(carry, s, mask, v):
@@ -119,10 +127,10 @@ def ragged_paged_attention(
     # caches of under 2**31 token slots). Carries start at the mask value, not -inf, so that
     # rows no part visits (padding) merge without NaNs.
     slot = page_indices[seq, q_pos // page_size] * page_size + q_pos % page_size
-    slot_rows = kv_cache.reshape(-1, num_kv_heads * head_dim)
+    slot_rows = kv_cache.reshape(-1, num_kv_heads * lanes)
     k_new, v_new = (jnp.pad(as_elements(slot_rows.at[(layer * 2 + which) * num_pages * page_size + slot]
                                         .get(mode="promise_in_bounds"), kv_dtype)
-                            .reshape(num_tokens, num_kv_heads, head_dim).astype(jnp.float32),
+                            .reshape(num_tokens, num_kv_heads, lanes)[..., :head_dim].astype(jnp.float32),
                             ((0, qb_rows), (0, 0), (0, 0))) for which in (0, 1))
     k_new, v_new = k_new.transpose(1, 2, 0), v_new.transpose(1, 0, 2)  # [h, d, tokens], [h, tokens, d]
     seq_p = jnp.pad(jnp.where(valid, seq, -1), (0, qb_rows), constant_values=-1)  # padding matches no row

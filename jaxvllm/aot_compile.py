@@ -1,0 +1,190 @@
+"""compile_for_target (`jaxvllm compile MODEL --target tpu-v6e-8`): every program the engine
+warms up, compiled by the TPU compiler (Mosaic kernels included) for a slice's compile-only
+devices, on any machine, with no weights read (a directory holding only config.json will do).
+
+It builds what the engine would build on that slice: the TPU platform's choices, tensor
+parallel over its chips, the memory plan for its HBM (the KV cache gets hbm_utilization of
+the chip less the weights and the largest step's temporaries, which it compiles for as the
+worker profiles them), then compiles each program against abstract weights and KV cache and
+reports what the compiler says: memory (arguments, temporaries, the donated KV cache as
+aliased bytes), cost, and a roofline time from the chip's published figures (a prediction,
+not a measurement). A plan that does not fit is refused naming the smallest slice that
+holds the weights and one request of max_model_len.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from typing import Callable
+
+from jaxvllm.platforms.tpu_targets import TARGETS, Target, get_target
+
+
+def _per_device_bytes(tree) -> int:
+    import jax
+    return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
+def _abstract_model(config, hf_config, mesh, platform):
+    """The model as the worker builds it on this mesh (padded heads, the platform's matmuls),
+    every weight a ShapeDtypeStruct with its sharding."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from jaxvllm.distributed.partition import padded_heads, param_name, param_sharding
+    from jaxvllm.models.registry import get_model_class
+
+    model_cls, args_cls = get_model_class(hf_config)
+    args = args_cls.from_hf_config(hf_config)
+    num_heads, num_kv_heads = padded_heads(args.num_heads, args.num_kv_heads, mesh.size)
+    args = dataclasses.replace(args, num_heads=num_heads, num_kv_heads=num_kv_heads)
+    ep = config.parallel.enable_expert_parallel
+    moe = {}
+    if hasattr(args, "num_experts"):
+        args = dataclasses.replace(args, expert_parallel=ep)
+        moe = dict(moe_method=platform.fused_moe_method(config.quantization))
+    method = platform.linear_method(config.attention_backend, mesh.size, config.quantization)
+    dtype = jnp.dtype(config.dtype)
+    model = nnx.eval_shape(lambda: model_cls(args, dtype=dtype, linear_method=method, **moe))
+    nnx.update(model, jax.tree_util.tree_map_with_path(lambda path, x: jax.ShapeDtypeStruct(
+        x.shape, x.dtype, sharding=param_sharding(param_name(path), x.shape, mesh, ep)), nnx.state(model)))
+    return model
+
+
+def _program_name(runner, program, args, static) -> str:
+    bucket = (f" R={int(args[3])}" if program in (runner._sample, runner._sample_extended)
+              else f" T={len(args[2])}" if program.name in ("forward", "prompt_logprobs") else "")
+    return program.name + bucket + "".join(f" {k}={v}" for k, v in static.items())
+
+
+def _compile_one(program, args, static, mesh, chip) -> dict:
+    import jax
+    start = time.perf_counter()
+    try:
+        with jax.set_mesh(mesh):
+            compiled = program.jitted.lower(*args, **static).compile()
+    except Exception as e:  # Mosaic's or XLA's refusal is the finding: report it, go on
+        return dict(compiled=False, error=str(e).strip().splitlines()[0][:2000],
+                    compile_s=round(time.perf_counter() - start, 2))
+    mem, cost = compiled.memory_analysis(), compiled.cost_analysis() or {}
+    if isinstance(cost, list):  # older jax: one dict per module
+        cost = cost[0] if cost else {}
+    flops, accessed = float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
+    return dict(compiled=True, error=None, compile_s=round(time.perf_counter() - start, 2),
+                argument_bytes=mem.argument_size_in_bytes, output_bytes=mem.output_size_in_bytes,
+                temp_bytes=mem.temp_size_in_bytes, alias_bytes=mem.alias_size_in_bytes,
+                flops=flops, bytes_accessed=accessed,
+                predicted_s=max(accessed / chip.hbm_bytes_per_s, flops / chip.peak_flops))
+
+
+def _smallest_fit(target: Target, need_weights: int, need_kv: int, peak: int, utilization: float) -> str | None:
+    """The smallest slice (same chip first, then the others) whose chips hold, split by tensor
+    parallelism, the weights, one request of max_model_len and the step's temporaries."""
+    order = sorted(TARGETS.values(), key=lambda t: (t.chip is not target.chip, t.num_chips * t.chip.hbm_bytes))
+    for t in order:
+        if (need_weights + need_kv) / t.num_chips + peak <= t.chip.hbm_bytes * utilization:
+            return t.name
+    return None
+
+
+def compile_for_target(model: str, target: str, *, programs: tuple[str, ...] | None = None,
+                       on_program: Callable[[dict], None] | None = None, **engine_kwargs) -> dict:
+    """The report of `jaxvllm compile` (module doc) as a dict; `programs`: compile only those
+    whose names start with one of these (`forward`, `sample`, ...); `on_program`: called with
+    each program's row as it is compiled; engine_kwargs: EngineArgs (tensor_parallel_size
+    defaults to the slice's chips). Raises ValueError for an unknown
+    target or a configuration that does not fit, naming what would."""
+    spec = get_target(target)
+    start = time.perf_counter()
+    import jax
+    from flax import nnx
+
+    from jaxvllm.config import EngineArgs
+    from jaxvllm.distributed.mesh import make_mesh
+    from jaxvllm.distributed.partition import kv_cache_sharding
+    from jaxvllm.layers.attention import get_attention
+    from jaxvllm.layers.kv_cache_dtype import kv_cache_dtype
+    from jaxvllm.platforms import get_platform
+    from jaxvllm.transformers_utils.config import load_hf_config
+    from jaxvllm.transformers_utils.model_path import resolve_model
+    from jaxvllm.worker.memory_profiling import MemoryProfile, peak_step_bytes
+    from jaxvllm.worker.model_runner import ModelRunner
+
+    path = model if os.path.isfile(os.path.join(model, "config.json")) else resolve_model(model)
+    hf_config = load_hf_config(path)
+    engine_kwargs.setdefault("tensor_parallel_size", spec.num_chips)
+    config = EngineArgs(model=path, skip_warmup=True, **engine_kwargs).create_engine_config(hf_config, "tpu")
+    platform = get_platform("tpu")
+    tp = config.parallel.tensor_parallel_size
+    if tp > spec.num_chips:
+        raise ValueError(f"tensor_parallel_size={tp} is more than {target}'s {spec.num_chips} chips.")
+    mesh = make_mesh(tp, spec.devices())
+    abstract_model = _abstract_model(config, hf_config, mesh, platform)
+    a = abstract_model.args
+    kv_format = kv_cache_dtype(config.kv_cache_dtype, jax.numpy.dtype(config.dtype), platform.kv_cache_fp8_as_bits)
+    attend = get_attention(config.attention_backend, platform, mesh, kv_format)
+    bs, max_len = config.cache.block_size, config.scheduler.max_model_len
+    pages_per_request = -(-max_len // bs)
+
+    def runner_for(num_blocks: int):
+        shape = platform.kv_cache_shape(a.num_layers, num_blocks, bs, a.num_kv_heads, a.head_dim)
+        kv = jax.ShapeDtypeStruct(shape, kv_format.storage, sharding=kv_cache_sharding(mesh))
+        return ModelRunner(config, abstract_model, kv, attend, mesh=mesh, platform=platform, abstract=True)
+
+    weights = _per_device_bytes(nnx.state(abstract_model))
+    block_bytes = math.prod(platform.kv_cache_shape(a.num_layers, 1, bs, a.num_kv_heads, a.head_dim)) \
+        * kv_format.storage.itemsize  # whole mesh, as the worker counts it
+    utilization = config.cache.hbm_utilization
+    peak = None
+
+    def refuse(num_blocks: int):
+        if config.cache.num_gpu_blocks_override is not None or config.cache.kv_cache_memory_bytes is not None:
+            raise ValueError(f"The KV cache set ({num_blocks} blocks of {bs} tokens) holds fewer blocks than one "
+                             f"request of max_model_len={max_len} needs ({pages_per_request + 1}); raise "
+                             "num_gpu_blocks_override / kv_cache_memory_bytes or lower max_model_len.")
+        fit = _smallest_fit(spec, weights * tp, pages_per_request * block_bytes, peak or 0, utilization)
+        raise ValueError(
+            f"{config.model} does not fit {target} at tensor_parallel_size={tp}: {weights / 2**30:.2f} GiB of "
+            f"weights per chip leave {num_blocks} KV blocks of {bs} tokens in {spec.chip.hbm_bytes / 2**30:g} GiB "
+            f"x {utilization}, fewer than one request of max_model_len={max_len} needs "
+            f"({pages_per_request + 1}). " + (f"The smallest slice that fits: {fit} (tensor_parallel_size="
+                                              f"{TARGETS[fit].num_chips}); or lower max_model_len." if fit else
+                                              "No known slice fits; lower max_model_len or quantize."))
+
+    if (weights + pages_per_request * block_bytes / tp) > spec.chip.hbm_bytes * utilization:
+        refuse(0)  # before compiling anything: not even the weights and one request fit
+    if config.cache.num_gpu_blocks_override is not None:
+        num_blocks = config.cache.num_gpu_blocks_override
+    elif config.cache.kv_cache_memory_bytes is not None:
+        num_blocks = config.cache.kv_cache_memory_bytes // block_bytes
+    else:
+        with jax.set_mesh(mesh):
+            peak = peak_step_bytes(runner_for(pages_per_request + 1))
+        budget = MemoryProfile(spec.chip.hbm_bytes, weights, peak).kv_cache_budget(utilization, tp)
+        num_blocks = max(budget // block_bytes, 0)
+    max_concurrency = max(num_blocks - 1, 0) // pages_per_request
+    if max_concurrency < 1:
+        refuse(num_blocks)
+
+    runner = runner_for(num_blocks)
+    rows = []
+    for program, args, static in runner.warmup_jobs():
+        name = _program_name(runner, program, args, static)
+        if programs and not name.startswith(tuple(programs)):
+            continue
+        rows.append(dict(program=name, **_compile_one(program, args, static, mesh, spec.chip)))
+        if on_program:
+            on_program(rows[-1])
+    kv_bytes = _per_device_bytes(runner.kv_cache)
+    fits = all(r["compiled"] and r["argument_bytes"] + r["output_bytes"] - r["alias_bytes"] + r["temp_bytes"]
+               <= spec.chip.hbm_bytes for r in rows)
+    return dict(target=target, model=config.model, chips=spec.num_chips, tensor_parallel_size=tp,
+                device_kind=spec.chip.device_kind, attention_backend=config.attention_backend,
+                dtype=config.dtype, kv_cache_dtype=config.kv_cache_dtype, quantization=config.quantization,
+                block_size=bs, max_model_len=max_len, fits=fits, hbm_bytes=spec.chip.hbm_bytes,
+                weights_bytes=weights, kv_blocks=num_blocks, kv_cache_bytes=kv_bytes, peak_step_bytes=peak,
+                max_concurrency=max_concurrency, compile_s=round(sum(r["compile_s"] for r in rows), 2),
+                wall_s=round(time.perf_counter() - start, 1), programs=rows)

@@ -1,0 +1,67 @@
+"""The engine's step compiled by libtpu for compile-only TPU chips (jaxvllm/aot_compile.py), on
+this CPU: every forward bucket of a tiny model and of SmolLM2's shapes (config.json only, no
+weights) for a v5e and a v6e chip, Mosaic kernels included, under the memory plan the engine
+would make there. Interpret mode accepts kernels Mosaic refuses, and only the real compiler
+knows whether the plan fits the chip: a refusal or a plan that does not fit fails here.
+
+libtpu comes with the `test` extra (jax[tpu]); without it this module is skipped."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+pytest.importorskip("libtpu", reason="libtpu (jax[tpu], in the test extra) compiles for TPUs")
+# Other processes (a concurrent test run, a benchmark) may hold libtpu's lock file; compiling
+# for compile-only devices shares nothing with them.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
+from jaxvllm.aot_compile import compile_for_target  # noqa: E402
+
+CONFIGS = {
+    "tiny": dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=2048),
+    "smollm2": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                    num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
+                    rope_theta=100000.0),
+}
+# Small batches keep the buckets few (16 ... 128 tokens) and the compiles quick.
+ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=128, max_model_len=1024)
+BUCKETS = ["forward T=16", "forward T=32", "forward T=64", "forward T=128"]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, str]:
+    out = {}
+    for name, fields in CONFIGS.items():
+        path = tmp_path_factory.mktemp(name)
+        config = dict(architectures=["LlamaForCausalLM"], model_type="llama", rms_norm_eps=1e-5,
+                      tie_word_embeddings=True, hidden_act="silu", **fields)
+        (path / "config.json").write_text(json.dumps(config))
+        out[name] = str(path)
+    return out
+
+
+@pytest.mark.parametrize("target", ["tpu-v5e-1", "tpu-v6e-1"])
+@pytest.mark.parametrize("model", sorted(CONFIGS))
+def test_every_forward_bucket_compiles_within_the_plan(models, model, target):
+    report = compile_for_target(models[model], target, programs=("forward",), **ENGINE)
+    rows = report["programs"]
+    assert [r["program"] for r in rows] == BUCKETS
+    assert [(r["program"], r["error"]) for r in rows if not r["compiled"]] == []
+    assert report["fits"] and report["max_concurrency"] >= 1, report
+    for r in rows:  # the KV cache is donated, updated in place
+        assert r["alias_bytes"] >= report["kv_cache_bytes"], r
+
+
+@pytest.mark.parametrize("backend", ["pallas", "xla"])
+def test_temporaries_do_not_grow_with_the_kv_pool(models, backend):
+    """A step that copies the pool (a relayout, a scatter XLA cannot do in place) shows as
+    temporaries that grow with it."""
+    small, large = (compile_for_target(models["tiny"], "tpu-v5e-1", programs=("forward T=16",),
+                                       attention_backend=backend, num_gpu_blocks_override=blocks, **ENGINE)
+                    for blocks in (64, 1024))
+    grew = large["programs"][0]["temp_bytes"] - small["programs"][0]["temp_bytes"]
+    assert small["programs"][0]["compiled"] and large["programs"][0]["compiled"]
+    assert grew < (large["kv_cache_bytes"] - small["kv_cache_bytes"]) / 10, (small, large)
