@@ -41,7 +41,7 @@ def test_prefill_logits_match_transformers(family):
     token_ids = [int(t) for t in np.random.default_rng(0).integers(3, 256, 40)]  # crosses 3 pages
     with torch.no_grad():
         theirs = ref(torch.tensor([token_ids])).logits[0].numpy()
-    # Both layer loops: the switched one picks each layer's window with lax.switch.
+    # Both layer loops: the switched one indexes each layer's window by the traced layer.
     for loop in (None, unrolled_layers):
         ours = run_prefill(model, token_ids, layer_loop=loop)
         err = np.abs(ours - theirs).max() / np.abs(theirs).max()
