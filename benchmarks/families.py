@@ -106,7 +106,13 @@ def main(argv=None):
     print(f"family matrix: {ns.shape} shape, {dtype.name}, {jax.devices()[0].device_kind}, jax {jax.__version__}; "
           f"ms per step (median of {ns.steps})")
     print(f"  {'arch':<22}{'dec 1':>10}{'dec 64':>10}{'prefill':>10}{'pool 128':>10}{'pool dflt':>10}{'dflt/128':>8}")
-    rows = [run_family(arch, shape, dtype, ns, seed) for seed, arch in enumerate(archs)]
+    result = dict(shape=ns.shape, dtype=dtype.name, device=jax.devices()[0].device_kind, jax=jax.__version__,
+                  context=ns.context, prefill=ns.prefill, small_pool_blocks=ns.blocks, steps=ns.steps, rows=[])
+    rows = result["rows"]
+    for seed, arch in enumerate(archs):
+        rows.append(run_family(arch, shape, dtype, ns, seed))
+        if ns.json:  # after each family: a long run interrupted keeps what it measured
+            Path(ns.json).write_text(json.dumps(result, indent=1))
     llama = next(r for r in rows if r["arch"] == "LlamaForCausalLM")
     print("\nratio to Llama (same run):")
     print(f"  {'arch':<22}{'dec 1':>8}{'dec 64':>8}{'prefill':>8}{'dflt/128 pool':>15}")
@@ -115,8 +121,6 @@ def main(argv=None):
             r[f"{c}_vs_llama"] = r[f"{c}_ms"] / llama[f"{c}_ms"]
         print(f"  {r['arch']:<22}{r['decode_1_vs_llama']:>8.2f}{r['decode_64_vs_llama']:>8.2f}"
               f"{r['prefill_vs_llama']:>8.2f}{r['pool_ratio']:>15.2f}")
-    result = dict(shape=ns.shape, dtype=dtype.name, device=jax.devices()[0].device_kind, jax=jax.__version__,
-                  context=ns.context, prefill=ns.prefill, small_pool_blocks=ns.blocks, steps=ns.steps, rows=rows)
     if ns.json:
         Path(ns.json).write_text(json.dumps(result, indent=1))
     return result
