@@ -111,6 +111,7 @@ def main(argv=None):
     rows = result["rows"]
     for seed, arch in enumerate(archs):
         rows.append(run_family(arch, shape, dtype, ns, seed))
+        jax.clear_caches()  # each family's programs and the arrays they hold: one run saw 8.5 GB
         if ns.json:  # after each family: a long run interrupted keeps what it measured
             Path(ns.json).write_text(json.dumps(result, indent=1))
     llama = next(r for r in rows if r["arch"] == "LlamaForCausalLM")
