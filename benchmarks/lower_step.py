@@ -40,18 +40,18 @@ TOKENS = REQUESTS = 64  # the buckets lowered: a decode step of 64 sequences
 SAMPLERS = ("sample", "sample_extended")
 
 
-def lower_step(platform_name: str, args: LlamaArgs, tensor_parallel_size: int = 1,
-               model_cls=LlamaForCausalLM) -> tuple[dict[str, str], jax.ShapeDtypeStruct]:
-    """{program: StableHLO text} of the forward for TOKENS tokens and of every sampler
-    variant for REQUESTS rows, lowered for `platform_name` (`tpu` or `cuda`); and the KV
-    cache's abstract array. Tensor parallel over that many of this machine's devices, which
-    stand in for the accelerators (on a CPU: --xla_force_host_platform_device_count).
-    model_cls: the family whose args these are (models/registry.py); a mixture-of-experts
-    class gets the platform's grouped matmul."""
+def step_runner(platform_name: str, args: LlamaArgs, tensor_parallel_size: int = 1,
+                model_cls=LlamaForCausalLM, num_blocks: int = NUM_BLOCKS, **engine_args):
+    """(ModelRunner, KV cache, chip context) of the engine's step for `platform_name`, its
+    weights and KV cache `jax.ShapeDtypeStruct`s. Tensor parallel over that many of this
+    machine's devices, which stand in for the accelerators (on a CPU:
+    --xla_force_host_platform_device_count). model_cls: the family whose args these are
+    (models/registry.py); a mixture-of-experts class gets the platform's grouped matmul.
+    The chip context is where a TPU step must be traced (Mosaic asks which chip it tiles for)."""
     platform = get_platform(platform_name)
     # max_num_seqs: the batch lowered (the penalty rows ModelRunner allocates grow with it).
-    config = EngineArgs(max_num_seqs=REQUESTS, num_gpu_blocks_override=NUM_BLOCKS,
-                        skip_warmup=True).create_engine_config(
+    engine_args = dict(dict(max_num_seqs=REQUESTS), **engine_args)
+    config = EngineArgs(num_gpu_blocks_override=num_blocks, skip_warmup=True, **engine_args).create_engine_config(
         types.SimpleNamespace(max_position_embeddings=args.max_position_embeddings), platform_name)
     dtype = jnp.dtype(config.dtype)
     mesh = make_mesh(tensor_parallel_size)
@@ -62,7 +62,7 @@ def lower_step(platform_name: str, args: LlamaArgs, tensor_parallel_size: int = 
     nnx.update(model, jax.tree_util.tree_map_with_path(lambda path, x: jax.ShapeDtypeStruct(
         x.shape, x.dtype, sharding=param_sharding(param_name(path), x.shape, mesh)), nnx.state(model)))
     kv_cache = jax.ShapeDtypeStruct(
-        platform.kv_cache_shape(args.num_layers, NUM_BLOCKS, config.cache.block_size, args.num_kv_heads,
+        platform.kv_cache_shape(args.num_layers, num_blocks, config.cache.block_size, args.num_kv_heads,
                                 args.head_dim), dtype, sharding=kv_cache_sharding(mesh))
     chip = contextlib.nullcontext()
     abstract_mesh = None
@@ -73,8 +73,19 @@ def lower_step(platform_name: str, args: LlamaArgs, tensor_parallel_size: int = 
     attend = get_attention(config.attention_backend, platform, abstract_mesh or mesh)
     runner = ModelRunner(config, model, kv_cache, attend, mesh=mesh, platform=platform,
                          abstract_mesh=abstract_mesh)
+    return runner, kv_cache, chip
+
+
+def lower_step(platform_name: str, args: LlamaArgs, tensor_parallel_size: int = 1,
+               model_cls=LlamaForCausalLM, programs=("forward",) + SAMPLERS) -> tuple[dict[str, str], jax.ShapeDtypeStruct]:
+    """{program: StableHLO text} of the forward for TOKENS tokens and of every sampler
+    variant for REQUESTS rows (those of `programs`), lowered for `platform_name` (`tpu` or
+    `cuda`); and the KV cache's abstract array (step_runner's)."""
+    runner, kv_cache, chip = step_runner(platform_name, args, tensor_parallel_size, model_cls)
     texts = {}
     for program, job_args, static in runner.warmup_jobs():
+        if program.name not in programs:
+            continue
         if program.name == "forward" and job_args[2].shape[0] == TOKENS or (
                 program.name in SAMPLERS and job_args[2].temperature.shape[0] == REQUESTS):
             name = program.name + "".join(f" {k}={v}" for k, v in static.items())

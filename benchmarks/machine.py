@@ -64,6 +64,38 @@ def peak_matmul(dtype="float32", n: int = 2048) -> dict:
     return {"flops": found[source], "source": source, "measured": found}
 
 
+def decode_matmul_peak(hf_config, batch: int, dtype="float32") -> dict:
+    """The FLOP/s decode's matmuls can reach: each of the model's linear shapes at `batch` rows
+    ([batch, in] x [in, out]: q/k/v, o, gate/up, down, the LM head) timed alone, by every matmul
+    the platform may use, on the threads the engine's steps use (XLA's pool, this process);
+    total FLOPs over the sum of each shape's best time. A large square matmul is the wrong
+    yardstick for decode's skinny ones: against it a decode step measured "MFU 118.7%"."""
+    from jaxvllm.platforms import current_platform
+    c = hf_config
+    hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    inter = getattr(c, "intermediate_size", None) or c.ffn_dim
+    shapes = [(c.hidden_size, (c.num_attention_heads + 2 * c.num_key_value_heads) * hd),
+              (c.num_attention_heads * hd, c.hidden_size), (c.hidden_size, 2 * inter), (inter, c.hidden_size)]
+    matmuls = {f"xla {jnp.dtype(dtype).name}": jax.jit(jnp.matmul)}
+    try:
+        from jaxvllm.kernels.cpu.packed_matmul import PackedLinearMethod, pack_weight, packed_matmul
+        if jnp.dtype(dtype) == jnp.float32 and isinstance(current_platform.linear_method("auto", 1),
+                                                            PackedLinearMethod):
+            matmuls["native packed"] = jax.jit(packed_matmul)
+    except (ImportError, ValueError, OSError, RuntimeError):  # no native kernels here: XLA's only
+        pass
+    layers_time = layers_flops = 0.0
+    for k, n in shapes + [(c.hidden_size, c.vocab_size)]:
+        x = jax.random.normal(jax.random.key(0), (batch, k), dtype)
+        w = jax.random.normal(jax.random.key(1), (k, n), dtype)
+        best = min(_best_time(fn, x, pack_weight(w) if name == "native packed" else w)
+                   for name, fn in matmuls.items())
+        weight = c.num_hidden_layers if (k, n) in shapes else 1
+        layers_time += weight * best
+        layers_flops += weight * 2 * batch * k * n
+    return {"flops": layers_flops / layers_time, "source": f"{' / '.join(matmuls)} at decode's shapes, batch {batch}"}
+
+
 def memory_bandwidth(num_bytes: int = 256 << 20) -> float:
     """Bytes/s moved by an out-of-place copy (read + write) of a large float32 array."""
     x = jnp.ones(num_bytes // 4, jnp.float32)

@@ -7,14 +7,18 @@ fails. All engines decode greedily in float32 with ignore_eos, so they do the sa
 after the same untimed first call of two requests. With `--rounds N` jaxvllm and vLLM each
 run N times, in alternating order, and report the median.
 The same run measures this machine's matmul FLOP/s and copy bandwidth, and jaxvllm's
-decode model FLOP utilisation (MFU) at the engine's full batch.
+decode model FLOP utilisation (MFU) at the engine's full batch, against the matmul peak at
+decode's own shapes and threads (machine.decode_matmul_peak). vLLM's processes are stopped
+while another engine is timed (its idle engine keeps a core partly busy).
+`--model PATH` runs the comparison on any checkpoint jaxvllm loads (a GGUF, a safetensors
+directory); the peers get a float32 safetensors copy of it, written once.
 
 With `--random-weights SHAPE` (llama3-8b, smollm2, or tiny for a CPU smoke run) the model
 is random weights of those shapes, drawn on the device and saved once as the engine's own
 checkpoint (benchmarks/random_weights.py; nothing is downloaded), prompts are random token
 ids, the engine runs the platform's defaults (bfloat16 on an accelerator), and no peer runs:
 the end-to-end device benchmark of scripts/device_check.sh.
-Every MFU is against the fastest matmul measured in the same run (benchmarks/machine.py).
+Every MFU is against the matmul peak measured in the same run (benchmarks/machine.py).
 
     python benchmarks/throughput.py [--num-requests 64] [--input-len 32 512]
         [--output-len 16 256] [--peers vllm,transformers] [--rounds 1] [--json PATH]
@@ -25,6 +29,7 @@ Every MFU is against the fastest matmul measured in the same run (benchmarks/mac
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -35,8 +40,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from machine import (anon_huge_pages_bytes, cpu_times, llama_flops_per_token, memory_bandwidth,  # noqa: E402
-                     peak_matmul, probe_matmul_flops, round_conditions)
+from machine import (anon_huge_pages_bytes, cpu_times, decode_matmul_peak, llama_flops_per_token,  # noqa: E402
+                     memory_bandwidth, peak_matmul, probe_matmul_flops, round_conditions)
 from model_shapes import RANDOM_SHAPES  # noqa: E402
 from workload import Workload, make_random_workload, make_workload  # noqa: E402
 
@@ -45,7 +50,15 @@ from jaxvllm import LLM, SamplingParams  # noqa: E402
 sys.path.insert(0, str(ROOT / "benchmarks/peers"))
 from runners import VllmRun, run_transformers  # noqa: E402
 
-EXPORT_DIR = Path(os.path.expanduser("~/.cache/jaxvllm/peers/smollm2-135m-instruct-f32"))
+PEERS_DIR = Path(os.path.expanduser("~/.cache/jaxvllm/peers"))
+
+
+def export_dir(model: str | None) -> Path:
+    """Where the peers' float32 safetensors copy of the model is written once."""
+    if model is None:
+        return PEERS_DIR / "smollm2-135m-instruct-f32"
+    real = os.path.realpath(model)
+    return PEERS_DIR / f"{Path(real).stem}-{hashlib.sha256(real.encode()).hexdigest()[:8]}-f32"
 
 
 class JaxvllmRun:
@@ -231,7 +244,7 @@ def main(argv=None) -> dict:
     model_dir = None
     if peers:
         from export_safetensors import export
-        model_dir = Path(export(ns.model, str(EXPORT_DIR)))
+        model_dir = Path(export(ns.model, str(export_dir(ns.model))))
     # Rounds alternate the order (peers then jaxvllm, then jaxvllm then peers: ABBA over two),
     # so that a machine that speeds up or slows down during the run favours no engine. Both
     # engines start once, in the first round, and stay up. transformers, several times slower
@@ -264,15 +277,20 @@ def main(argv=None) -> dict:
         vllm.close()
     results["peers"].update({name: combine(rounds[name]) for name in peers})
     results["jaxvllm"] = {**combine(rounds["jaxvllm"]), **ours.summary()}
+    # The peak decode's matmuls can reach, measured at its shapes and threads, peers stopped.
+    peak = decode_matmul_peak(ours.llm.llm_engine.hf_config, results["jaxvllm"]["decode_batch"],
+                              results["jaxvllm"]["dtype"])
+    machine.update(decode_matmul_flops=peak["flops"], decode_matmul_source=peak["source"])
     results["jaxvllm"]["decode_mfu"] = (results["jaxvllm"]["decode_tok_s"]
-                                        * results["jaxvllm"]["decode_flops_per_token"] / machine["matmul_flops"])
+                                        * results["jaxvllm"]["decode_flops_per_token"] / peak["flops"])
     del ours
     if ns.quantization or ns.kv_cache_dtype:
         label = "+".join(x for x in (ns.quantization, ns.kv_cache_dtype and f"{ns.kv_cache_dtype} KV") if x)
         print(f"Running jaxvllm {label} ...", flush=True)
         run = JaxvllmRun(w, ns, quantization=ns.quantization, kv_cache_dtype=ns.kv_cache_dtype)
         quantized = {**run.timed(), **run.summary()}
-        quantized["decode_mfu"] = quantized["decode_tok_s"] * quantized["decode_flops_per_token"] / machine["matmul_flops"]
+        quantized["decode_mfu"] = (quantized["decode_tok_s"] * quantized["decode_flops_per_token"]
+                                   / machine["decode_matmul_flops"])
         results["peers"][f"jaxvllm {label}"] = quantized  # in the table beside float's
     print_table(results)
     if ns.json:
@@ -309,7 +327,8 @@ def print_table(results: dict) -> None:
           f"data_parallel_size {ours['data_parallel_size']}): engine start {ours['engine_start_s']:.1f} s, "
           f"first call {ours['first_call_s']:.1f} s; {ours['compiles_after_warmup']} compilations after warm-up; "
           f"decode at batch {ours['decode_batch']}: {ours['decode_tok_s']:.1f} tok/s, MFU "
-          f"{100 * ours['decode_mfu']:.1f}% of {m['matmul_flops'] / 1e9:.1f} GFLOP/s ({m['matmul_source']})")
+          f"{100 * ours['decode_mfu']:.1f}% of {m['decode_matmul_flops'] / 1e9:.1f} GFLOP/s "
+          f"({m['decode_matmul_source']})")
 
 
 if __name__ == "__main__":

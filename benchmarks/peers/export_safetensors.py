@@ -11,6 +11,7 @@ import os
 from safetensors.numpy import save_file
 
 from jaxvllm.models.loader import load_weights
+from jaxvllm.models.registry import architecture
 from jaxvllm.transformers_utils.config import load_hf_config
 from jaxvllm.transformers_utils.model_path import resolve_model
 from jaxvllm.transformers_utils.tokenizer import load_tokenizer
@@ -23,6 +24,7 @@ def export(model: str | None, out_dir: str) -> str:
     os.makedirs(out_dir, exist_ok=True)
     config = load_hf_config(path)
     config.dtype = "float32"
+    config.architectures = [architecture(config)]  # a GGUF's config has none; vLLM needs it
     config.save_pretrained(out_dir)
     load_tokenizer(path).save_pretrained(out_dir)
     tmp = os.path.join(out_dir, "model.safetensors.tmp")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import signal
 import subprocess
 import tempfile
 import threading
@@ -50,7 +51,9 @@ class VllmRun:
     """vLLM in its own venv's process (benchmarks/peers/vllm_throughput.py), started once and
     warmed as jaxvllm's engine is; each `timed()` runs the whole workload on it once more. Both
     engines stay up between rounds, so the rounds alternate closely: on a machine whose speed
-    drifts, far-apart rounds measured the drift as much as the engines."""
+    drifts, far-apart rounds measured the drift as much as the engines. Between its own timed
+runs its processes are stopped (SIGSTOP to its process group): idle, vLLM's engine kept ~30%
+of a core busy, which the engine timed meanwhile paid for."""
 
     def __init__(self, w: Workload, model_dir: Path, ns):
         python = PEER_VENV / "bin" / "python"
@@ -65,9 +68,10 @@ class VllmRun:
                    VLLM_CPU_KVCACHE_SPACE="2")
         env.pop("PYTHONPATH", None)
         self.stderr = tempfile.TemporaryFile("w+")  # vLLM logs a lot: a pipe would fill and block it
+        # Its own process group: vLLM's engine core is a child process, paused with it.
         self.proc = subprocess.Popen([str(python), str(ROOT / "benchmarks/peers/vllm_throughput.py"),
                                       str(model_dir), f.name], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.stderr, text=True, env=env)
+                                     stderr=self.stderr, text=True, env=env, start_new_session=True)
         self.lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
         try:
@@ -75,6 +79,13 @@ class VllmRun:
         except Exception:
             self.close()
             raise
+        self._signal(signal.SIGSTOP)
+
+    def _signal(self, sig) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:  # it has exited; _wait_for reports why
+            pass
 
     def _read(self) -> None:
         for line in self.proc.stdout:
@@ -95,11 +106,16 @@ class VllmRun:
                 return json.loads(line[len(prefix):])
 
     def timed(self) -> dict:
-        self.proc.stdin.write("run\n")
-        self.proc.stdin.flush()
-        return self._wait_for("RESULT ")  # with the engine's start-up time and vLLM's version
+        self._signal(signal.SIGCONT)
+        try:
+            self.proc.stdin.write("run\n")
+            self.proc.stdin.flush()
+            return self._wait_for("RESULT ")  # with the engine's start-up time and vLLM's version
+        finally:
+            self._signal(signal.SIGSTOP)
 
     def close(self) -> None:
+        self._signal(signal.SIGCONT)
         if not self.proc.stdin.closed:
             self.proc.stdin.close()  # it exits at the end of its input
         try:

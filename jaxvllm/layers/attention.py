@@ -12,7 +12,6 @@ the softmax scale and V's applied to the output, so no kernel knows the scales.
 """
 from __future__ import annotations
 
-import functools
 from typing import Callable
 
 import jax
@@ -42,7 +41,9 @@ def get_attention(backend: str, platform: Platform, mesh: Mesh | None = None,
     """The model's attention call, chosen once (`auto` picks the platform's fastest):
     attend(q, k, v, kv_cache, layer, md, sm_scale, sliding_window, soft_cap) -> (out, kv_cache)
     writes this step's K/V into their slots, then attends (soft_cap: Gemma 2's tanh cap on
-    the scaled scores).
+    the scaled scores). layer and sliding_window may be traced (sliding_window: None, or the
+    layer's window, <= 0 for none): a layer loop that runs one attention for every layer
+    passes them as values, so no conditional ever stands between the cache and its update.
 
     On a mesh of several devices it runs per shard (shard_map over the KV-head axis): each
     device writes and reads only its own KV heads with its own query heads, the kernels see
@@ -65,12 +66,14 @@ def get_attention(backend: str, platform: Platform, mesh: Mesh | None = None,
     heads = P(None, MODEL_AXIS, None)
 
     def attend(q, k, v, kv_cache, layer, md: AttentionMetadata, sm_scale: float,
-               sliding_window: int | None = None, soft_cap: float | None = None):
-        f = jax.shard_map(functools.partial(local, sm_scale=sm_scale, sliding_window=sliding_window,
-                                            soft_cap=soft_cap),
-                          mesh=mesh, in_specs=(heads, heads, heads, KV_CACHE_SPEC, P(), P()),
+               sliding_window=None, soft_cap: float | None = None):
+        def per_shard(q, k, v, kv_cache, layer, md, sliding_window):
+            return local(q, k, v, kv_cache, layer, md, sm_scale, sliding_window, soft_cap)
+
+        f = jax.shard_map(per_shard,
+                          mesh=mesh, in_specs=(heads, heads, heads, KV_CACHE_SPEC, P(), P(), P()),
                           out_specs=(heads, KV_CACHE_SPEC), check_vma=False)
-        return f(q, k, v, kv_cache, layer, md)
+        return f(q, k, v, kv_cache, layer, md, sliding_window)
     return attend
 
 

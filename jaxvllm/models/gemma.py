@@ -6,7 +6,7 @@ base of their own for the sliding-window layers (Gemma 3).
 
 The weights are Llama's (models/llama.py) plus the extra norms, so Llama's loader and
 weight layout serve. The layer loop gets (layer index, weights) pairs: the index picks the
-layer's rope statically, and its window through layer_loops.by_layer.
+layer's rope statically; the layer's window is a value the attention kernels take.
 """
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ from jaxvllm.distributed.mesh import MODEL_AXIS as M, constrain
 from jaxvllm.layers.attention import AttentionMetadata
 from jaxvllm.layers.rotary import apply_rotary, compute_inv_freq, rotary_cos_sin
 from jaxvllm.models import hf_weights
-from jaxvllm.models.layer_loops import by_layer
 from jaxvllm.models.llama import LlamaArgs, LlamaForCausalLM, _from_hf
 
 
@@ -107,6 +106,16 @@ def mlp_block(a: GemmaArgs, linear, layer: tuple[int, dict], h: jax.Array, o: ja
     return h + gemma_rms_norm(out, w["post_feedforward_layernorm"], eps)
 
 
+def sliding_windows(a: GemmaArgs) -> int | jax.Array | None:
+    """The layers' sliding windows as the kernels take them: one value when all layers agree,
+    else i32[layers] (0: global) that the layer loop indexes by layer, so that one attention
+    serves sliding and global layers alike."""
+    windows = [a.sliding_window if s else 0 for s in a.sliding_layers]
+    if len(set(windows)) == 1:
+        return windows[0] or None
+    return jnp.asarray(windows, jnp.int32)
+
+
 def soft_cap(x: jax.Array, cap: float | None) -> jax.Array:
     return x if cap is None else cap * jnp.tanh(x / cap)
 
@@ -140,11 +149,12 @@ class GemmaForCausalLM(LlamaForCausalLM):
         linear = self.linear_method.apply
         qkv = functools.partial(attention_inputs, a, linear, cos_sins=cos_sins, num_tokens=num_tokens)
         mlp = functools.partial(mlp_block, a, linear, num_tokens=num_tokens)
-        windows = tuple(a.sliding_window if s else None for s in a.sliding_layers)
+        windows = sliding_windows(a)
 
         def attend_layer(q, k, v, kv_cache, layer):
-            return by_layer(layer, windows, lambda window: attend(
-                q, k, v, kv_cache, layer, md, a.query_pre_attn_scalar ** -0.5, window, a.attn_logit_softcapping))
+            window = windows[layer] if isinstance(windows, jax.Array) else windows
+            return attend(q, k, v, kv_cache, layer, md, a.query_pre_attn_scalar ** -0.5, window,
+                          a.attn_logit_softcapping)
 
         weights = [(i, {k: v.get_value() for k, v in layer.items()}) for i, layer in enumerate(self.layers)]
         return layer_loop(weights, qkv, attend_layer, mlp, h, kv_cache)

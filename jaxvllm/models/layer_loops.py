@@ -3,13 +3,15 @@
 A decoder layer is given in three parts around its attention: `qkv(w, h) -> (q, k, v)`,
 `attend(q, k, v, kv_cache, layer) -> (o, kv_cache)` and `mlp(w, h, o) -> h`, where `w` is the
 layer's weights. Both loops compute the same thing and differ only in the program XLA sees.
+`layer` is an int under the unrolled loop and traced under the switched one; whatever differs
+by layer inside `attend` (a sliding window) is a value indexed by it, never a branch: a
+conditional that takes the KV cache and returns it updated makes XLA copy the whole cache.
 """
 from __future__ import annotations
 
 import functools
 
 import jax
-import jax.numpy as jnp
 
 
 def unrolled_layers(weights: list, qkv, attend, mlp, h: jax.Array, kv_cache: jax.Array):
@@ -33,17 +35,3 @@ def switched_layers(weights: list, qkv, attend, mlp, h: jax.Array, kv_cache: jax
         return jax.lax.switch(i, mlps, h, o), kv_cache
 
     return jax.lax.fori_loop(0, len(weights), layer, (h, kv_cache))
-
-
-def by_layer(layer, values: tuple, fn):
-    """fn(values[layer]) for a value that differs by layer but must be static (a sliding
-    window: the kernels compile it in). Under the unrolled loop the index is static and so is
-    the choice; under the switched loop it is traced, and a `lax.switch` picks among the
-    distinct values (one attention per value)."""
-    if isinstance(layer, int):
-        return fn(values[layer])
-    distinct = list(dict.fromkeys(values))
-    if len(distinct) == 1:
-        return fn(distinct[0])
-    index = jnp.asarray([distinct.index(v) for v in values], jnp.int32)[layer]
-    return jax.lax.switch(index, [functools.partial(fn, v) for v in distinct])

@@ -27,7 +27,8 @@ _INDEX = "model.safetensors.index.json"
 # What pre-quantized checkpoints store their weights in (with a scale each).
 _QUANTIZED_DTYPES = (np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(np.int8))
 
-# The GGUF architectures (gguf_utils.GGUF_ARCHS) map 1:1 onto Hugging Face's Llama-style names.
+# The GGUF architectures (gguf_utils.GGUF_ARCHS) map 1:1 onto Hugging Face's Llama-style names;
+# Gemma's k-quants (Q4_K, Q5_K, Q6_K ...) and Q8_0 / Q5_0 dequantize like any other type.
 _GGUF_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _GGUF_LAYER_NAMES = {
     "attn_norm": "input_layernorm",
@@ -44,6 +45,12 @@ _GGUF_LAYER_NAMES = {
 }
 
 
+# Gemma's norms (gemma2, gemma3): llama.cpp stores each RMSNorm weight as 1 + w, Hugging Face as w.
+_GEMMA_LAYER_NAMES = dict(_GGUF_LAYER_NAMES, ffn_norm="pre_feedforward_layernorm",
+                          post_attention_norm="post_attention_layernorm",
+                          post_ffw_norm="post_feedforward_layernorm")
+
+
 def load_weights(model: str) -> dict[str, np.ndarray | QuantizedWeight]:
     """A resolved model's weights as float32 (a pre-quantized checkpoint's 8-bit weights as
     QuantizedWeight), with Hugging Face names and layout ([out, in] for linears).
@@ -58,17 +65,21 @@ def load_weights(model: str) -> dict[str, np.ndarray | QuantizedWeight]:
         "attn_q": reader.fields[f"{arch}.attention.head_count"].contents(),
         "attn_k": reader.fields[f"{arch}.attention.head_count_kv"].contents(),
     }
+    gemma = arch.startswith("gemma")
+    layer_names = _GEMMA_LAYER_NAMES if gemma else _GGUF_LAYER_NAMES
     weights = {}
     for tensor in reader.tensors:
         match = re.fullmatch(r"(?:blk\.(\d+)\.)?(\w+)\.(weight|bias)", tensor.name)
         layer, part, kind = match.groups() if match else (None, None, None)
-        base = _GGUF_NAMES.get(part) if layer is None else _GGUF_LAYER_NAMES.get(part)
+        base = _GGUF_NAMES.get(part) if layer is None else layer_names.get(part)
         if base is None:
             raise ValueError(f"{model}: tensor {tensor.name!r} has no Hugging Face equivalent we know of")
         # Copy: dequantize returns F32 tensors as views into the memory-mapped file.
         w = np.array(gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
         if arch == "llama" and part in heads:
             w = _unpermute(w, heads[part])
+        if gemma and base.endswith("norm"):
+            w -= 1.0
         name = f"{base}.{kind}" if layer is None else f"model.layers.{layer}.{base}.{kind}"
         weights[name] = w
     if "tokenizer.ggml.model" in reader.fields:  # a whole model, not a bare tensor file: cache it

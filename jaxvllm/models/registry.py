@@ -26,19 +26,25 @@ _MODELS = {
 
 # A GGUF's config names no architecture, only its model type.
 _GGUF_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                     "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+                     "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                     "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
 
 
 def supported_architectures() -> list[str]:
     return sorted(_MODELS)
 
 
-def get_model_class(hf_config):
+def architecture(hf_config) -> str:
+    """The architecture that serves hf_config (a GGUF's config names only its model type)."""
     archs = list(getattr(hf_config, "architectures", None) or [])
     for arch in archs:
         if arch in _MODELS:
-            return _MODELS[arch]
+            return arch
     if not archs and getattr(hf_config, "model_type", None) in _GGUF_MODEL_TYPES:
-        return _MODELS[_GGUF_MODEL_TYPES[hf_config.model_type]]
+        return _GGUF_MODEL_TYPES[hf_config.model_type]
     raise ValueError(f"Model architectures {archs or [hf_config.model_type]} are not supported; "
                      f"supported: {', '.join(supported_architectures())}.")
+
+
+def get_model_class(hf_config):
+    return _MODELS[architecture(hf_config)]

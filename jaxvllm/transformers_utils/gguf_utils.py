@@ -14,8 +14,8 @@ import gguf
 from jaxvllm.models.gguf_cache import cached_hf_dir
 
 # GGUF architectures whose tensors map 1:1 onto Hugging Face's Llama-style names (Qwen3's
-# with its q/k norms).
-GGUF_ARCHS = ("llama", "qwen2", "qwen3")
+# with its q/k norms; Gemma's with its extra norms, stored by llama.cpp as 1 + w).
+GGUF_ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3")
 
 
 def is_gguf(model: str) -> bool:

@@ -134,7 +134,8 @@ class ModelRunner:
         # Weights and cache keep their shardings; step inputs and hidden states are replicated.
         params_sharding = tuple(x.sharding for x in self.param_leaves)
         self._replicated = rep = NamedSharding(mesh, P())
-        key = fingerprint(config, model.args, mesh.devices.shape)
+        # The layer loop too: a program saved under one loop must not serve a run forcing the other.
+        key = fingerprint(config, model.args, mesh.devices.shape, platform.layer_loop.__name__)
         self._executables_dir = directory = (
             executables_dir() if platform.serialize_executables and jax.process_count() == 1 else None)
 

@@ -24,9 +24,10 @@ def test_random_weights_run_reports_throughput_and_a_possible_mfu(tmp_path, caps
     ours = result["jaxvllm"]
     assert ours["output_tok_s"] > 0 and ours["decode_tok_s"] > 0
     assert ours["compiles_after_warmup"] == 0
-    # Against the fastest matmul measured: a utilisation, never over 100%.
+    # Against the matmul peak at decode's own shapes: a utilisation, never over 100%.
     assert 0 < ours["decode_mfu"] < 1
     m = result["machine"]
+    assert "decode's shapes, batch 4" in m["decode_matmul_source"]
     assert m["matmul_flops"] == max(m["matmul_measured"].values())
     assert "random tiny" in capsys.readouterr().out
     # The model directory is reused by a second run with the same shapes.

@@ -38,7 +38,7 @@ def write_family_checkpoint(arch: str, path, seed: int = 0, **overrides):
     from jaxvllm.transformers_utils.tokenizer import load_tokenizer
 
     cls, fields = FAMILIES[arch]
-    cfg = getattr(transformers, cls)(**fields, **overrides)
+    cfg = getattr(transformers, cls)(**{**fields, **overrides})
     cfg.architectures = [arch]
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="eager")

@@ -41,7 +41,7 @@ def test_prefill_logits_match_transformers(family):
     token_ids = [int(t) for t in np.random.default_rng(0).integers(3, 256, 40)]  # crosses 3 pages
     with torch.no_grad():
         theirs = ref(torch.tensor([token_ids])).logits[0].numpy()
-    # Both layer loops: the switched one picks each layer's window with lax.switch.
+    # Both layer loops: the switched one indexes each layer's window by the traced layer.
     for loop in (None, unrolled_layers):
         ours = run_prefill(model, token_ids, layer_loop=loop)
         err = np.abs(ours - theirs).max() / np.abs(theirs).max()
@@ -122,14 +122,30 @@ def test_unsupported_architecture_is_named_with_the_supported_ones(tiny_model_di
         LLM(str(tmp_path), skip_warmup=True)
 
 
-def test_qwen3_gguf_loads_as_transformers_writes_it(tmp_path_factory):
-    """A GGUF written with llama.cpp's own tensor names for qwen3 (no Q/K row permutation):
-    its architecture, model args and weights are the safetensors checkpoint's."""
+# How each GGUF test case's checkpoint is written (overrides to what a GGUF can state) and the
+# metadata llama.cpp writes beside the basics.
+GGUF_CASES = {
+    "Qwen3ForCausalLM": ("qwen3", {}, {}),
+    "Gemma2ForCausalLM": ("gemma2", dict(query_pre_attn_scalar=32), dict(
+        sliding_window=12, attn_logit_softcapping=5.0, final_logit_softcapping=3.0)),
+    "Gemma3ForCausalLM": ("gemma3", dict(query_pre_attn_scalar=32, rope_parameters={
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}}), dict(
+        sliding_window=12, sliding_window_pattern=3, **{"rope.scaling.type": "linear", "rope.scaling.factor": 2.0})),
+}
+
+
+@pytest.mark.parametrize("arch", sorted(GGUF_CASES))
+def test_gguf_loads_as_transformers_writes_it(arch, tmp_path_factory):
+    """A GGUF written with llama.cpp's own tensor names (no Q/K row permutation; Gemma's
+    norms as 1 + w, its sliding pattern and soft caps as metadata): its architecture, model
+    args and weights are the safetensors checkpoint's."""
     import gguf
-    path = tmp_path_factory.mktemp("qwen3-gguf")
-    ref = write_family_checkpoint("Qwen3ForCausalLM", path)
+    gguf_arch, overrides, extra = GGUF_CASES[arch]
+    path = tmp_path_factory.mktemp(f"{gguf_arch}-gguf")
+    ref = write_family_checkpoint(arch, path, **overrides)
     cfg = ref.config
-    writer = gguf.GGUFWriter(path / "tiny.gguf", "qwen3")
+    writer = gguf.GGUFWriter(path / "tiny.gguf", gguf_arch)
     writer.add_block_count(cfg.num_hidden_layers)
     writer.add_embedding_length(cfg.hidden_size)
     writer.add_feed_forward_length(cfg.intermediate_size)
@@ -138,11 +154,21 @@ def test_qwen3_gguf_loads_as_transformers_writes_it(tmp_path_factory):
     writer.add_key_length(cfg.head_dim)
     writer.add_context_length(cfg.max_position_embeddings)
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    rope = cfg.rope_parameters.get("full_attention", cfg.rope_parameters)
+    writer.add_rope_freq_base(rope["rope_theta"])
     writer.add_vocab_size(cfg.vocab_size)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3, cfg.num_hidden_layers)
+    for key, value in extra.items():
+        if key in ("sliding_window", "sliding_window_pattern"):
+            writer.add_uint32(f"{gguf_arch}.attention.{key}", value)
+        elif isinstance(value, str):
+            writer.add_string(f"{gguf_arch}.{key}", value)
+        else:
+            writer.add_float32(f"{gguf_arch}.{key}", value)
+    model_arch = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == gguf_arch)
+    names = gguf.get_tensor_name_map(model_arch, cfg.num_hidden_layers)
     for name, w in load_weights(str(path)).items():
-        writer.add_tensor(names.get_name(name, try_suffixes=(".weight",)), w)
+        shift = 1.0 if gguf_arch.startswith("gemma") and name.endswith("norm.weight") else 0.0
+        writer.add_tensor(names.get_name(name, try_suffixes=(".weight",)), w + shift)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -157,4 +183,4 @@ def test_qwen3_gguf_loads_as_transformers_writes_it(tmp_path_factory):
     weights, want = load_weights(gguf_path), load_weights(str(path))
     assert weights.keys() == want.keys()
     for name, w in weights.items():
-        np.testing.assert_array_equal(w, want[name], err_msg=name)
+        np.testing.assert_allclose(w, want[name], atol=1e-6, err_msg=name)

@@ -25,7 +25,7 @@ struct Problem {
   float* out;
   int64_t layer, num_pages, page_size, kv_heads, q_heads, head_dim, pages_per_seq;
   float sm_scale, soft_cap;
-  int64_t sliding_window;  // 0: none
+  int64_t sliding_window;  // <= 0: none
 
   const float* KPage(int64_t page) const {
     return cache + (layer * 2 * num_pages + page) * page_size * kv_heads * head_dim;

@@ -6,7 +6,8 @@
 // this kernel reads each page where it lies, once per block of up to kQueryBlock query tokens
 // (attend.h does one such work item). This file checks the metadata, so a bad page index is an
 // error and never a stray read, cuts the batch into work items and runs them, longest first,
-// on the threads of XLA's own intra-op pool (parallel.h).
+// on the threads of XLA's own intra-op pool (parallel.h). The sliding window is an operand, not an
+// attribute: a step whose layers differ in window calls one kernel with each layer's value.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -31,13 +32,13 @@ constexpr int64_t kQueryBlock = 32;  // query tokens per work item: their rows s
 ffi::Error RaggedPagedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> cache,
                                 ffi::BufferR0<ffi::S32> layer, ffi::BufferR1<ffi::S32> kv_lens,
                                 ffi::BufferR2<ffi::S32> page_indices, ffi::BufferR1<ffi::S32> cu_q_lens,
-                                ffi::BufferR1<ffi::S32> num_seqs, ffi::ResultBuffer<ffi::F32> out,
-                                float sm_scale, int64_t sliding_window, float soft_cap) {
+                                ffi::BufferR1<ffi::S32> num_seqs, ffi::BufferR0<ffi::S32> sliding_window,
+                                ffi::ResultBuffer<ffi::F32> out, float sm_scale, float soft_cap) {
   const auto qd = q.dimensions(), cd = cache.dimensions();
   if (qd.size() != 3 || cd.size() != 6) return ffi::Error::InvalidArgument("q must be 3-D and kv_cache 6-D");
   Problem p{q.typed_data(), cache.typed_data(), kv_lens.typed_data(), page_indices.typed_data(),
               cu_q_lens.typed_data(), out->typed_data(), layer.typed_data()[0], cd[2], cd[3], cd[4],
-              qd[1], qd[2], page_indices.dimensions()[1], sm_scale, soft_cap, sliding_window};
+              qd[1], qd[2], page_indices.dimensions()[1], sm_scale, soft_cap, sliding_window.typed_data()[0]};
   const int64_t tokens = qd[0], max_seqs = page_indices.dimensions()[0];
   if (cd[5] != p.head_dim || p.q_heads % p.kv_heads != 0)
     return ffi::Error::InvalidArgument("q and kv_cache disagree on head_dim or q_heads % kv_heads != 0");
@@ -86,7 +87,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxvllmRaggedPagedAttention, RaggedPagedAttention,
                                   .Arg<ffi::BufferR2<ffi::S32>>()
                                   .Arg<ffi::BufferR1<ffi::S32>>()
                                   .Arg<ffi::BufferR1<ffi::S32>>()
+                                  .Arg<ffi::BufferR0<ffi::S32>>()  // sliding window, <= 0: none
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<float>("sm_scale")
-                                  .Attr<int64_t>("sliding_window")
                                   .Attr<float>("soft_cap"));

@@ -48,18 +48,28 @@ def work_list(cu_q_lens: jax.Array, num_seqs: jax.Array, num_tokens: int, block_
     return block.astype(jnp.int32), seq, first.astype(jnp.int32)
 
 
-def kv_range(q_first_pos, q_last_pos, sliding_window: int | None):
-    """[lo, hi) of the KV positions that query positions q_first..q_last can see."""
-    lo = 0 if sliding_window is None else jnp.maximum(q_first_pos - sliding_window + 1, 0)
+def layer_and_window(layer, sliding_window) -> jax.Array:
+    """i32[2]: the layer to read and its sliding window (0: none), the kernels' first scalar
+    operand. The window is a value, not a compile-time constant, so a step whose layers differ
+    in window runs one kernel for all of them."""
+    window = 0 if sliding_window is None else sliding_window
+    return jnp.stack([jnp.asarray(layer, jnp.int32).reshape(()), jnp.asarray(window, jnp.int32).reshape(())])
+
+
+def kv_range(q_first_pos, q_last_pos, sliding_window):
+    """[lo, hi) of the KV positions that query positions q_first..q_last can see;
+    sliding_window: None, or a (traced) window, <= 0 for none."""
+    lo = 0 if sliding_window is None else jnp.where(
+        sliding_window > 0, jnp.maximum(q_first_pos - sliding_window + 1, 0), 0)
     return lo, q_last_pos + 1
 
 
-def attention_mask(q_pos, kv_pos, row_valid, sliding_window: int | None):
+def attention_mask(q_pos, kv_pos, row_valid, sliding_window):
     """[rows, cols] causal (+ window) mask from query positions and row validity [rows, 1]
     and KV positions [1, cols] (2-D throughout: TPUs keep rows on sublanes)."""
     mask = row_valid & (kv_pos <= q_pos)
     if sliding_window is not None:
-        mask &= kv_pos > q_pos - sliding_window
+        mask &= (sliding_window <= 0) | (kv_pos > q_pos - sliding_window)
     return mask
 
 

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxvllm.kernels.pallas.common import as_elements, attention_mask, kv_range, precision_for, qk, softmax_update, work_list
+from jaxvllm.kernels.pallas.common import as_elements, attention_mask, kv_range, layer_and_window, precision_for, qk, softmax_update, work_list
 
 
 _MIN_PROGRAMS = 512  # split KV below this many programs (~4 per SM on a 132-SM H100/H200)
@@ -45,7 +45,7 @@ def _kernel(layer_ref, kv_lens_ref, pages_ref, cu_ref, block_ref, seq_ref,  # sc
             *out_refs,      # o [kv_heads, rows_total, head_dim], or with num_splits > 1 the
                             # partials acc [splits, kv_heads, rows_total, head_dim], m, l [..., 1]
             block_q, group, page_size, pages_per_block, pages_per_seq, num_splits, sm_scale,
-            sliding_window, soft_cap, kv_dtype, precision):
+            windowed, soft_cap, kv_dtype, precision):
     j, h, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     seq = seq_ref[j]
 
@@ -53,6 +53,7 @@ def _kernel(layer_ref, kv_lens_ref, pages_ref, cu_ref, block_ref, seq_ref,  # sc
     def _():
         blk = block_ref[j]
         layer = layer_ref[0]
+        sliding_window = layer_ref[1] if windowed else None  # traced: <= 0 for none
         q_start, q_end, kv_len = cu_ref[seq], cu_ref[seq + 1], kv_lens_ref[seq]
         rows = block_q * group
         token = blk * block_q + jax.lax.broadcasted_iota(jnp.int32, (rows,), 0) // group
@@ -95,7 +96,7 @@ def _kernel(layer_ref, kv_lens_ref, pages_ref, cu_ref, block_ref, seq_ref,  # sc
                 plgpu.store(ref.at[rows_at], x, mask=row_valid[:, None])
 
 
-@functools.partial(jax.jit, static_argnames=("sm_scale", "sliding_window", "soft_cap", "kv_dtype", "block_q",
+@functools.partial(jax.jit, static_argnames=("sm_scale", "soft_cap", "kv_dtype", "block_q",
                                              "pages_per_block", "num_splits", "interpret", "num_warps", "num_stages"))
 def ragged_paged_attention(
     q: jax.Array,             # [num_tokens, num_q_heads, head_dim]
@@ -107,7 +108,7 @@ def ragged_paged_attention(
     num_seqs: jax.Array,      # i32[1]
     *,
     sm_scale: float,
-    sliding_window: int | None = None,
+    sliding_window: int | jax.Array | None = None,  # may be traced; <= 0: none
     soft_cap: float | None = None,
     kv_dtype=None,
     block_q: int | None = None,
@@ -148,7 +149,7 @@ def ragged_paged_attention(
     kernel = functools.partial(
         _kernel, block_q=block_q, group=g2, page_size=page_size, pages_per_block=pages_per_block,
         num_splits=num_splits,
-        pages_per_seq=page_indices.shape[1], sm_scale=sm_scale, sliding_window=sliding_window,
+        pages_per_seq=page_indices.shape[1], sm_scale=sm_scale, windowed=sliding_window is not None,
         soft_cap=soft_cap, kv_dtype=kv_dtype, precision=precision_for(q.dtype))
     if num_splits == 1:
         out_shape = jax.ShapeDtypeStruct(qg.shape, q.dtype)
@@ -164,7 +165,7 @@ def ragged_paged_attention(
         interpret=interpret,
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         name="ragged_paged_attention_gpu",
-    )(jnp.reshape(layer, (1,)).astype(jnp.int32), kv_lens, pages, cu_q_lens,
+    )(layer_and_window(layer, sliding_window), kv_lens, pages, cu_q_lens,
       block, seq, qg, kv_cache)
 
     if num_splits > 1:

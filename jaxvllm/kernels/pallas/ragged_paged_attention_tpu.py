@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from jaxvllm.kernels.pallas.common import as_elements, attention_mask, kv_range, precision_for, qk, softmax_update, work_list
+from jaxvllm.kernels.pallas.common import as_elements, attention_mask, kv_range, layer_and_window, precision_for, qk, softmax_update, work_list
 
 _LANES = 128
 
@@ -49,7 +49,7 @@ def _kernel(layer_ref, kv_lens_ref, pages_ref, cu_ref, block_ref, seq_ref, first
             buf, sems,  # [2 (slot), 2 (K, V), pages_per_block * page_size, kv_heads * padded_head_dim], DMA[2]
             m_ref, l_ref, acc_ref,  # [kv_heads, rows, 128], same, [kv_heads, rows, head_dim]
             *, block_q, group, page_size, pages_per_block, pages_per_seq, sm_scale,
-            sliding_window, soft_cap, kv_dtype, precision):
+            windowed, soft_cap, kv_dtype, precision):
     j = pl.program_id(0)
     seq = seq_ref[j]
     num_kv_heads, rows, head_dim = q_ref.shape
@@ -64,6 +64,7 @@ def _kernel(layer_ref, kv_lens_ref, pages_ref, cu_ref, block_ref, seq_ref, first
     def _():
         blk = block_ref[j]
         layer = layer_ref[0]
+        sliding_window = layer_ref[1] if windowed else None  # traced: <= 0 for none
         q_start, q_end, kv_len = cu_ref[seq], cu_ref[seq + 1], kv_lens_ref[seq]
         # row // group through float32 (exact at these sizes): vector integer division by a
         # non-power-of-two is not something to count on in Mosaic.
@@ -124,7 +125,7 @@ def _kernel(layer_ref, kv_lens_ref, pages_ref, cu_ref, block_ref, seq_ref, first
             o_ref[h] = jnp.where(row_valid, out.astype(o_ref.dtype), o_ref[h])
 
 
-@functools.partial(jax.jit, static_argnames=("sm_scale", "sliding_window", "soft_cap", "kv_dtype", "block_q",
+@functools.partial(jax.jit, static_argnames=("sm_scale", "soft_cap", "kv_dtype", "block_q",
                                              "pages_per_block", "interpret", "vmem_limit_bytes"))
 def ragged_paged_attention(
     q: jax.Array,             # [num_tokens, num_q_heads, head_dim]
@@ -136,7 +137,7 @@ def ragged_paged_attention(
     num_seqs: jax.Array,      # i32[1]
     *,
     sm_scale: float,
-    sliding_window: int | None = None,
+    sliding_window: int | jax.Array | None = None,  # may be traced; <= 0: none
     soft_cap: float | None = None,
     kv_dtype=None,
     block_q: int | None = None,
@@ -173,7 +174,7 @@ def ragged_paged_attention(
     q_spec = pl.BlockSpec((num_kv_heads, rows, head_dim), lambda j, layer, kl, pg, cu, blk, *_: (0, blk[j], 0))
     kernel = functools.partial(
         _kernel, block_q=block_q, group=group, page_size=page_size, pages_per_block=pages_per_block,
-        pages_per_seq=page_indices.shape[1], sm_scale=sm_scale, sliding_window=sliding_window,
+        pages_per_seq=page_indices.shape[1], sm_scale=sm_scale, windowed=sliding_window is not None,
         soft_cap=soft_cap, kv_dtype=kv_dtype, precision=precision_for(q.dtype))
     out = pl.pallas_call(
         kernel,
@@ -194,7 +195,7 @@ def ragged_paged_attention(
                                              vmem_limit_bytes=vmem_limit_bytes),
         interpret=interpret,
         name="ragged_paged_attention_tpu",
-    )(jnp.reshape(layer, (1,)).astype(jnp.int32), kv_lens, pages, cu_q_lens, block, seq, first, qg, kv)
+    )(layer_and_window(layer, sliding_window), kv_lens, pages, cu_q_lens, block, seq, first, qg, kv)
 
     out = out.reshape(num_kv_heads, padded, group, head_dim)[:, :num_tokens]
     return out.transpose(1, 0, 2, 3).reshape(num_tokens, num_q_heads, head_dim)

@@ -46,7 +46,7 @@ def as_elements(x: jax.Array, kv_dtype) -> jax.Array:
     return x if kv_dtype is None else jax.lax.bitcast_convert_type(x, kv_dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("sm_scale", "sliding_window", "soft_cap", "kv_dtype",
+@functools.partial(jax.jit, static_argnames=("sm_scale", "soft_cap", "kv_dtype",
                                              "pages_per_chunk", "decode_pages_per_chunk",
                                              "token_block", "query_block"))
 def ragged_paged_attention(
@@ -61,7 +61,7 @@ def ragged_paged_attention(
     num_seqs: jax.Array,      # i32[1]
     *,
     sm_scale: float,
-    sliding_window: int | None = None,
+    sliding_window: int | jax.Array | None = None,  # may be traced (a per-layer value); <= 0: none
     soft_cap: float | None = None,
     kv_dtype=None,
     pages_per_chunk: int = 8,
@@ -106,7 +106,9 @@ def ragged_paged_attention(
         return jnp.where(mask, s, _MASK_VALUE)
 
     def in_window(kv_pos, q_pos):
-        return True if sliding_window is None else kv_pos > q_pos - sliding_window
+        if sliding_window is None:
+            return True
+        return (sliding_window <= 0) | (kv_pos > q_pos - sliding_window)
 
     def gather(pages, which):
         """K or V of `pages` (any shape [..., n]) -> [..., n * page_size, kv_heads, head_dim]."""
