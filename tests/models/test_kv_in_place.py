@@ -1,7 +1,8 @@
 """Every registered family's step updates the KV cache in place, under both layer loops (the
 CPU's fori_loop + switch, and the unrolled one accelerators run), read from the compiled CPU
 program: the cache's buffer is aliased input to output, and no temporary of the cache's size
-is left (XLA's temporaries do not grow with the pool). A conditional that takes the cache and
+is left (a copy of the pool would be a temporary at least its size; the step's own
+temporaries are a small fraction of it at this pool size). A conditional that takes the cache and
 returns it updated is what breaks this: XLA then copies the whole pool on every layer.
 (Lowered for cuda and tpu, the same steps donate the cache: tests/benchmarks/test_lower_step.py.)"""
 from __future__ import annotations
@@ -20,7 +21,7 @@ from jaxvllm.models.layer_loops import switched_layers, unrolled_layers  # noqa:
 from jaxvllm.platforms import get_platform  # noqa: E402
 
 SHAPE = dataclasses.replace(TINY, num_layers=3)  # Gemma 2 and 3 layers then differ in window
-POOLS = (64, 256)  # blocks: the cache is 4x larger in the second
+NUM_BLOCKS = 256  # the cache then outweighs the decode step's own temporaries many times over
 
 
 def compiled_decode_step(arch: str, num_blocks: int):
@@ -39,9 +40,6 @@ def compiled_decode_step(arch: str, num_blocks: int):
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_kv_cache_updated_in_place(arch, loop, monkeypatch):
     monkeypatch.setattr(type(get_platform("cpu")), "layer_loop", property(lambda self: loop))
-    (small, small_kv), (large, large_kv) = (compiled_decode_step(arch, n) for n in POOLS)
-    assert large_kv == small_kv * POOLS[1] // POOLS[0]
-    for memory, kv_bytes in ((small, small_kv), (large, large_kv)):
-        assert memory.alias_size_in_bytes >= kv_bytes, (arch, memory)
-    assert large.temp_size_in_bytes == small.temp_size_in_bytes, (arch, small, large)
-    assert large.temp_size_in_bytes < small_kv, (arch, large)
+    memory, kv_bytes = compiled_decode_step(arch, NUM_BLOCKS)
+    assert memory.alias_size_in_bytes >= kv_bytes, (arch, memory)
+    assert memory.temp_size_in_bytes < kv_bytes / 4, (arch, memory, kv_bytes)

@@ -26,6 +26,9 @@ CONFIGS = {
                     num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
                     rope_theta=100000.0),
 }
+# SmolLM2's shapes with 2 of its 30 layers: the same kernels and matmuls (every layer compiles
+# the same), in a fifteenth of the compile time.
+CONFIGS["smollm2-2-layers"] = dict(CONFIGS["smollm2"], num_hidden_layers=2)
 # Small batches keep the buckets few (16 ... 128 tokens) and the compiles quick.
 ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=128, max_model_len=1024)
 BUCKETS = ["forward T=16", "forward T=32", "forward T=64", "forward T=128"]
@@ -43,8 +46,8 @@ def models(tmp_path_factory) -> dict[str, str]:
     return out
 
 
-@pytest.mark.parametrize("target", ["tpu-v5e-1", "tpu-v6e-1"])
-@pytest.mark.parametrize("model", sorted(CONFIGS))
+@pytest.mark.parametrize("model, target", [
+    ("tiny", "tpu-v5e-1"), ("tiny", "tpu-v6e-1"), ("smollm2", "tpu-v5e-1"), ("smollm2-2-layers", "tpu-v6e-1")])
 def test_every_forward_bucket_compiles_within_the_plan(models, model, target):
     report = compile_for_target(models[model], target, programs=("forward",), **ENGINE)
     rows = report["programs"]
