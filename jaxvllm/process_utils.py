@@ -18,6 +18,7 @@ import ctypes
 import multiprocessing
 import multiprocessing.connection
 import os
+import resource
 import signal
 import sys
 import threading
@@ -87,3 +88,13 @@ def stop_processes(procs: list[multiprocessing.Process], grace_s: float = 0.0,
             send(p)
         for p in alive:
             wait_for_exit(p, signal_wait_s)
+
+
+def limit_address_space(extra_bytes: int) -> None:
+    """Cap this process's address space at what it maps now plus extra_bytes (a sandboxed
+    child's bound on what one input may make it allocate)."""
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    with open("/proc/self/statm") as f:
+        limit = int(f.read().split()[0]) * resource.getpagesize() + extra_bytes
+    if hard == resource.RLIM_INFINITY or limit < hard:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))

@@ -14,10 +14,9 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import resource
 import threading
 
-from jaxvllm.process_utils import init_child_process, spawn_process, start_spawned, wait_for_exit
+from jaxvllm.process_utils import init_child_process, limit_address_space, spawn_process, start_spawned, wait_for_exit
 from jaxvllm.sampling_params import StructuredOutputsParams
 
 _MEMORY_LIMIT = 2 << 30  # bytes of address space the checking process may add
@@ -39,11 +38,7 @@ def _serve_checks(conn, parent_pid: int) -> None:
     """The checking process: grammar params as JSON in, ["ok"|"error", message] out."""
     if not init_child_process(parent_pid):
         return
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    with open("/proc/self/statm") as f:
-        limit = int(f.read().split()[0]) * resource.getpagesize() + _MEMORY_LIMIT
-    if hard == resource.RLIM_INFINITY or limit < hard:
-        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    limit_address_space(_MEMORY_LIMIT)
     threading.stack_size(_STACK_SIZE)
     while True:
         try:

@@ -12,10 +12,9 @@ import asyncio
 import json
 import multiprocessing
 import os
-import resource
 import threading
 
-from jaxvllm.process_utils import init_child_process, spawn_process, start_spawned
+from jaxvllm.process_utils import init_child_process, limit_address_space, spawn_process, start_spawned
 
 _MEMORY_LIMIT = 1 << 30  # bytes of address space the rendering process may add
 
@@ -52,11 +51,7 @@ def _serve_renders(conn, parent_pid: int) -> None:
     """The rendering process: one (template, context, max_chars) in, ("ok"|"error", text) out."""
     if not init_child_process(parent_pid):
         return
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    with open("/proc/self/statm") as f:
-        limit = int(f.read().split()[0]) * resource.getpagesize() + _MEMORY_LIMIT
-    if hard == resource.RLIM_INFINITY or limit < hard:
-        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    limit_address_space(_MEMORY_LIMIT)
     while True:
         try:
             template, context, max_chars = conn.recv()
