@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import os
 
+# The suite runs on the CPU. The test extra brings libtpu (for compiling to compile-only TPU
+# devices, which needs no TPU backend): without this, every process that starts jax would
+# probe for a TPU and print libtpu's warnings to stderr (inherited by the tests' subprocesses).
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
 import numpy as np
 import pytest
 
