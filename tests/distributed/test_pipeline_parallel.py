@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from conftest import write_tiny_llama
@@ -111,3 +112,20 @@ def test_families_split_into_stages_and_a_forward_of_its_own_is_refused():
         def __call__(self, *args):
             raise AssertionError("not run")
     assert not _has_stage_parts(OwnForward)
+
+
+def test_quantized_experts_in_two_stages_match_one_device(tmp_path):
+    """quantization="int8" reaches every stage's experts: each stage runs 8-bit experts,
+    and PP=2 gives PP=1's prompt logprobs (float experts on a stage once differed by 4e-4)."""
+    from conftest import write_tiny_moe
+    from jaxvllm.transformers_utils.model_path import default_model_path
+    from jaxvllm.transformers_utils.tokenizer import load_tokenizer
+    write_tiny_moe(tmp_path, "Mixtral")
+    load_tokenizer(default_model_path()).save_pretrained(tmp_path)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "pp_moe_check.py"), str(tmp_path), "int8"],
+                          capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert r["1"]["expert_dtypes"] == ["int8"] and r["2"]["expert_dtypes"] == ["int8", "int8"]
+    np.testing.assert_allclose(r["2"]["prompt_logprobs"], r["1"]["prompt_logprobs"], rtol=0, atol=1e-5)
