@@ -25,10 +25,10 @@ from jax.sharding import AbstractDevice, AbstractMesh
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from jaxvllm.config import EngineArgs  # noqa: E402
 from jaxvllm.distributed.mesh import MODEL_AXIS, make_mesh  # noqa: E402
-from jaxvllm.distributed.partition import (kv_cache_sharding, padded_heads, param_name,  # noqa: E402
-                                           param_sharding)
+from jaxvllm.distributed.partition import kv_cache_sharding, padded_heads  # noqa: E402
 from jaxvllm.layers.attention import get_attention  # noqa: E402
 from jaxvllm.models.llama import LlamaArgs, LlamaForCausalLM  # noqa: E402
+from jaxvllm.models.model_loader import shard_abstract  # noqa: E402
 from jaxvllm.platforms import get_platform  # noqa: E402
 from jaxvllm.worker.model_runner import ModelRunner  # noqa: E402
 
@@ -57,10 +57,8 @@ def step_runner(platform_name: str, args: LlamaArgs, tensor_parallel_size: int =
     mesh = make_mesh(tensor_parallel_size)
     num_heads, num_kv_heads = padded_heads(args.num_heads, args.num_kv_heads, tensor_parallel_size)
     args = dataclasses.replace(args, num_heads=num_heads, num_kv_heads=num_kv_heads)
-    moe = dict(moe_method=platform.fused_moe_method()) if hasattr(args, "num_experts") else {}
-    model = nnx.eval_shape(lambda: model_cls(args, dtype=dtype, **moe))
-    nnx.update(model, jax.tree_util.tree_map_with_path(lambda path, x: jax.ShapeDtypeStruct(
-        x.shape, x.dtype, sharding=param_sharding(param_name(path), x.shape, mesh)), nnx.state(model)))
+    model = shard_abstract(nnx.eval_shape(lambda: model_cls(args, dtype=dtype, moe_method=platform.fused_moe_method())),
+                           mesh)
     kv_cache = jax.ShapeDtypeStruct(
         platform.kv_cache_shape(args.num_layers, num_blocks, config.cache.block_size, args.num_kv_heads,
                                 args.head_dim), dtype, sharding=kv_cache_sharding(mesh))

@@ -30,27 +30,18 @@ def _per_device_bytes(tree) -> int:
 def _abstract_model(config, hf_config, mesh, platform):
     """The model as the worker builds it on this mesh (padded heads, the platform's matmuls),
     every weight a ShapeDtypeStruct with its sharding."""
-    import jax
     import jax.numpy as jnp
-    from flax import nnx
 
-    from jaxvllm.distributed.partition import padded_heads, param_name, param_sharding
+    from jaxvllm.models.model_loader import build_model, model_args, shard_abstract
     from jaxvllm.models.registry import get_model_class
 
     model_cls, args_cls = get_model_class(hf_config)
-    args = args_cls.from_hf_config(hf_config)
-    num_heads, num_kv_heads = padded_heads(args.num_heads, args.num_kv_heads, mesh.size)
-    args = dataclasses.replace(args, num_heads=num_heads, num_kv_heads=num_kv_heads)
     ep = config.parallel.enable_expert_parallel
-    moe = {}
-    if hasattr(args, "num_experts"):
-        args = dataclasses.replace(args, expert_parallel=ep)
-        moe = dict(moe_method=platform.fused_moe_method(config.quantization))
-    method = platform.linear_method(config.attention_backend, mesh.size, config.quantization)
-    dtype = jnp.dtype(config.dtype)
-    model = nnx.eval_shape(lambda: model_cls(args, dtype=dtype, linear_method=method, **moe))
-    nnx.update(model, jax.tree_util.tree_map_with_path(lambda path, x: jax.ShapeDtypeStruct(
-        x.shape, x.dtype, sharding=param_sharding(param_name(path), x.shape, mesh, ep)), nnx.state(model)))
+    args = model_args(model_cls, args_cls.from_hf_config(hf_config), mesh.size, expert_parallel=ep)
+    model = build_model(model_cls, args, dtype=jnp.dtype(config.dtype),
+                        linear_method=platform.linear_method(config.attention_backend, mesh.size, config.quantization),
+                        moe_method=platform.fused_moe_method(config.quantization))
+    shard_abstract(model, mesh, ep)
     return model
 
 

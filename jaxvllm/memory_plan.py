@@ -15,10 +15,11 @@ import re
 
 import jax.numpy as jnp
 
-from jaxvllm.config import KV_CACHE_DTYPES, QUANTIZATIONS
+from jaxvllm.config import KV_CACHE_DTYPES
 from jaxvllm.layers.kv_cache_dtype import kv_cache_dtype
-from jaxvllm.layers.linear import UnquantizedLinearMethod
-from jaxvllm.layers.quantization.weight_only import WeightOnlyLinearMethod
+from jaxvllm.layers.quantization import QUANTIZATION_METHODS
+from jaxvllm.layers.quantization.config import QuantizationConfig
+from jaxvllm.models.weight_spec import EXPERTS, LINEAR, expand
 
 GiB = 2**30
 
@@ -26,8 +27,8 @@ GiB = 2**30
 @dataclasses.dataclass(frozen=True)
 class MemoryPlan:
     """Bytes per device (weights and KV heads split evenly over tensor_parallel_size)."""
-    matmul_weight_bytes: int     # the linear layers' weights (what `quantization` shrinks)
-    other_weight_bytes: int      # embedding, norms, biases (and a float LM head where tied)
+    matmul_weight_bytes: int     # the linear layers' and experts' weights (what `quantization` shrinks)
+    other_weight_bytes: int      # embedding, norms, biases, routers
     kv_bytes_per_block: int
     kv_budget_bytes: int
     num_blocks: int
@@ -53,22 +54,28 @@ class MemoryPlan:
                 f"of {self.block_size} tokens", fit]
 
 
-def linear_method_for(quantization: str | None):
-    """The XLA linear method of a weight format (what an accelerator runs)."""
-    return UnquantizedLinearMethod() if quantization is None else WeightOnlyLinearMethod(quantization)
+def quant_config_for(quantization: str | None) -> QuantizationConfig:
+    """The XLA methods of a weight format (what an accelerator runs)."""
+    if quantization is None:
+        return QuantizationConfig()
+    from jaxvllm.layers.quantization.weight_only import WeightOnlyLinearMethod
+    from jaxvllm.layers.quantization.weight_only_moe import WeightOnlyFusedMoEMethod
+    return QuantizationConfig(WeightOnlyLinearMethod(quantization), WeightOnlyFusedMoEMethod(quantization))
 
 
-def weight_bytes(model_cls, args, linear_method, dtype) -> tuple[int, int]:
-    """(matmul weights, the rest) in bytes for the whole model, from its linear shapes."""
-    linears = model_cls.linear_shapes(args)
-    head = linears.pop("lm_head")
-    matmul = args.num_layers * sum(linear_method.weight_bytes(i, o, dtype) for i, o in linears.values())
-    itemsize = jnp.dtype(dtype).itemsize
-    other = (args.vocab_size + 2 * args.num_layers + 1) * args.hidden_size * itemsize
-    if getattr(args, "attention_bias", False):
-        other += args.num_layers * math.prod(linears["qkv_proj"][1]) * itemsize
-    if not args.tie_word_embeddings:
-        matmul += linear_method.weight_bytes(*head, dtype)
+def weight_bytes(model_cls, args, quant_config: QuantizationConfig, dtype) -> tuple[int, int]:
+    """(matmul weights and experts, the rest) in bytes for the whole model, from its weight
+    spec: each weight as the method the quantization config picks for it stores it."""
+    matmul = other = 0
+    for path, w in expand(model_cls.weight_spec(args), range(args.num_layers)).items():
+        method = quant_config.get_quant_method(w, path)
+        if w.kind == LINEAR:
+            if w.tied_to is None or method.copies_tied_head:
+                matmul += method.weight_bytes(w.shape[0], w.shape[1:], dtype)
+        elif w.kind == EXPERTS:
+            matmul += method.weight_bytes(w.shape, dtype)
+        else:
+            other += w.num_elements * jnp.dtype(dtype).itemsize
     return matmul, other
 
 
@@ -82,7 +89,7 @@ def plan(model_cls, args, *, dtype="bfloat16", quantization: str | None = None, 
     """The plan for one device of `device_memory` bytes: the KV cache gets hbm_utilization of
     it less the weights, as the worker sizes it (activations are not counted)."""
     tp = tensor_parallel_size
-    matmul, other = weight_bytes(model_cls, args, linear_method_for(quantization), dtype)
+    matmul, other = weight_bytes(model_cls, args, quant_config_for(quantization), dtype)
     block = kv_bytes_per_block(args, block_size, kv_cache_dtype(kv_cache_dtype_name, dtype))
     matmul, other, block = -(-matmul // tp), -(-other // tp), -(-block // tp)
     budget = int(device_memory * hbm_utilization) - matmul - other
@@ -103,7 +110,7 @@ def main(argv=None) -> None:
 
     p = argparse.ArgumentParser(prog="python -m jaxvllm.memory_plan", description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", choices=sorted(SHAPES), default="llama3-8b")
-    p.add_argument("--quantization", choices=[q for q in QUANTIZATIONS if q], default=None)
+    p.add_argument("--quantization", choices=QUANTIZATION_METHODS, default=None)
     p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
     p.add_argument("--dtype", default="bfloat16", help="weights and activations (the platform's on TPU/GPU)")
     p.add_argument("--device-memory", type=parse_bytes, required=True, help="per device, e.g. 16GiB")

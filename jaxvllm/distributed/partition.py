@@ -1,12 +1,13 @@
-"""Partition specs for the Llama-family weights and the paged KV cache, and placement of
-host weights straight into their shards.
+"""Placement of weights on the mesh by their partition specs, and the paged KV cache's.
 
-Megatron-style tensor parallelism over the mesh's "model" axis:
+Each family declares its weights' specs (models/weight_spec.py), Megatron-style tensor
+parallelism over the mesh's "model" axis:
 - the fused q/k/v projection and the MLP's fused gate/up are column parallel (split on
   their KV-head and intermediate-feature axes, so each device owns whole groups of
   attention heads and a slice of the intermediate features, both halves of it);
 - o_proj and down_proj are row parallel (input features split; XLA all-reduces their outputs);
-- the embedding and the LM head are vocabulary parallel;
+- the embedding and the LM head are vocabulary parallel; experts are split on their
+  intermediate features, or whole per device under expert parallelism;
 - the KV cache is split on its KV-head axis, so each device's attention reads only its heads.
 A dimension that does not divide by the mesh size is replicated instead of split (a vocabulary
 of 32001, say). Attention heads are padded instead (`padded_heads`), since attention needs a
@@ -15,7 +16,6 @@ device's query heads and their KV heads side by side.
 from __future__ import annotations
 
 import math
-import re
 
 import jax
 import numpy as np
@@ -24,51 +24,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxvllm.distributed.mesh import MODEL_AXIS as M
 from jaxvllm.layers.quantization.quantized_weight import QuantizedWeight
 
-# [in, *out] layout (models/llama.py); "layers.o_proj" stands for every layer's
-# "layers.<i>.o_proj".
-PARAM_SPECS: dict[str, tuple] = {
-    "embed_tokens": (M, None),
-    "lm_head": (None, M),
-    "norm": (None,),
-    "layers.input_layernorm": (None,),
-    "layers.post_attention_layernorm": (None,),
-    "layers.qkv_proj": (None, M, None, None),  # [hidden, kv heads, group + 2, head_dim]
-    "layers.qkv_bias": (M, None, None),
-    "layers.o_proj": (M, None),
-    "layers.gate_up_proj": (None, None, M),  # [hidden, 2, intermediate]
-    "layers.down_proj": (M, None),
-    # Qwen3, Gemma: per-head q/k norms and Gemma's norms around the MLP.
-    "layers.q_norm": (None,),
-    "layers.k_norm": (None,),
-    "layers.pre_feedforward_layernorm": (None,),
-    "layers.post_feedforward_layernorm": (None,),
-    # OPT: biases, LayerNorms, learned positions, the narrower embedding's projections.
-    "embed_positions": (None, None),
-    "final_layer_norm": (None,),
-    "final_layer_norm_bias": (None,),
-    "project_in": (None, None),
-    "project_out": (None, None),
-    "layers.self_attn_layer_norm": (None,),
-    "layers.self_attn_layer_norm_bias": (None,),
-    "layers.final_layer_norm": (None,),
-    "layers.final_layer_norm_bias": (None,),
-    "layers.o_bias": (None,),
-    "layers.fc1": (None, M),
-    "layers.fc1_bias": (M,),
-    "layers.fc2": (M, None),
-    "layers.fc2_bias": (None,),
-    # Mixture of experts (models/mixtral.py): experts split on their intermediate features
-    # like the MLP above; the router and a shared expert's gate replicated.
-    "layers.router": (None, None),
-    "layers.experts_gate_up": (None, None, None, M),  # [experts, hidden, 2, intermediate]
-    "layers.experts_down": (None, M, None),  # [experts, intermediate, hidden]
-    "layers.shared_expert_gate": (None, None),
-}
-# enable_expert_parallel: whole experts per device instead (EP size = TP size).
-EXPERT_PARALLEL_SPECS: dict[str, tuple] = {
-    "layers.experts_gate_up": (M, None, None, None),
-    "layers.experts_down": (M, None, None),
-}
 # [layers, K/V, pages, page_size, kv_heads, head_dim]
 # The heads axis (or heads x head_dim, platforms' kv_cache_shape), the fifth either way.
 KV_CACHE_SPEC = P(None, None, None, None, M)
@@ -94,31 +49,28 @@ def fit_spec(spec: tuple, shape: tuple[int, ...], mesh: Mesh) -> P:
                for axis, dim in zip(spec, shape)))
 
 
-def param_sharding(name: str, shape: tuple[int, ...], mesh: Mesh,
-                   expert_parallel: bool = False) -> NamedSharding:
-    key = re.sub(r"^layers\.\d+\.", "layers.", name)
-    if key not in PARAM_SPECS:
-        raise ValueError(f"No partition spec for weight {name!r}.")
-    if expert_parallel and key in EXPERT_PARALLEL_SPECS:
+def param_sharding(weight, shape: tuple[int, ...], mesh: Mesh, expert_parallel: bool = False) -> NamedSharding:
+    """weight: its family's declaration (models/weight_spec.Weight); shape: as stored."""
+    if expert_parallel and weight.expert_partition is not None:
         if shape[0] % mesh.shape[M]:
             raise ValueError(f"enable_expert_parallel: the model's {shape[0]} experts do not divide "
                              f"over tensor_parallel_size={mesh.shape[M]} devices.")
-        return NamedSharding(mesh, P(*EXPERT_PARALLEL_SPECS[key]))
-    return NamedSharding(mesh, fit_spec(PARAM_SPECS[key], shape, mesh))
+        return NamedSharding(mesh, P(*weight.expert_partition))
+    return NamedSharding(mesh, fit_spec(weight.partition, shape, mesh))
 
 
 def kv_cache_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, KV_CACHE_SPEC)
 
 
-def place(mesh: Mesh, name: str, value: np.ndarray, expert_parallel: bool = False) -> jax.Array:
+def place(mesh: Mesh, weight, value: np.ndarray, expert_parallel: bool = False) -> jax.Array:
     """A host array put onto the mesh shard by shard: each device receives only its slice
     (and each process supplies only its own devices' slices), so no device ever holds a
     whole tensor that is meant to be split. A pre-quantized weight becomes a QArray whose
     values and scales are split alike (a scale axis of size 1 is replicated)."""
     if isinstance(value, QuantizedWeight):
-        return value.to_qarray(lambda part: place(mesh, name, part, expert_parallel))
-    sharding = param_sharding(name, value.shape, mesh, expert_parallel)
+        return value.to_qarray(lambda part: place(mesh, weight, part, expert_parallel))
+    sharding = param_sharding(weight, value.shape, mesh, expert_parallel)
     return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
 
 

@@ -19,6 +19,7 @@ because no token has to travel to reach an expert.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import jax
@@ -56,6 +57,10 @@ class UnquantizedFusedMoEMethod:
 
     def process_weights_after_loading(self, w: jax.Array) -> jax.Array:
         return w
+
+    def weight_bytes(self, shape: tuple[int, ...], dtype) -> int:
+        """What one stack of experts takes on device (the memory plan's figure)."""
+        return math.prod(shape) * jnp.dtype(dtype).itemsize
 
     def expert_matmul(self, lhs: jax.Array, w: jax.Array, group_sizes: jax.Array, experts: jax.Array) -> jax.Array:
         """lhs [rows, k], rows sorted by expert (experts: each row's), times its expert's

@@ -39,3 +39,17 @@ class UnquantizedLinearMethod:
         """x [..., in] @ w -> [..., *out]. num_rows (how many leading rows of x are real) is
         for kernels that skip bucket padding; XLA computes every row."""
         return jax.lax.dot_general(x, w, (((x.ndim - 1,), (0,)), ((), ())))
+
+
+class Linear:
+    """A named projection bound to its weight for one forward pass: `layers.3.qkv_proj`
+    with the method the quantization config chose for it (QuantizationConfig.
+    get_quant_method), so that a quantized, a float and (later) an adapted layer are called
+    alike: `w["qkv_proj"](x, num_tokens)`."""
+    __slots__ = ("name", "method", "weight")
+
+    def __init__(self, name: str, method, weight):
+        self.name, self.method, self.weight = name, method, weight
+
+    def __call__(self, x: jax.Array, num_rows: jax.Array | None = None) -> jax.Array:
+        return self.method.apply(x, self.weight, num_rows)

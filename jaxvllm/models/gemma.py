@@ -4,26 +4,26 @@ query_pre_attn_scalar**-0.5, sliding-window layers interleaved with global ones,
 soft-capping of attention scores and final logits (Gemma 2), per-head q/k norms and a rope
 base of their own for the sliding-window layers (Gemma 3).
 
-The weights are Llama's (models/llama.py) plus the extra norms, so Llama's loader and
-weight layout serve. The layer loop gets (layer index, weights) pairs: the index picks the
+The weights are Llama's attention and MLP (models/llama.py) and Gemma's four norms per layer
+(Gemma 3: and the q/k norms), all of them offsets from 1. The layer loop gets (layer index, weights) pairs: the index picks the
 layer's rope statically; the layer's window is a value the attention kernels take.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-from flax import nnx
 
 from jaxvllm.distributed.mesh import MODEL_AXIS as M, constrain
 from jaxvllm.layers.attention import AttentionMetadata
+from jaxvllm.layers.layernorm import gemma_rms_norm
 from jaxvllm.layers.rotary import apply_rotary, compute_inv_freq, rotary_cos_sin
-from jaxvllm.models import hf_weights
-from jaxvllm.models.llama import LlamaArgs, LlamaForCausalLM, _from_hf
+from jaxvllm.models import llama
+from jaxvllm.models.causal_lm import CausalLM
+from jaxvllm.models.llama import LlamaArgs
+from jaxvllm.models.weight_spec import Weight, vector
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,21 +68,14 @@ class GemmaArgs(LlamaArgs):
                                    sliding_layers=self.sliding_layers[layers.start:layers.stop])
 
 
-def gemma_rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
-    """Gemma's RMSNorm: the weight is an offset from 1, applied in float32."""
-    x32 = x.astype(jnp.float32)
-    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return (x32 * (1.0 + weight.astype(jnp.float32))).astype(x.dtype)
-
-
-def attention_inputs(a: GemmaArgs, linear, layer: tuple[int, dict], h: jax.Array, *, cos_sins: tuple,
+def attention_inputs(a: GemmaArgs, layer: tuple[int, dict], h: jax.Array, *, cos_sins: tuple,
                      num_tokens: jax.Array):
     """q, k, v of one layer (Llama's fused projection); cos_sins: the step's `rotary_cos_sin`
     for the global layers and for the sliding ones."""
     i, w = layer
     T, group = h.shape[0], a.num_heads // a.num_kv_heads
     x = gemma_rms_norm(h, w["input_layernorm"], a.rms_norm_eps)
-    qkv = linear(x, w["qkv_proj"], num_tokens).reshape(T, a.num_kv_heads, group + 2, a.head_dim)
+    qkv = w["qkv_proj"](x, num_tokens).reshape(T, a.num_kv_heads, group + 2, a.head_dim)
     qkv = constrain(qkv, None, M, None, None)
     q, k = qkv[:, :, :group], qkv[:, :, group]
     if a.qk_norm:
@@ -92,17 +85,17 @@ def attention_inputs(a: GemmaArgs, linear, layer: tuple[int, dict], h: jax.Array
     return apply_rotary(q, cos_sin), apply_rotary(k, cos_sin), qkv[:, :, group + 1]
 
 
-def mlp_block(a: GemmaArgs, linear, layer: tuple[int, dict], h: jax.Array, o: jax.Array, *,
+def mlp_block(a: GemmaArgs, layer: tuple[int, dict], h: jax.Array, o: jax.Array, *,
               num_tokens: jax.Array) -> jax.Array:
     """Output projection, normed, residual; pre-norm, GeGLU MLP, post-norm, residual."""
     _, w = layer
     T, eps = h.shape[0], a.rms_norm_eps
-    attn = constrain(linear(o.reshape(T, -1), w["o_proj"], num_tokens), None, None)
+    attn = constrain(w["o_proj"](o.reshape(T, -1), num_tokens), None, None)
     h = h + gemma_rms_norm(attn, w["post_attention_layernorm"], eps)
     x = gemma_rms_norm(h, w["pre_feedforward_layernorm"], eps)
-    gate_up = linear(x, w["gate_up_proj"], num_tokens).reshape(T, 2, a.intermediate_size)
+    gate_up = w["gate_up_proj"](x, num_tokens).reshape(T, 2, a.intermediate_size)
     up = constrain(jax.nn.gelu(gate_up[:, 0], approximate=True) * gate_up[:, 1], None, M)
-    out = constrain(linear(up, w["down_proj"], num_tokens), None, None)
+    out = constrain(w["down_proj"](up, num_tokens), None, None)
     return h + gemma_rms_norm(out, w["post_feedforward_layernorm"], eps)
 
 
@@ -120,17 +113,19 @@ def soft_cap(x: jax.Array, cap: float | None) -> jax.Array:
     return x if cap is None else cap * jnp.tanh(x / cap)
 
 
-class GemmaForCausalLM(LlamaForCausalLM):
-    def __init__(self, args: GemmaArgs, *, dtype=jnp.float32, linear_method=None):
-        super().__init__(args, dtype=dtype, linear_method=linear_method)
-        for layer in self.layers:
-            for name, n in self._extra_norms(args):
-                layer[name] = nnx.Param(jnp.zeros((n,), dtype))
+def weight_spec(a: GemmaArgs) -> list[Weight]:
+    p = "model.layers.{i}."
+    norms = ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+             "post_feedforward_layernorm"] + (["self_attn.q_norm", "self_attn.k_norm"] if a.qk_norm else [])
+    return [*llama.model_weights(a),
+            *(w for w in llama.attention_weights(a) if w.path != "layers.{i}.input_layernorm"),
+            *llama.mlp_weights(a),
+            *(vector("layers.{i}." + n.removeprefix("self_attn."), a.head_dim if n.startswith("self_attn.") else
+                     a.hidden_size, f"{p}{n}.weight") for n in norms)]
 
-    @staticmethod
-    def _extra_norms(a: GemmaArgs) -> list[tuple[str, int]]:
-        norms = [("pre_feedforward_layernorm", a.hidden_size), ("post_feedforward_layernorm", a.hidden_size)]
-        return norms + ([("q_norm", a.head_dim), ("k_norm", a.head_dim)] if a.qk_norm else [])
+
+class GemmaForCausalLM(CausalLM):
+    weight_spec = staticmethod(weight_spec)
 
     def embed(self, input_ids: jax.Array) -> jax.Array:
         embed = self.embed_tokens.get_value()
@@ -146,9 +141,8 @@ class GemmaForCausalLM(LlamaForCausalLM):
                      compute_inv_freq(a.head_dim, a.local_rope_theta or a.rope_theta, None))
         cos_sins = tuple(rotary_cos_sin(md.positions, inv_freq) for inv_freq in inv_freqs)
         num_tokens = md.cu_q_lens[md.num_seqs[0]]
-        linear = self.linear_method.apply
-        qkv = functools.partial(attention_inputs, a, linear, cos_sins=cos_sins, num_tokens=num_tokens)
-        mlp = functools.partial(mlp_block, a, linear, num_tokens=num_tokens)
+        qkv = functools.partial(attention_inputs, a, cos_sins=cos_sins, num_tokens=num_tokens)
+        mlp = functools.partial(mlp_block, a, num_tokens=num_tokens)
         windows = sliding_windows(a)
 
         def attend_layer(q, k, v, kv_cache, layer):
@@ -156,17 +150,7 @@ class GemmaForCausalLM(LlamaForCausalLM):
             return attend(q, k, v, kv_cache, layer, md, a.query_pre_attn_scalar ** -0.5, window,
                           a.attn_logit_softcapping)
 
-        weights = [(i, {k: v.get_value() for k, v in layer.items()}) for i, layer in enumerate(self.layers)]
-        return layer_loop(weights, qkv, attend_layer, mlp, h, kv_cache)
+        return layer_loop(list(enumerate(self.layer_weights())), qkv, attend_layer, mlp, h, kv_cache)
 
     def compute_logits(self, hidden: jax.Array, num_rows: jax.Array | None = None) -> jax.Array:
         return soft_cap(super().compute_logits(hidden, num_rows), self.args.final_logit_softcapping)
-
-    def load_hf_weights(self, weights: dict[str, np.ndarray], place=None) -> None:
-        place = place or hf_weights.default_place
-        dtype = self.embed_tokens.get_value().dtype
-        prefix = {"q_norm": "self_attn.", "k_norm": "self_attn."}
-        norms = ((f"layers.{i}.{name}", hf_weights.load(
-                     weights, f"model.layers.{i}.{prefix.get(name, '')}{name}.weight", (n,), dtype))
-                 for i in range(self.args.num_layers) for name, n in self._extra_norms(self.args))
-        self.load_weights((name, place(name, value)) for name, value in itertools.chain(_from_hf(self, weights), norms))

@@ -3,7 +3,6 @@ shards on the mesh, from a GGUF / safetensors checkpoint or an Orbax checkpoint.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 
 import jax
@@ -12,81 +11,96 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jaxvllm.config import EngineConfig
-from jaxvllm.distributed.partition import param_name, padded_heads, param_sharding, place
+from jaxvllm.distributed.partition import padded_heads, param_name, param_sharding, place
 from jaxvllm.layers.linear import UnquantizedLinearMethod
+from jaxvllm.layers.quantization.config import QuantizationConfig
 from jaxvllm.models.loader import load_weights
 from jaxvllm.models.orbax_checkpoint import is_orbax_checkpoint, restore_params
 from jaxvllm.models.registry import get_model_class
+from jaxvllm.models.weight_spec import EXPERTS, LINEAR
 
 logger = logging.getLogger(__name__)
+
+
+def model_args(model_cls, args, mesh_size: int, *, pad_heads: bool = True, expert_parallel: bool = False,
+               layers: range | None = None):
+    """The args a model on a mesh of mesh_size devices is built with: attention heads padded
+    to split evenly (serving; off for `convert`, which keeps the checkpoint's shapes),
+    experts split whole per device under expert parallelism, a pipeline stage's layers."""
+    if pad_heads:
+        num_heads, num_kv_heads = padded_heads(args.num_heads, args.num_kv_heads, mesh_size)
+        if num_kv_heads != args.num_kv_heads:
+            logger.info("Attention heads padded from %d/%d to %d/%d (query/KV) for "
+                        "tensor_parallel_size=%d.", args.num_heads, args.num_kv_heads, num_heads,
+                        num_kv_heads, mesh_size)
+        args = dataclasses.replace(args, num_heads=num_heads, num_kv_heads=num_kv_heads)
+    if any(w.kind == EXPERTS for w in model_cls.weight_spec(args)):
+        args = dataclasses.replace(args, expert_parallel=expert_parallel)
+    elif expert_parallel:
+        raise ValueError(f"enable_expert_parallel: {model_cls.__name__} has no experts.")
+    return args if layers is None else args.for_layers(layers)
+
+
+def build_model(model_cls, args, *, dtype, linear_method=None, moe_method=None, first_layer: int = 0):
+    """The model, abstract (no device holds a weight yet). Where linear_method cannot take
+    every matmul weight of this model, XLA's runs them all."""
+    quant = QuantizationConfig(linear_method, moe_method)
+    linears = [w for w in model_cls.weight_spec(args) if w.kind == LINEAR]
+    if not all(quant.linear_method.supports(w.shape[0], w.shape[1:], dtype) for w in linears):
+        logger.info("%s cannot take every matmul weight of this model; XLA runs them.",
+                    type(quant.linear_method).__name__)
+        quant = QuantizationConfig(UnquantizedLinearMethod(), moe_method)
+    return nnx.eval_shape(lambda: model_cls(args, dtype=dtype, quant_config=quant, first_layer=first_layer))
+
+
+def shard_abstract(model: nnx.Module, mesh: Mesh, expert_parallel: bool = False) -> nnx.Module:
+    """The abstract model's weights as ShapeDtypeStructs with their shardings (what
+    ahead-of-time compiling and lowering take)."""
+    spec = model.weights()
+    nnx.update(model, jax.tree_util.tree_map_with_path(lambda path, x: jax.ShapeDtypeStruct(
+        x.shape, x.dtype, sharding=param_sharding(spec[param_name(path)], x.shape, mesh, expert_parallel)),
+        nnx.state(model)))
+    return model
 
 
 def get_model(config: EngineConfig, model_path: str, hf_config, mesh: Mesh, *,
               pad_heads: bool = True, linear_method=None, moe_method=None,
               weights: dict | None = None, layers: range | None = None) -> nnx.Module:
-    """pad_heads: pad attention heads so they split evenly over the mesh (serving); off for
-    `convert`, which stores the checkpoint's own shapes. linear_method: the platform's
-    (jaxvllm/layers/linear.py; default XLA's), kept for the whole model: where it cannot take
-    every matmul weight of this model, XLA's runs them all. moe_method: the platform's, for
-    mixture-of-experts models (layers/fused_moe.py). weights: the checkpoint's tensors if the
-    caller has read them (load_weights), else read here. layers: a pipeline stage's decoder
-    layers (models/stage_loader.py), whose weights come renumbered from 0."""
+    """linear_method / moe_method: the platform's for the engine's quantization
+    (jaxvllm/layers/linear.py, layers/fused_moe.py; default XLA's). weights: the checkpoint's
+    tensors if the caller has read them (load_weights), else read here. layers: a pipeline
+    stage's decoder layers (models/stage_loader.py)."""
     model_cls, args_cls = get_model_class(hf_config)
-    args = args_cls.from_hf_config(hf_config)
-    dtype = jnp.dtype(config.dtype)
-    padded = args
-    if pad_heads:
-        num_heads, num_kv_heads = padded_heads(args.num_heads, args.num_kv_heads, mesh.size)
-        if num_kv_heads != args.num_kv_heads:
-            logger.info("Attention heads padded from %d/%d to %d/%d (query/KV) for "
-                        "tensor_parallel_size=%d.", args.num_heads, args.num_kv_heads, num_heads,
-                        num_kv_heads, mesh.size)
-        padded = dataclasses.replace(args, num_heads=num_heads, num_kv_heads=num_kv_heads)
-    expert_parallel = config.parallel.enable_expert_parallel
-    moe = {}
-    if hasattr(args, "num_experts"):
-        padded = dataclasses.replace(padded, expert_parallel=expert_parallel)
-        moe = dict(moe_method=moe_method)
-    elif expert_parallel:
-        raise ValueError(f"enable_expert_parallel: {hf_config.architectures} has no experts.")
-    if layers is not None:
-        padded = padded.for_layers(layers)
-    method = linear_method or UnquantizedLinearMethod()
-    if not all(method.supports(i, o, dtype) for i, o in model_cls.linear_shapes(padded).values()):
-        logger.info("%s cannot take every matmul weight of this model; XLA runs them.", type(method).__name__)
-        method = UnquantizedLinearMethod()
-    # Abstract: no random init, and no device ever holds a whole tensor meant to be split.
-    model = nnx.eval_shape(lambda: model_cls(padded, dtype=dtype, linear_method=method, **moe))
+    ep = config.parallel.enable_expert_parallel
+    args = model_args(model_cls, args_cls.from_hf_config(hf_config), mesh.size, pad_heads=pad_heads,
+                      expert_parallel=ep, layers=layers)
+    model = build_model(model_cls, args, dtype=jnp.dtype(config.dtype), linear_method=linear_method,
+                        moe_method=moe_method, first_layer=0 if layers is None else layers.start)
     if is_orbax_checkpoint(model_path):
-        model.load_weights(restore_orbax(hf_config, padded, model_path, mesh, dtype, expert_parallel))
+        model.load_weights(restore_orbax(hf_config, args, model_path, mesh, jnp.dtype(config.dtype), ep))
     else:
+        spec = model.weights()
         model.load_hf_weights(load_weights(model_path) if weights is None else weights,
-                              functools.partial(place, mesh, expert_parallel=expert_parallel))
+                              lambda path, value: place(mesh, spec[path], value, ep))
     return model
 
 
 def restore_orbax(hf_config, padded_args, path: str, mesh: Mesh, dtype, expert_parallel: bool = False):
-    """(name, array) of an Orbax checkpoint's weights on the mesh, heads padded to padded_args."""
+    """(name, array) of an Orbax checkpoint's weights on the mesh, heads padded to padded_args:
+    restored into the shardings of the stored (unpadded) shapes, then padded on device."""
     model_cls, args_cls = get_model_class(hf_config)
     stored = nnx.eval_shape(lambda: model_cls(args_cls.from_hf_config(hf_config), dtype=dtype))
     wanted = nnx.eval_shape(lambda: model_cls(padded_args, dtype=dtype))
-    return _restore(stored, wanted, path, mesh, dtype, expert_parallel)
-
-
-def _restore(stored: nnx.Module, wanted: nnx.Module, path: str, mesh: Mesh, dtype,
-             expert_parallel: bool = False):
-    """(name, array) of each weight as loaded: restored into the shardings of the stored
-    (unpadded) shapes, then its heads padded on device to the wanted shapes."""
+    spec = wanted.weights()
     target = jax.tree_util.tree_map_with_path(
-        lambda p, x: jax.ShapeDtypeStruct(x.shape, dtype, sharding=param_sharding(param_name(p), x.shape, mesh,
-                                                                        expert_parallel)),
-        nnx.to_pure_dict(nnx.state(stored)))
+        lambda p, x: jax.ShapeDtypeStruct(x.shape, dtype, sharding=param_sharding(
+            spec[param_name(p)], x.shape, mesh, expert_parallel)), nnx.to_pure_dict(nnx.state(stored)))
     restored = jax.tree_util.tree_flatten_with_path(restore_params(path, target))[0]
     shapes = jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(nnx.state(wanted)))[0]
     for (p, x), (_, want) in zip(restored, shapes):
         name = param_name(p)
         if x.shape != want.shape:
-            pad = jax.jit(lambda x, shape=want.shape: jnp.pad(x, [(0, b - a) for a, b in zip(x.shape, shape)]),
-                          out_shardings=param_sharding(name, want.shape, mesh, expert_parallel))
-            x = pad(x)
+            sharding = param_sharding(spec[name], want.shape, mesh, expert_parallel)
+            x = jax.jit(lambda x, shape=want.shape: jnp.pad(x, [(0, b - a) for a, b in zip(x.shape, shape)]),
+                        out_shardings=sharding)(x)
         yield name, x

@@ -1,13 +1,15 @@
 """Phi-3: the Llama decoder, whose checkpoint stores q/k/v as one `qkv_proj` and gate/up as
-one `gate_up_proj`; they are split into Llama's names on load, then fused Llama's way."""
+one `gate_up_proj`: its weight spec splits them and fuses them Llama's way."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
-from jaxvllm.models import hf_weights
+from jaxvllm.models import llama
 from jaxvllm.models.llama import LlamaArgs, LlamaForCausalLM
+from jaxvllm.models.weight_spec import Weight, linear
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,32 +24,34 @@ class Phi3Args(LlamaArgs):
         return super().from_hf_config(cfg)
 
 
-class Phi3ForCausalLM(LlamaForCausalLM):
-    def load_hf_weights(self, weights: dict[str, np.ndarray], place=None) -> None:
-        super().load_hf_weights(split_fused(self.args, weights), place)
-
-
-def split_fused(a: LlamaArgs, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Phi-3's fused tensors as Llama's q/k/v and gate/up ([out, in], views: no copies). The
-    args' heads may be padded for tensor parallelism, the checkpoint's are not: the split
-    follows the checkpoint's rows, in groups of (query heads per KV head + 2) heads."""
-    out = dict(weights)
+def split_qkv(a: LlamaArgs, key: str, qkv):
+    """Phi-3's [q; k; v] rows ([out, in], views: no copies) fused Llama's way. The args' heads
+    may be padded for tensor parallelism, the checkpoint's are not: the split follows the
+    checkpoint's rows, in groups of (query heads per KV head + 2) heads."""
     group = a.num_heads // a.num_kv_heads
-    for i in range(a.num_layers):
-        p = f"model.layers.{i}."
-        qkv = hf_weights.get(out, key := p + "self_attn.qkv_proj.weight")
-        if qkv.shape[0] % ((group + 2) * a.head_dim):
-            raise ValueError(f"Tensor {key!r} of shape {qkv.shape} does not fit the model config "
-                             f"(groups of {group} query heads, a K and a V head of {a.head_dim}).")
-        kv_rows = qkv.shape[0] // (group + 2)
-        q_rows = group * kv_rows
-        del out[key]
-        for name, rows in zip("qkv", np.split(qkv, [q_rows, q_rows + kv_rows])):
-            out[f"{p}self_attn.{name}_proj.weight"] = rows
-        gate_up = hf_weights.get(out, key := p + "mlp.gate_up_proj.weight")
-        if gate_up.shape[0] != 2 * a.intermediate_size:
-            raise ValueError(f"Tensor {key!r} of shape {gate_up.shape} does not fit the model config "
-                             f"(2 x {a.intermediate_size} rows).")
-        del out[key]
-        out[p + "mlp.gate_proj.weight"], out[p + "mlp.up_proj.weight"] = np.split(gate_up, 2)
-    return out
+    if qkv.shape[0] % ((group + 2) * a.head_dim):
+        raise ValueError(f"Tensor {key!r} of shape {qkv.shape} does not fit the model config "
+                         f"(groups of {group} query heads, a K and a V head of {a.head_dim}).")
+    kv_rows = qkv.shape[0] // (group + 2)
+    q, k, v = np.split(qkv, [group * kv_rows, (group + 1) * kv_rows])
+    return llama.fuse_qkv(a, key, q, k, v).transpose(3, 0, 1, 2)
+
+
+def split_gate_up(a: LlamaArgs, key: str, gate_up):
+    if gate_up.shape[0] != 2 * a.intermediate_size:
+        raise ValueError(f"Tensor {key!r} of shape {gate_up.shape} does not fit the model config "
+                         f"(2 x {a.intermediate_size} rows).")
+    return np.stack([part.T for part in np.split(gate_up, 2)], axis=1)
+
+
+def weight_spec(a: Phi3Args) -> list[Weight]:
+    p = "model.layers.{i}."
+    fused = {"layers.{i}.qkv_proj": (p + "self_attn.qkv_proj.weight", split_qkv),
+             "layers.{i}.gate_up_proj": (p + "mlp.gate_up_proj.weight", split_gate_up)}
+    return [linear(w.path, w.shape[0], w.shape[1:], w.partition, [fused[w.path][0]],
+                   functools.partial(fused[w.path][1], a)) if w.path in fused else w
+            for w in llama.weight_spec(a)]
+
+
+class Phi3ForCausalLM(LlamaForCausalLM):
+    weight_spec = staticmethod(weight_spec)

@@ -8,7 +8,8 @@ from jaxvllm.models.opt import OPTArgs, OPTForCausalLM
 from jaxvllm.models.phi3 import Phi3Args, Phi3ForCausalLM
 from jaxvllm.models.qwen3 import Qwen3Args, Qwen3ForCausalLM
 from jaxvllm.models.mixtral import MixtralForCausalLM, MoeArgs
-from jaxvllm.models.qwen3_moe import Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
+from jaxvllm.models.qwen2_moe import Qwen2MoeForCausalLM
+from jaxvllm.models.qwen3_moe import Qwen3MoeForCausalLM
 
 _MODELS = {
     "LlamaForCausalLM": (LlamaForCausalLM, LlamaArgs),

@@ -1,13 +1,13 @@
 """get_stage_models: a model split into pipeline stages, each a model of the same class
-holding only its own decoder layers (renumbered from 0), placed on its own mesh.
+holding only its own decoder layers (numbered from 0, read from the checkpoint's own layers),
+placed on its own mesh.
 
-The checkpoint is read once; each stage takes its layers' tensors. The first stage keeps
-the embedding, the last the final norm and the LM head (the embedding too where the head is
-tied to it); the others drop them, so no stage holds a weight it does not run.
+The checkpoint is read once; each stage converts its layers' tensors. The weights outside
+the layers go where their spec says (`stage`): the embedding to the first stage, the final
+norm and the head to the last (and the embedding there too where the head is tied to it), so
+no stage holds a weight it does not run.
 """
 from __future__ import annotations
-
-import re
 
 from flax import nnx
 from jax.sharding import Mesh
@@ -18,8 +18,6 @@ from jaxvllm.models.model_loader import get_model
 from jaxvllm.models.orbax_checkpoint import is_orbax_checkpoint
 from jaxvllm.models.registry import get_model_class
 
-_LAYER = re.compile(r"model\.layers\.(\d+)\.(.*)")
-
 
 def get_stage_models(config: EngineConfig, model_path: str, hf_config, meshes: list[Mesh],
                      layer_ranges: list[range], linear_methods: list, moe_method=None) -> list[nnx.Module]:
@@ -27,43 +25,27 @@ def get_stage_models(config: EngineConfig, model_path: str, hf_config, meshes: l
         raise ValueError("pipeline_parallel_size > 1 loads GGUF or safetensors checkpoints, not "
                          "Orbax ones; serve the original checkpoint.")
     model_cls, _ = get_model_class(hf_config)
-    if not _has_stage_parts(model_cls):
+    if not model_cls.supports_pipeline:
         raise ValueError(f"{model_cls.__name__} cannot be split into pipeline stages yet; use "
                          f"pipeline_parallel_size=1.")
     weights = load_weights(model_path)
     stages = []
     for s, (mesh, layers, method) in enumerate(zip(meshes, layer_ranges, linear_methods)):
         model = get_model(config, model_path, hf_config, mesh, linear_method=method, moe_method=moe_method,
-                          weights=_stage_weights(weights, layers), layers=layers)
-        first, last = s == 0, s == len(meshes) - 1
-        if not first and not (last and model.lm_head is None):
-            model.embed_tokens = None
-        if not last:
-            model.norm = None
-            model.lm_head = None
+                          weights=weights, layers=layers)
+        held = stage_weights(model, first=s == 0, last=s == len(meshes) - 1)
+        for path, w in model.weights().items():
+            if not path.startswith("layers.") and path not in held:
+                setattr(model, path, None)
         stages.append(model)
     return stages
 
 
-def _has_stage_parts(model_cls) -> bool:
-    """Whether the class's forward is made of its stage parts (embed, forward_layers,
-    final_norm): each part is defined where the forward is, or below it. A family that
-    overrode the forward itself would run in stages another family's parts."""
-    def owner(name):
-        return next((c for c in model_cls.__mro__ if name in vars(c)), None)
-    forward = owner("__call__")
-    return all(owner(name) is not None and issubclass(owner(name), forward)
-               for name in ("embed", "forward_layers", "final_norm"))
-
-
-def _stage_weights(weights: dict, layers: range) -> dict:
-    """The checkpoint's tensors for one stage: its layers renumbered from 0, and the
-    embedding, final norm and head (placed, then dropped where the stage does not run them)."""
-    out = {}
-    for name, value in weights.items():
-        match = _LAYER.fullmatch(name)
-        if match is None:
-            out[name] = value
-        elif int(match[1]) in layers:
-            out[f"model.layers.{int(match[1]) - layers.start}.{match[2]}"] = value
-    return out
+def stage_weights(model: nnx.Module, *, first: bool, last: bool) -> set[str]:
+    """The paths outside the layers a stage holds: those of its stage, and on the last stage
+    the weight a tied head is made of (unless the method keeps its own copy of the head)."""
+    spec = model.weights()
+    held = {p for p, w in spec.items() if w.stage == "first" and first or w.stage == "last" and last}
+    if last:
+        held |= {w.tied_to for p, w in spec.items() if w.tied_to and getattr(model, p) is None}
+    return held

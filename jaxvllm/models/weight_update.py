@@ -2,9 +2,9 @@
 before anything changes, converted to the parameter tree's layout and placed on the mesh.
 
 Two namings are accepted. The checkpoint's own (Hugging Face: 'model.layers.0.self_attn.
-q_proj.weight', [out, in]) goes through the model family's conversion, as at loading (q/k/v
-and gate/up fused, heads padded for tensor parallelism); a tensor fused with others must
-come with them.
+q_proj.weight', [out, in]) goes through the model family's weight spec, as at loading (q/k/v
+and gate/up fused, heads padded for tensor parallelism): the weights whose sources are all
+given are updated, and a tensor fused with others must come with them.
 The parameter tree's ('layers.0.qkv_proj', [in, *out], heads padded as the engine holds them;
 an Orbax checkpoint's names) is placed as given, and a jax array already of the engine's dtype
 and sharding is used as it is, without a copy. Either way the linear method then stores each
@@ -19,27 +19,11 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from jaxvllm.distributed.partition import param_name, param_sharding, place
+from jaxvllm.distributed.partition import param_sharding, place
 from jaxvllm.models.loader import load_weights
 from jaxvllm.models.model_loader import restore_orbax
 from jaxvllm.models.orbax_checkpoint import is_orbax_checkpoint
-
-
-class _ReadTracker(dict):
-    """A dict that remembers which keys were read since `take()`: the tensors each weight
-    the conversion yields was made from."""
-
-    def __init__(self, *args):
-        super().__init__(*args)
-        self.read: set[str] = set()
-
-    def __getitem__(self, key):
-        self.read.add(key)
-        return super().__getitem__(key)
-
-    def take(self) -> set[str]:
-        read, self.read = self.read, set()
-        return read
+from jaxvllm.models.weight_spec import canonical, convert
 
 
 class WeightUpdater:
@@ -49,11 +33,10 @@ class WeightUpdater:
         checkpoint, named as the parameter tree). expert_parallel: as the model was placed."""
         self.model, self.mesh, self.hf_config = model, mesh, hf_config
         self.expert_parallel = expert_parallel
-        self.dtype = model.embed_tokens.get_value().dtype
-        # The tree in the layout weights are loaded in (XLA's linear method stores them as given).
-        abstract = nnx.eval_shape(lambda: type(model)(model.args, dtype=self.dtype))
-        self.param_shapes = {param_name(p): tuple(x.shape) for p, x in
-                             jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(nnx.state(abstract)))[0]}
+        self.dtype = model.dtype
+        self.spec = model.weights()
+        # The tree in the layout weights are loaded in (a tied head is made, not given).
+        self.param_shapes = {path: w.shape for path, w in self.spec.items() if w.tied_to is None}
         self.checkpoint_shapes = checkpoint_shapes or {}
 
     def prepare(self, weights) -> list[tuple[str, jax.Array]]:
@@ -77,7 +60,7 @@ class WeightUpdater:
         return self._place_own(weights) if own else self._convert(weights)
 
     def _place(self, name: str, value: np.ndarray) -> jax.Array:
-        return place(self.mesh, name, value, expert_parallel=self.expert_parallel)
+        return place(self.mesh, self.spec[name], value, expert_parallel=self.expert_parallel)
 
     def missing(self, names) -> list[str]:
         """The parameters a full update must hold that `names` lacks."""
@@ -102,7 +85,7 @@ class WeightUpdater:
     def _place_own(self, weights: dict) -> list[tuple[str, jax.Array]]:
         out = []
         for name, value in weights.items():
-            sharding = param_sharding(name, value.shape, self.mesh, self.expert_parallel)
+            sharding = param_sharding(self.spec[name], value.shape, self.mesh, self.expert_parallel)
             if isinstance(value, jax.Array) and value.dtype == self.dtype:
                 if not value.sharding.is_equivalent_to(sharding, value.ndim):
                     value = jax.device_put(value, sharding)
@@ -112,34 +95,18 @@ class WeightUpdater:
         return out
 
     def _convert(self, weights: dict) -> list[tuple[str, jax.Array]]:
-        """The model family's own conversion (its load_hf_weights, with load_weights replaced
-        by a collector) over the given tensors and zero stand-ins (no memory) for the others;
-        a weight is kept when all the tensors it was made from were given."""
-        given = {name: np.asarray(value) for name, value in weights.items()}
-        tracker = _ReadTracker({name: np.broadcast_to(np.zeros((), np.float32), shape)
-                                for name, shape in self.checkpoint_shapes.items()})
-        tracker.update(given)
-        converted = []
-        vars(self.model)["load_weights"] = lambda pairs: converted.extend(
-            (name, value, tracker.take()) for name, value in pairs)
-        try:
-            self.model.load_hf_weights(tracker, lambda name, value: value)
-        finally:
-            del vars(self.model)["load_weights"]
-        full = given.keys() >= self.checkpoint_shapes.keys()
-        out = []
-        for name, value, sources in converted:
-            have = sources & given.keys()
-            if not full and not sources:  # a conversion that reads a copy of the dict
-                raise ValueError(f"update_weights: {type(self.model).__name__} takes a partial update by "
-                                 f"its parameter tree's names only (like {name!r}), or every tensor of "
-                                 f"its checkpoint.")
-            if full or have == sources:
-                out.append((name, self._place(name, value)))
+        """The weights whose checkpoint sources (the family's weight spec) are all given,
+        converted as at loading; a weight only some of whose sources are given is an error."""
+        given = canonical({name: np.asarray(value) for name, value in weights.items()}, self.model.checkpoint_aliases)
+        complete = set()
+        for path, w in self.spec.items():
+            have = set(w.sources) & given.keys()
+            if w.sources and have == set(w.sources):
+                complete.add(path)
             elif have:
-                raise ValueError(f"update_weights: {sorted(have)} are fused with {sorted(sources - have)} "
-                                 f"into {name!r}; give them together.")
-        return out
+                raise ValueError(f"update_weights: {sorted(have)} are fused with {sorted(set(w.sources) - have)} "
+                                 f"into {path!r}; give them together.")
+        return [(path, self._place(path, value)) for path, value in convert(self.spec, given, self.dtype, complete)]
 
 
 def _check(name: str, value, shape: tuple[int, ...]) -> None:

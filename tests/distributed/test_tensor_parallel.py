@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 
@@ -17,7 +16,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from jaxvllm.distributed.mesh import make_mesh
-from jaxvllm.distributed.partition import PARAM_SPECS, fit_spec, padded_heads
+from jaxvllm.distributed.partition import fit_spec, padded_heads
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -35,9 +34,8 @@ def run_tp_jobs(jobs: list[tuple[str, str, list[list[int]], int, str]]) -> list[
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
 
-def expected_shards(name: str, shape: list[int], tp: int) -> list[int]:
-    """The per-device shape the spec table promises: split dims divided by TP."""
-    spec = PARAM_SPECS[re.sub(r"^layers\.\d+\.", "layers.", name)]
+def expected_shards(spec: list, shape: list[int], tp: int) -> list[int]:
+    """The per-device shape the family's weight spec promises: split dims divided by TP."""
     return [n // tp if axis is not None and n % tp == 0 else n for axis, n in zip(spec, shape)]
 
 
@@ -92,14 +90,15 @@ def test_tiny_model_tp2_tp4_match_tp1_and_are_sharded(tiny_tp):
     # TP=4 pads the tiny model's 2 KV heads (4 query heads) to 4 (8): 16-wide heads.
     w4 = r["4"]["weights"]
     # q/k/v fused: [hidden, KV heads, group of 2 query heads + K + V, head_dim].
-    assert w4["layers.1.qkv_proj"] == {"shape": [64, 4, 4, 16], "shards": [[64, 1, 4, 16]] * 4}
-    assert w4["layers.1.o_proj"] == {"shape": [128, 64], "shards": [[32, 64]] * 4}
-    assert w4["embed_tokens"] == {"shape": [256, 64], "shards": [[64, 64]] * 4}
+    shapes = {name: {k: w[k] for k in ("shape", "shards")} for name, w in w4.items()}
+    assert shapes["layers.1.qkv_proj"] == {"shape": [64, 4, 4, 16], "shards": [[64, 1, 4, 16]] * 4}
+    assert shapes["layers.1.o_proj"] == {"shape": [128, 64], "shards": [[32, 64]] * 4}
+    assert shapes["embed_tokens"] == {"shape": [256, 64], "shards": [[64, 64]] * 4}
     assert r["4"]["kv_cache"]["shards"] == [[2, 2, 64, 16, 1, 16]] * 4
     assert r["2"]["kv_cache"]["shards"] == [[2, 2, 64, 16, 1, 16]] * 2
     for tp in (2, 4):
         for name, w in r[str(tp)]["weights"].items():
-            assert w["shards"] == [expected_shards(name, w["shape"], tp)] * tp, name
+            assert w["shards"] == [expected_shards(w["partition"], w["shape"], tp)] * tp, name
 
 
 @pytest.mark.slow

@@ -51,8 +51,10 @@ def main(model: str, tps: str, prompts: str, max_tokens: str, attention_backend:
             result[tp]["extended"] = [[o.outputs[0].token_ids, o.outputs[0].cumulative_logprob]
                                       for o in extended]
         leaves = jax.tree_util.tree_flatten_with_path(runner.params)[0]
+        spec = llm.llm_engine.engine_core.model_executor.driver_worker.model.weights()
         result[tp].update({
-            "weights": {param_name(path): {"shape": list(x.shape), "shards": shard_shapes(x)}
+            "weights": {param_name(path): {"shape": list(x.shape), "shards": shard_shapes(x),
+                                           "partition": list(spec[param_name(path)].partition)}
                         for path, x in leaves},
             "kv_cache": {"shape": list(runner.kv_cache.shape),
                          "shards": shard_shapes(runner.kv_cache)},

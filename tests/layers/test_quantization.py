@@ -13,7 +13,7 @@ from flax import nnx
 from conftest import run_prefill, write_tiny_llama
 from jaxvllm import LLM, SamplingParams
 from jaxvllm.layers.quantization.weight_only import WeightOnlyLinearMethod
-from jaxvllm.memory_plan import GiB, main as memory_plan_main, plan, weight_bytes
+from jaxvllm.memory_plan import GiB, main as memory_plan_main, plan, quant_config_for, weight_bytes
 from jaxvllm.layers.linear import UnquantizedLinearMethod
 from jaxvllm.models.llama import LlamaArgs, LlamaForCausalLM
 from jaxvllm.models.loader import load_weights
@@ -67,9 +67,9 @@ def test_tiny_model_logits_with_quantized_weights(tmp_path, quantization):
 
 @pytest.mark.parametrize("args", [SMOLLM2, LLAMA3_8B], ids=["smollm2", "llama3-8b"])
 def test_plan_weight_bytes_and_kv_blocks(args):
-    float32 = weight_bytes(LlamaForCausalLM, args, UnquantizedLinearMethod(), "float32")[0]
+    float32 = weight_bytes(LlamaForCausalLM, args, quant_config_for(None), "float32")[0]
     for quantization in ("int8", "fp8"):
-        assert weight_bytes(LlamaForCausalLM, args, WeightOnlyLinearMethod(quantization), "float32")[0] <= 0.27 * float32
+        assert weight_bytes(LlamaForCausalLM, args, quant_config_for(quantization), "float32")[0] <= 0.27 * float32
     budget = dict(device_memory=64 * GiB, quantization="int8", dtype="bfloat16")
     bf16 = plan(LlamaForCausalLM, args, **budget).num_blocks
     for kv in ("fp8", "fp8_e5m2", "int8"):

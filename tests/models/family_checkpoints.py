@@ -27,6 +27,14 @@ FAMILIES = {
         pad_token_id=0)),
     "Phi3ForCausalLM": ("Phi3Config", dict(COMMON, num_hidden_layers=2, tie_word_embeddings=False)),
 }
+# The Llama class's other architectures, for the tests that cover every registered one
+# (test_families runs FAMILIES only: Llama has tests of its own).
+LLAMA_FAMILIES = {
+    "LlamaForCausalLM": ("LlamaConfig", dict(COMMON, num_hidden_layers=2, tie_word_embeddings=True)),
+    "MistralForCausalLM": ("MistralConfig", dict(COMMON, num_hidden_layers=2, sliding_window=None,
+                                                  tie_word_embeddings=False)),
+    "Qwen2ForCausalLM": ("Qwen2Config", dict(COMMON, num_hidden_layers=2, tie_word_embeddings=False)),
+}
 
 
 def write_family_checkpoint(arch: str, path, seed: int = 0, **overrides):
@@ -37,7 +45,7 @@ def write_family_checkpoint(arch: str, path, seed: int = 0, **overrides):
     from jaxvllm.transformers_utils.model_path import default_model_path
     from jaxvllm.transformers_utils.tokenizer import load_tokenizer
 
-    cls, fields = FAMILIES[arch]
+    cls, fields = {**FAMILIES, **LLAMA_FAMILIES}[arch]
     cfg = getattr(transformers, cls)(**{**fields, **overrides})
     cfg.architectures = [arch]
     torch.manual_seed(seed)
@@ -54,3 +62,13 @@ def write_family_checkpoint(arch: str, path, seed: int = 0, **overrides):
     model.save_pretrained(path)
     load_tokenizer(default_model_path()).save_pretrained(path)
     return model.eval()
+
+
+def write_checkpoint(arch: str, path) -> None:
+    """A tiny random checkpoint of any registered architecture (models/registry.py)."""
+    from conftest import MOE_FAMILIES, write_tiny_moe
+    moe = arch.removesuffix("ForCausalLM")
+    if moe in MOE_FAMILIES:
+        write_tiny_moe(path, moe)
+    else:
+        write_family_checkpoint(arch, path)

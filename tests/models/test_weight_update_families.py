@@ -1,7 +1,7 @@
-"""update_weights' conversion for every model family: a full update by the checkpoint's names
-leaves exactly the weights a fresh load of those tensors gives (each family's own fusing and
-layout), and a partial one changes only the weights made from the tensors given (or, where a
-family's conversion cannot tell, is refused)."""
+"""update_weights' conversion for every registered architecture: a full update by the
+checkpoint's names leaves exactly the weights a fresh load of those tensors gives (each
+family's own fusing and layout), and a partial one changes only the weights made from the
+tensors given (the family's weight spec says which)."""
 from __future__ import annotations
 
 import jax
@@ -9,19 +9,14 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import MOE_FAMILIES, write_tiny_moe
-from family_checkpoints import FAMILIES, write_family_checkpoint
+from family_checkpoints import write_checkpoint
 from jaxvllm.distributed.mesh import make_mesh
 from jaxvllm.distributed.partition import param_name
 from jaxvllm.models.loader import load_weights
-from jaxvllm.models.registry import get_model_class
+from jaxvllm.models.registry import get_model_class, supported_architectures
 from jaxvllm.models.weight_update import WeightUpdater
 from jaxvllm.transformers_utils.config import load_hf_config
 
-WRITERS = {**{arch: lambda path, arch=arch: write_family_checkpoint(arch, path) for arch in FAMILIES},
-           **{f"{arch}ForCausalLM": lambda path, arch=arch: write_tiny_moe(path, arch) for arch in MOE_FAMILIES}}
-# Families whose conversion reads the given dict itself (the others read a renamed copy).
-TRACKED = {"Qwen3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM"}
 
 
 def load(hf_config, weights) -> nnx.Module:
@@ -35,9 +30,9 @@ def params(model) -> dict[str, np.ndarray]:
     return {param_name(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(nnx.state(model))[0]}
 
 
-@pytest.mark.parametrize("arch", sorted(WRITERS))
+@pytest.mark.parametrize("arch", supported_architectures())
 def test_update_by_checkpoint_names(arch, tmp_path):
-    WRITERS[arch](tmp_path)
+    write_checkpoint(arch, tmp_path)
     hf_config, weights = load_hf_config(str(tmp_path)), load_weights(str(tmp_path))
     rng = np.random.default_rng(0)
     new = {k: (v + 0.05 * rng.standard_normal(v.shape)).astype(np.float32) for k, v in weights.items()}
@@ -51,12 +46,7 @@ def test_update_by_checkpoint_names(arch, tmp_path):
         np.testing.assert_array_equal(value, expected[name], err_msg=name)
 
     one = next(k for k in weights if k.endswith(("layers.1.self_attn.o_proj.weight", "layers.1.self_attn.out_proj.weight")))
-    partial = {one: weights[one]}
-    if arch not in TRACKED:
-        with pytest.raises(ValueError, match="partial update by its parameter tree's names only"):
-            updater.prepare(partial)
-        return
-    model.load_weights(updater.prepare(partial))
+    model.load_weights(updater.prepare({one: weights[one]}))
     changed = {name for name, value in params(model).items() if not np.array_equal(value, expected[name])}
     assert changed == {"layers.1.o_proj"}
     np.testing.assert_array_equal(params(model)["layers.1.o_proj"], old["layers.1.o_proj"])

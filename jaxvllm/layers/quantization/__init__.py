@@ -1,7 +1,8 @@
 """Quantization (vLLM's `quantization=`): weight-only int8 or fp8 linear methods and MoE
 methods, quantizing float weights at load or keeping a compressed-tensors checkpoint's.
 
-The names are vLLM's; jaxvllm/config/ validates them without importing JAX (the checkpoint's
-format is read by compressed_tensors.py, which imports none either), the platform
-(jaxvllm/platforms) picks the methods that run them.
+QUANTIZATION_METHODS is the one registry of the names (vLLM's); it imports nothing, so that
+the engine's configuration validates them without JAX. config.py resolves the method of each
+named layer; the platform (jaxvllm/platforms) picks the methods that run them.
 """
+QUANTIZATION_METHODS = ("int8", "fp8", "compressed-tensors")

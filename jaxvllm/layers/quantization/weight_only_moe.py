@@ -13,6 +13,8 @@ bfloat16 only, so XLA converts the layer's experts before the kernel.
 """
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import qwix
@@ -35,6 +37,11 @@ class WeightOnlyFusedMoEMethod(UnquantizedFusedMoEMethod):
             return w
         # Per expert and output channel: the input axis (1) is the one reduced.
         return quantize_weight(w, self.qtype, (0, *range(2, w.ndim)))
+
+    def weight_bytes(self, shape: tuple[int, ...], dtype=None) -> int:
+        """8-bit values, a float32 scale per (expert, output channel)."""
+        out = math.prod(shape) // shape[1]
+        return math.prod(shape) + out * 4
 
     def expert_matmul(self, lhs: jax.Array, w, group_sizes: jax.Array, experts: jax.Array) -> jax.Array:
         if not isinstance(w, qwix.QArray):
