@@ -3,8 +3,8 @@ the parameter tree built from it, a checkpoint converted by it, loaded weights s
 layer's quantization method, the head, and the forward that joins the family's parts.
 
 A family (interfaces.ModelFamily) subclasses it with its args class, `weight_spec(args)`, and
-its layer functions in `embed`, `forward_layers` and `final_norm`; pipeline stages run those
-parts one by one (worker/pipeline_runner.py).
+its layer functions in `embed`, `forward_layers` and `final_norm`; the forward is those parts
+in turn, which pipeline stages run one by one (worker/pipeline_runner.py).
 """
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ from jaxvllm.models.weight_spec import LINEAR, Weight, canonical, convert, expan
 
 
 class CausalLM(nnx.Module):
-    supports_pipeline = True  # its forward is embed -> forward_layers -> final_norm
     checkpoint_aliases: tuple[tuple[str, str], ...] = ()  # weight_spec.canonical
 
     @staticmethod

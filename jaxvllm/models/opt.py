@@ -1,8 +1,8 @@
 """OPT (facebook/opt-*): learned positions (offset 2), LayerNorm with biases, ReLU MLP,
 biases on every projection, and project_in/project_out where the embedding is narrower than
 the hidden size (opt-350m). Multi-head attention: its q/k/v are fused as Llama's are, groups
-of one query head (models/llama.py). Its forward adds positions to the embedding, so it is
-not split into pipeline stages."""
+of one query head (models/llama.py). The learned positions are added where the first
+pipeline stage's layers begin."""
 from __future__ import annotations
 
 import dataclasses
@@ -50,6 +50,9 @@ class OPTArgs:
             do_layer_norm_before=cfg.do_layer_norm_before,
             final_layer_norm=cfg.do_layer_norm_before and not cfg._remove_final_layer_norm,
             tie_word_embeddings=bool(cfg.tie_word_embeddings))
+
+    def for_layers(self, layers: range) -> "OPTArgs":
+        return dataclasses.replace(self, num_layers=len(layers))
 
 
 def attention_inputs(a: OPTArgs, w: dict, h: jax.Array, *, num_tokens: jax.Array):
@@ -118,14 +121,19 @@ def weight_spec(a: OPTArgs) -> list[Weight]:
 
 class OPTForCausalLM(CausalLM):
     weight_spec = staticmethod(weight_spec)
-    supports_pipeline = False
     # facebook/opt-* checkpoints name the decoder without the "model." that transformers writes.
     checkpoint_aliases = (("model.decoder.", "decoder."),)
 
-    def __call__(self, input_ids: jax.Array, kv_cache: jax.Array, md: AttentionMetadata,
-                 attend, layer_loop) -> tuple[jax.Array, jax.Array]:
-        """As CausalLM's: final hidden states [tokens, hidden] (before project_out, which
-        compute_logits applies) and the updated cache."""
+    def embed(self, input_ids: jax.Array) -> jax.Array:
+        h = self.embed_tokens.get_value()[input_ids]
+        if self.args.word_embed_proj_dim != self.args.hidden_size:
+            h = self.bind("project_in", self.project_in.get_value())(h)
+        return h
+
+    def forward_layers(self, h: jax.Array, kv_cache: jax.Array, md: AttentionMetadata, attend,
+                       layer_loop) -> tuple[jax.Array, jax.Array]:
+        """The learned positions join the embedding first, where this model holds them (the
+        first pipeline stage: their spec's stage)."""
         a = self.args
         num_tokens = md.cu_q_lens[md.num_seqs[0]]
         qkv = functools.partial(attention_inputs, a, num_tokens=num_tokens)
@@ -134,14 +142,16 @@ class OPTForCausalLM(CausalLM):
         def attend_layer(q, k, v, kv_cache, layer):
             return attend(q, k, v, kv_cache, layer, md, a.head_dim ** -0.5)
 
-        h = self.embed_tokens.get_value()[input_ids]
-        if a.word_embed_proj_dim != a.hidden_size:
-            h = self.bind("project_in", self.project_in.get_value())(h, num_tokens)
-        h = constrain(h + self.embed_positions.get_value()[md.positions + POSITION_OFFSET], None, None)
-        h, kv_cache = layer_loop(self.layer_weights(), qkv, attend_layer, mlp, h, kv_cache)
-        if a.final_layer_norm:
-            h = layer_norm(h, self.final_layer_norm.get_value(), self.final_layer_norm_bias.get_value())
-        return h, kv_cache
+        if self.embed_positions is not None:
+            h = h + self.embed_positions.get_value()[md.positions + POSITION_OFFSET]
+        return layer_loop(self.layer_weights(), qkv, attend_layer, mlp, constrain(h, None, None), kv_cache)
+
+    def final_norm(self, h: jax.Array) -> jax.Array:
+        """The final LayerNorm where the layout has one (before project_out, which
+        compute_logits applies)."""
+        if not self.args.final_layer_norm:
+            return h
+        return layer_norm(h, self.final_layer_norm.get_value(), self.final_layer_norm_bias.get_value())
 
     def compute_logits(self, hidden: jax.Array, num_rows: jax.Array | None = None) -> jax.Array:
         if self.args.word_embed_proj_dim != self.args.hidden_size:

@@ -16,7 +16,6 @@ from jaxvllm.config import EngineConfig
 from jaxvllm.models.loader import load_weights
 from jaxvllm.models.model_loader import get_model
 from jaxvllm.models.orbax_checkpoint import is_orbax_checkpoint
-from jaxvllm.models.registry import get_model_class
 
 
 def get_stage_models(config: EngineConfig, model_path: str, hf_config, meshes: list[Mesh],
@@ -24,10 +23,6 @@ def get_stage_models(config: EngineConfig, model_path: str, hf_config, meshes: l
     if is_orbax_checkpoint(model_path):
         raise ValueError("pipeline_parallel_size > 1 loads GGUF or safetensors checkpoints, not "
                          "Orbax ones; serve the original checkpoint.")
-    model_cls, _ = get_model_class(hf_config)
-    if not model_cls.supports_pipeline:
-        raise ValueError(f"{model_cls.__name__} cannot be split into pipeline stages yet; use "
-                         f"pipeline_parallel_size=1.")
     weights = load_weights(model_path)
     stages = []
     for s, (mesh, layers, method) in enumerate(zip(meshes, layer_ranges, linear_methods)):

@@ -98,34 +98,31 @@ def test_scale_out_arguments_are_checked(args, message):
         EngineArgs(**args).create_engine_config(SimpleNamespace(max_position_embeddings=512), "cpu")
 
 
-def test_families_split_into_stages_and_a_forward_of_its_own_is_refused():
-    """The families change the stage parts (embed, forward_layers, final_norm), not the forward
-    that joins them; OPT has a forward of its own, so its stages would not run it."""
-    from jaxvllm.models import gemma, llama, mixtral, opt, phi3, qwen3, qwen3_moe
-    from jaxvllm.models.stage_loader import _has_stage_parts
-    for cls in (llama.LlamaForCausalLM, phi3.Phi3ForCausalLM, qwen3.Qwen3ForCausalLM, gemma.GemmaForCausalLM,
-                mixtral.MixtralForCausalLM, qwen3_moe.Qwen3MoeForCausalLM):
-        assert _has_stage_parts(cls), cls
-    assert not _has_stage_parts(opt.OPTForCausalLM)
+def test_every_family_runs_in_stages(tmp_path):
+    """Every family's forward is its stage parts (embed, forward_layers, final_norm), so any
+    splits into stages: OPT (its learned positions join where the first stage's layers begin)
+    and a Mixtral served with quantization="int8", every stage of which runs 8-bit experts
+    (float experts on a stage once differed by 4e-4), give PP=1's prompt logprobs."""
+    from types import SimpleNamespace
 
-    class OwnForward(qwen3.Qwen3ForCausalLM):
-        def __call__(self, *args):
-            raise AssertionError("not run")
-    assert not _has_stage_parts(OwnForward)
-
-
-def test_quantized_experts_in_two_stages_match_one_device(tmp_path):
-    """quantization="int8" reaches every stage's experts: each stage runs 8-bit experts,
-    and PP=2 gives PP=1's prompt logprobs (float experts on a stage once differed by 4e-4)."""
     from conftest import write_tiny_moe
+    sys.path.insert(0, os.path.join(ROOT, "tests", "models"))
+    from family_checkpoints import write_family_checkpoint
+    from jaxvllm.models.causal_lm import CausalLM
+    from jaxvllm.models.registry import get_model_class, supported_architectures
     from jaxvllm.transformers_utils.model_path import default_model_path
     from jaxvllm.transformers_utils.tokenizer import load_tokenizer
-    write_tiny_moe(tmp_path, "Mixtral")
-    load_tokenizer(default_model_path()).save_pretrained(tmp_path)
+    for arch in supported_architectures():
+        assert get_model_class(SimpleNamespace(architectures=[arch]))[0].__call__ is CausalLM.__call__, arch
+    write_family_checkpoint("OPTForCausalLM", tmp_path / "opt")
+    write_tiny_moe(tmp_path / "mixtral", "Mixtral")
+    load_tokenizer(default_model_path()).save_pretrained(tmp_path / "mixtral")
+    opt, mixtral = str(tmp_path / "opt"), f"{tmp_path / 'mixtral'}=int8"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "pp_moe_check.py"), str(tmp_path), "int8"],
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "pp_logprobs_check.py"), opt, mixtral],
                           capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert r["1"]["expert_dtypes"] == ["int8"] and r["2"]["expert_dtypes"] == ["int8", "int8"]
-    np.testing.assert_allclose(r["2"]["prompt_logprobs"], r["1"]["prompt_logprobs"], rtol=0, atol=1e-5)
+    assert r[mixtral]["1"]["expert_dtypes"] == ["int8"] and r[mixtral]["2"]["expert_dtypes"] == ["int8", "int8"]
+    for model in (opt, mixtral):
+        np.testing.assert_allclose(r[model]["2"]["prompt_logprobs"], r[model]["1"]["prompt_logprobs"], rtol=0, atol=1e-5)
