@@ -13,7 +13,6 @@ holds the weights and one request of max_model_len.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import time

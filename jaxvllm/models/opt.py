@@ -9,7 +9,6 @@ import dataclasses
 import functools
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxvllm.distributed.mesh import MODEL_AXIS as M, constrain

@@ -1,5 +1,5 @@
-"""What the config, tokenizer and weight loaders share about a GGUF file: how to tell one,
-where to read its converted copy (models/gguf_cache.py), and one parsed reader for all three.
+"""What the config, tokenizer and weight readers share about a GGUF file: how to tell one,
+where to read its converted copy (gguf_cache.py), and one parsed reader for all three.
 
 `make run` installs no torch, and transformers' own GGUF readers import it, so GGUF files are
 read with the `gguf` package and fed to transformers' torch-free pieces.
@@ -11,7 +11,7 @@ import os
 
 import gguf
 
-from jaxvllm.models.gguf_cache import cached_hf_dir
+from jaxvllm.transformers_utils.gguf_cache import cached_hf_dir
 
 # GGUF architectures whose tensors map 1:1 onto Hugging Face's Llama-style names (Qwen3's
 # with its q/k norms; Gemma's with its extra norms, stored by llama.cpp as 1 + w).

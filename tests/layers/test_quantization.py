@@ -12,6 +12,7 @@ from flax import nnx
 
 from conftest import run_prefill, write_tiny_llama
 from jaxvllm import LLM, SamplingParams
+from jaxvllm.layers.quantization.config import QuantizationConfig
 from jaxvllm.layers.quantization.weight_only import WeightOnlyLinearMethod
 from jaxvllm.memory_plan import GiB, main as memory_plan_main, plan, quant_config_for, weight_bytes
 from jaxvllm.layers.linear import UnquantizedLinearMethod
@@ -63,6 +64,28 @@ def test_tiny_model_logits_with_quantized_weights(tmp_path, quantization):
     ref, got = run_prefill(models["float"], tokens), run_prefill(models[quantization], tokens)
     assert np.abs(got - ref).max() < 0.1 * np.abs(ref).max()
     assert (got.argmax(-1) == ref.argmax(-1)).mean() >= 0.75
+
+
+def test_layers_the_config_ignores_stay_float(tmp_path):
+    """The quantization config picks each named layer's method (get_quant_method): the layers
+    it ignores, by name or pattern, keep float weights and run XLA's float matmul; a model
+    whose every linear is ignored gives the float model's logits exactly."""
+    write_tiny_llama(tmp_path)
+    args = LlamaArgs.from_hf_config(load_hf_config(str(tmp_path)))
+    weights = load_weights(str(tmp_path))
+
+    def load(quant_config):
+        model = nnx.eval_shape(lambda: LlamaForCausalLM(args, quant_config=quant_config))
+        model.load_hf_weights(weights)
+        return model
+
+    model = load(QuantizationConfig(WeightOnlyLinearMethod("int8"), ignore=("layers.0.qkv_proj", r"re:layers\.1\..*")))
+    quantized = {path for path in model.weights() if isinstance(model._param(path).get_value(), qwix.QArray)}
+    assert quantized == {"layers.0.o_proj", "layers.0.gate_up_proj", "layers.0.down_proj", "lm_head"}
+    assert model.quant_method("layers.1.down_proj").__class__ is UnquantizedLinearMethod
+    tokens = [3, 17, 42, 99, 7, 250, 1, 64]
+    everything = QuantizationConfig(WeightOnlyLinearMethod("int8"), ignore=(r"re:.*",))
+    np.testing.assert_array_equal(run_prefill(load(everything), tokens), run_prefill(load(QuantizationConfig()), tokens))
 
 
 @pytest.mark.parametrize("args", [SMOLLM2, LLAMA3_8B], ids=["smollm2", "llama3-8b"])

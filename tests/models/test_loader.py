@@ -17,7 +17,7 @@ import safetensors.numpy
 import transformers
 
 from jaxvllm.models import loader
-from jaxvllm.transformers_utils import config as hf_config, model_path, tokenizer
+from jaxvllm.transformers_utils import config as hf_config, gguf_weights, model_path, tokenizer
 
 TEXTS = ["Hello world", "  leading spaces, émojis 🙂 and numbers 12345", "<|im_start|>user\nhi<|im_end|>"]
 CHAT = [{"role": "user", "content": "What is a paged KV cache?"}]
@@ -263,7 +263,7 @@ def test_gguf_cache(default_model, tmp_path, monkeypatch):
 
     def no_parsing(path):
         raise AssertionError(f"{path} was parsed despite its cached copy")
-    for module in (hf_config, tokenizer, loader):  # each reads the GGUF through its own name
+    for module in (hf_config, tokenizer, gguf_weights):  # each reads the GGUF through its own name
         monkeypatch.setattr(module, "gguf_reader", no_parsing)
     cached_weights = loader.load_weights(model)
     cached_config, cached_tok = hf_config.load_hf_config(model), tokenizer.load_tokenizer(model)

@@ -6,3 +6,8 @@ the engine's configuration validates them without JAX. config.py resolves the me
 named layer; the platform (jaxvllm/platforms) picks the methods that run them.
 """
 QUANTIZATION_METHODS = ("int8", "fp8", "compressed-tensors")
+
+
+def verify_quantization(name: str | None) -> None:
+    if name is not None and name not in QUANTIZATION_METHODS:
+        raise ValueError(f"quantization must be one of {QUANTIZATION_METHODS} (or None), got {name!r}.")

@@ -11,7 +11,9 @@ tensors are paired in models/loader.py and kept as they are stored (quantized_we
 """
 from __future__ import annotations
 
-QUANT_METHOD = "compressed-tensors"
+from jaxvllm.layers.quantization import QUANTIZATION_METHODS
+
+QUANT_METHOD = QUANTIZATION_METHODS[-1]  # "compressed-tensors"
 # format -> the weights' `type`; 8 bits, symmetric.
 _FORMATS = {"float-quantized": "float", "int-quantized": "int", "naive-quantized": "int"}
 _STRATEGIES = ("channel", "tensor")

@@ -17,7 +17,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import qwix
 
 _FUNCTIONS = {}
 
@@ -77,6 +76,7 @@ class QuantizedWeight:
 
     def to_qarray(self, put):
         """The Qwix QArray of these values and scales, each host array placed by put."""
+        import qwix  # here: the checkpoint readers (transformers_utils) import no JAX
         return qwix.QArray(put(self.value), put(self.scale))
 
     def __array_function__(self, func, types, args, kwargs):

@@ -25,18 +25,19 @@ import jax.numpy as jnp
 import qwix
 
 from jaxvllm.layers.linear import UnquantizedLinearMethod
+from jaxvllm.layers.quantization import verify_quantization
+from jaxvllm.layers.quantization.compressed_tensors import QUANT_METHOD
 
-# vLLM's `quantization` names -> the dtype float weights are quantized to at load (None: the
-# checkpoint's own 8-bit weights only).
-WEIGHT_DTYPES = {"int8": jnp.int8, "fp8": jnp.float8_e4m3fn, "compressed-tensors": None}
+# Each `quantization` (the registry: layers/quantization/__init__.py) -> the dtype float weights
+# are quantized to at load (None: the checkpoint's own 8-bit weights only).
+WEIGHT_DTYPES = {"int8": jnp.int8, "fp8": jnp.float8_e4m3fn, QUANT_METHOD: None}
 
 
 class WeightOnlyLinearMethod(UnquantizedLinearMethod):
     """x @ w with w an int8 / fp8 QArray, per-output-channel scales."""
 
     def __init__(self, quantization: str):
-        if quantization not in WEIGHT_DTYPES:
-            raise ValueError(f"quantization must be one of {sorted(WEIGHT_DTYPES)}, got {quantization!r}.")
+        verify_quantization(quantization)
         self.quantization = quantization
         self.qtype = WEIGHT_DTYPES[quantization]
 

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import qwix
 
 from jaxvllm.layers.fused_moe import GroupedMatmul, UnquantizedFusedMoEMethod
+from jaxvllm.layers.quantization import verify_quantization
 from jaxvllm.layers.quantization.weight_only import WEIGHT_DTYPES, quantize_weight
 
 
@@ -27,8 +28,7 @@ class WeightOnlyFusedMoEMethod(UnquantizedFusedMoEMethod):
     """Experts as QArrays [experts, in, *out], scales [experts, 1, *out]."""
 
     def __init__(self, quantization: str, grouped_matmul: GroupedMatmul = jax.lax.ragged_dot):
-        if quantization not in WEIGHT_DTYPES:
-            raise ValueError(f"quantization must be one of {sorted(WEIGHT_DTYPES)}, got {quantization!r}.")
+        verify_quantization(quantization)
         super().__init__(grouped_matmul)
         self.qtype = WEIGHT_DTYPES[quantization]
 

@@ -1,0 +1,67 @@
+"""A Hugging Face directory's safetensors, read without torch: float32 numpy arrays, a
+pre-quantized checkpoint's 8-bit weights kept as stored, each paired with its scales
+(QuantizedWeight)."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import ml_dtypes
+import numpy as np
+from safetensors import safe_open
+
+from jaxvllm.layers.quantization.quantized_weight import QuantizedWeight
+
+_INDEX = "model.safetensors.index.json"
+# What pre-quantized checkpoints store their weights in (with a scale each).
+_QUANTIZED_DTYPES = (np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(np.int8))
+
+
+def load_safetensors(model: str) -> dict[str, np.ndarray | QuantizedWeight]:
+    index = os.path.join(model, _INDEX)
+    if os.path.exists(index):  # the index names the shards; other *.safetensors may be duplicates
+        with open(index) as f:
+            files = sorted({os.path.join(model, shard) for shard in json.load(f)["weight_map"].values()})
+    else:
+        files = sorted(glob.glob(os.path.join(model, "*.safetensors")))
+    weights = {}
+    for file in files:
+        # Tensor by tensor, so no shard is held twice (as stored and as float32). bf16 arrives as
+        # ml_dtypes.bfloat16, which numpy casts. 8-bit tensors (a pre-quantized checkpoint's
+        # weights) stay as stored.
+        header, data_start = _header(file)
+        with safe_open(file, framework="numpy") as f:
+            for name in f.keys():
+                if header[name]["dtype"] == "F8_E4M3":  # which safetensors' numpy reader lacks
+                    begin, end = header[name]["data_offsets"]
+                    w = np.fromfile(file, np.uint8, end - begin, offset=data_start + begin)
+                    weights[name] = w.view(ml_dtypes.float8_e4m3fn).reshape(header[name]["shape"])
+                    continue
+                w = f.get_tensor(name)
+                weights[name] = w if w.dtype in _QUANTIZED_DTYPES else w.astype(np.float32, copy=False)
+    return _pair_quantized(weights)
+
+
+def _header(file: str) -> tuple[dict, int]:
+    """A safetensors file's header (each tensor's dtype, shape, byte offsets) and where its
+    data starts."""
+    with open(file, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        return json.loads(f.read(size)), 8 + size
+
+
+def _pair_quantized(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray | QuantizedWeight]:
+    """Each 8-bit `X.weight` with its `X.weight_scale` as one QuantizedWeight (compressed-tensors,
+    layers/quantization/compressed_tensors.py); `X.input_scale`, for activations quantized too,
+    is dropped: the weights run weight-only."""
+    for key in [k for k in weights if k.endswith(".weight_scale")]:
+        base = key.removesuffix("_scale")
+        if base not in weights or weights[base].dtype not in _QUANTIZED_DTYPES:
+            raise ValueError(f"Checkpoint tensor {key!r} scales no 8-bit tensor {base!r}.")
+        weights[base] = QuantizedWeight.from_checkpoint(base, weights[base], weights.pop(key))
+        weights.pop(base.removesuffix("weight") + "input_scale", None)
+    for key, w in weights.items():
+        if isinstance(w, np.ndarray) and w.dtype in _QUANTIZED_DTYPES:
+            raise ValueError(f"Checkpoint tensor {key!r} is stored in {w.dtype} without a {key}_scale.")
+    return weights
