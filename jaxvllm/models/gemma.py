@@ -5,8 +5,9 @@ soft-capping of attention scores and final logits (Gemma 2), per-head q/k norms 
 base of their own for the sliding-window layers (Gemma 3).
 
 The weights are Llama's attention and MLP (models/llama.py) and Gemma's four norms per layer
-(Gemma 3: and the q/k norms), all of them offsets from 1. The layer loop gets (layer index, weights) pairs: the index picks the
-layer's rope statically; the layer's window is a value the attention kernels take.
+(Gemma 3: and the q/k norms), all of them offsets from 1. The layer loop gets (layer index,
+weights) pairs: the index picks the layer's rope statically; the layer's window is a value
+the attention kernels take.
 """
 from __future__ import annotations
 

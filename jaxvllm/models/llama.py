@@ -124,6 +124,11 @@ def fuse_qkv(a: LlamaArgs, key: str, q, k, v):
                            split_heads(key, v, 1, d)], axis=1)
 
 
+def fuse_qkv_weight(a: LlamaArgs, key: str, q, k, v):
+    """fuse_qkv's [kv heads, group + 2, head_dim, in] as the linear's [in, kv heads, group + 2, head_dim]."""
+    return fuse_qkv(a, key, q, k, v).transpose(3, 0, 1, 2)
+
+
 def attention_weights(a: LlamaArgs, prefix: str = "model.layers.{i}.") -> list[Weight]:
     """Llama's attention: the fused q/k/v projection (and bias), o_proj, the input norm."""
     group, d = a.num_heads // a.num_kv_heads, a.head_dim
@@ -132,13 +137,14 @@ def attention_weights(a: LlamaArgs, prefix: str = "model.layers.{i}.") -> list[W
     weights = [
         vector("layers.{i}.input_layernorm", a.hidden_size, prefix + "input_layernorm.weight", init=1.0),
         linear("layers.{i}.qkv_proj", a.hidden_size, qkv, (None, M, None, None),
-               [f"{attn}{n}_proj.weight" for n in "qkv"],
-               lambda key, q, k, v: fuse_qkv(a, key, q, k, v).transpose(3, 0, 1, 2), name=attn + "qkv_proj.weight"),
+               [f"{attn}{n}_proj.weight" for n in "qkv"], functools.partial(fuse_qkv_weight, a),
+               name=attn + "qkv_proj.weight"),
         linear("layers.{i}.o_proj", a.num_heads * d, (a.hidden_size,), (M, None), [attn + "o_proj.weight"]),
     ]
     if a.attention_bias:
-        weights.append(Weight("layers.{i}.qkv_bias", qkv, (M, None, None), tuple(f"{attn}{n}_proj.bias" for n in "qkv"),
-                              functools.partial(fuse_qkv, a), name=attn + "qkv_proj.bias"))
+        weights.append(Weight("layers.{i}.qkv_bias", qkv, (M, None, None),
+                              tuple(f"{attn}{n}_proj.bias" for n in "qkv"), functools.partial(fuse_qkv, a),
+                              name=attn + "qkv_proj.bias"))
     return weights
 
 
@@ -146,7 +152,8 @@ def mlp_weights(a: LlamaArgs, prefix: str = "model.layers.{i}.mlp.") -> list[Wei
     """SwiGLU's gate/up (fused: one matmul reads x once) and down projections."""
     return [
         linear("layers.{i}.gate_up_proj", a.hidden_size, (2, a.intermediate_size), (None, None, M),
-               [prefix + "gate_proj.weight", prefix + "up_proj.weight"], stack_gate_up, name=prefix + "gate_up_proj"),
+               [prefix + "gate_proj.weight", prefix + "up_proj.weight"], stack_gate_up,
+               name=prefix + "gate_up_proj.weight"),
         linear("layers.{i}.down_proj", a.intermediate_size, (a.hidden_size,), (M, None), [prefix + "down_proj.weight"]),
     ]
 
@@ -175,6 +182,7 @@ def weight_spec(a: LlamaArgs) -> list[Weight]:
 
 class LlamaForCausalLM(CausalLM):
     weight_spec = staticmethod(weight_spec)
+    attention_inputs = staticmethod(attention_inputs)
 
     def final_norm(self, h: jax.Array) -> jax.Array:
         return rms_norm(h, self.norm.get_value(), self.args.rms_norm_eps)
@@ -192,8 +200,6 @@ class LlamaForCausalLM(CausalLM):
             return attend(q, k, v, kv_cache, layer, md, a.head_dim ** -0.5, a.sliding_window)
 
         return layer_loop(self.layer_weights(), qkv, attend_layer, self.mlp(num_tokens), h, kv_cache)
-
-    attention_inputs = staticmethod(attention_inputs)
 
     def mlp(self, num_tokens: jax.Array):
         """The layer function after attention: (weights, h, attention output) -> h."""

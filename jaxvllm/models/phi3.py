@@ -34,7 +34,7 @@ def split_qkv(a: LlamaArgs, key: str, qkv):
                          f"(groups of {group} query heads, a K and a V head of {a.head_dim}).")
     kv_rows = qkv.shape[0] // (group + 2)
     q, k, v = np.split(qkv, [group * kv_rows, (group + 1) * kv_rows])
-    return llama.fuse_qkv(a, key, q, k, v).transpose(3, 0, 1, 2)
+    return llama.fuse_qkv_weight(a, key, q, k, v)
 
 
 def split_gate_up(a: LlamaArgs, key: str, gate_up):

@@ -1,28 +1,22 @@
 """Which model class serves which Hugging Face architecture (the checkpoint config's
-`architectures`; vLLM's ModelRegistry): architecture -> (model class, args class)."""
+`architectures`; vLLM's ModelRegistry): architecture -> (module, class, args class), imported
+when asked for. A new family is its file under models/ and its line here."""
 from __future__ import annotations
 
-from jaxvllm.models.gemma import GemmaArgs, GemmaForCausalLM
-from jaxvllm.models.llama import LlamaArgs, LlamaForCausalLM
-from jaxvllm.models.opt import OPTArgs, OPTForCausalLM
-from jaxvllm.models.phi3 import Phi3Args, Phi3ForCausalLM
-from jaxvllm.models.qwen3 import Qwen3Args, Qwen3ForCausalLM
-from jaxvllm.models.mixtral import MixtralForCausalLM, MoeArgs
-from jaxvllm.models.qwen2_moe import Qwen2MoeForCausalLM
-from jaxvllm.models.qwen3_moe import Qwen3MoeForCausalLM
+import importlib
 
 _MODELS = {
-    "LlamaForCausalLM": (LlamaForCausalLM, LlamaArgs),
-    "MistralForCausalLM": (LlamaForCausalLM, LlamaArgs),
-    "Qwen2ForCausalLM": (LlamaForCausalLM, LlamaArgs),
-    "Qwen3ForCausalLM": (Qwen3ForCausalLM, Qwen3Args),
-    "Gemma2ForCausalLM": (GemmaForCausalLM, GemmaArgs),
-    "Gemma3ForCausalLM": (GemmaForCausalLM, GemmaArgs),
-    "OPTForCausalLM": (OPTForCausalLM, OPTArgs),
-    "Phi3ForCausalLM": (Phi3ForCausalLM, Phi3Args),
-    "MixtralForCausalLM": (MixtralForCausalLM, MoeArgs),
-    "Qwen2MoeForCausalLM": (Qwen2MoeForCausalLM, MoeArgs),
-    "Qwen3MoeForCausalLM": (Qwen3MoeForCausalLM, MoeArgs),
+    "LlamaForCausalLM": ("llama", "LlamaForCausalLM", "LlamaArgs"),
+    "MistralForCausalLM": ("llama", "LlamaForCausalLM", "LlamaArgs"),
+    "Qwen2ForCausalLM": ("llama", "LlamaForCausalLM", "LlamaArgs"),
+    "Qwen3ForCausalLM": ("qwen3", "Qwen3ForCausalLM", "Qwen3Args"),
+    "Gemma2ForCausalLM": ("gemma", "GemmaForCausalLM", "GemmaArgs"),
+    "Gemma3ForCausalLM": ("gemma", "GemmaForCausalLM", "GemmaArgs"),
+    "OPTForCausalLM": ("opt", "OPTForCausalLM", "OPTArgs"),
+    "Phi3ForCausalLM": ("phi3", "Phi3ForCausalLM", "Phi3Args"),
+    "MixtralForCausalLM": ("mixtral", "MixtralForCausalLM", "MoeArgs"),
+    "Qwen2MoeForCausalLM": ("qwen2_moe", "Qwen2MoeForCausalLM", "MoeArgs"),
+    "Qwen3MoeForCausalLM": ("qwen3_moe", "Qwen3MoeForCausalLM", "MoeArgs"),
 }
 
 # A GGUF's config names no architecture, only its model type.
@@ -47,5 +41,8 @@ def architecture(hf_config) -> str:
                      f"supported: {', '.join(supported_architectures())}.")
 
 
-def get_model_class(hf_config):
-    return _MODELS[architecture(hf_config)]
+def get_model_class(hf_config) -> tuple[type, type]:
+    """(model class, args class) of hf_config's architecture."""
+    module, model_cls, args_cls = _MODELS[architecture(hf_config)]
+    module = importlib.import_module(f"jaxvllm.models.{module}")
+    return getattr(module, model_cls), getattr(module, args_cls)
