@@ -1,5 +1,6 @@
-"""Mixture-of-experts decoders (Mixtral; Qwen2-MoE and Qwen3-MoE in their files): Llama's
-attention (models/llama.py), and an MLP of routed experts (layers/fused_moe.py).
+"""Mixtral: Llama's attention (models/llama.py) and an MLP of routed experts
+(layers/fused_moe.py); the MoE families beside it (qwen2_moe.py, qwen3_moe.py) build on its
+public parts.
 
 A layer's weights are Llama's attention weights plus the router `[hidden, experts]` and the
 stacked experts (gate/up `[experts, hidden, 2, intermediate]`, down `[experts, intermediate,
@@ -26,7 +27,7 @@ from jaxvllm.models.weight_spec import EXPERTS, Weight, transpose, vector
 
 @dataclasses.dataclass(frozen=True)
 class MoeArgs(LlamaArgs):
-    """Llama's fields (intermediate_size: the shared expert's, 0 without one) and the experts'."""
+    """Llama's fields (intermediate_size: a shared expert's, 0 without one) and the experts'."""
     num_experts: int = 0
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
@@ -50,17 +51,17 @@ class MoeArgs(LlamaArgs):
             norm_topk_prob=bool(getattr(cfg, "norm_topk_prob", True)))
 
 
-def moe_block(a: MoeArgs, moe_method, w: dict, h: jax.Array, o: jax.Array, *, num_tokens: jax.Array) -> jax.Array:
-    """The rest of a layer after attention: output projection, residual, routed experts
-    (plus the gated shared expert where there is one), residual."""
-    T = h.shape[0]
-    h = constrain(h + w["o_proj"](o.reshape(T, -1), num_tokens), None, None)
-    x = rms_norm(h, w["post_attention_layernorm"], a.rms_norm_eps)
+def routed_experts(a: MoeArgs, moe_method, w: dict, x: jax.Array) -> jax.Array:
+    """The router's top-k experts of each token of x, through the grouped matmul."""
     weights, ids = select_experts(x @ w["router"], a.num_experts_per_tok, a.norm_topk_prob)
-    out = fused_moe(moe_method, x, w["experts_gate_up"], w["experts_down"], weights, ids, a.expert_parallel)
-    if a.intermediate_size:
-        out = out + jax.nn.sigmoid(x @ w["shared_expert_gate"]) * llama.dense_mlp(a, w, x, num_tokens)
-    return constrain(h + out, None, None)
+    return fused_moe(moe_method, x, w["experts_gate_up"], w["experts_down"], weights, ids, a.expert_parallel)
+
+
+def moe_block(a: MoeArgs, moe_method, w: dict, h: jax.Array, o: jax.Array, *, num_tokens: jax.Array) -> jax.Array:
+    """The rest of a layer after attention: output projection, residual, routed experts, residual."""
+    h = constrain(h + w["o_proj"](o.reshape(h.shape[0], -1), num_tokens), None, None)
+    x = rms_norm(h, w["post_attention_layernorm"], a.rms_norm_eps)
+    return constrain(h + routed_experts(a, moe_method, w, x), None, None)
 
 
 def stack_gate_up(key: str, *gate_up):
@@ -106,5 +107,7 @@ class MixtralForCausalLM(LlamaForCausalLM):
     """Llama's embedding, attention, final norm and head; routed experts for the MLP."""
     weight_spec = staticmethod(weight_spec)
 
+    block = staticmethod(moe_block)
+
     def mlp(self, num_tokens: jax.Array):
-        return functools.partial(moe_block, self.args, self.quant_config.moe_method, num_tokens=num_tokens)
+        return functools.partial(self.block, self.args, self.quant_config.moe_method, num_tokens=num_tokens)

@@ -24,6 +24,7 @@ from jaxvllm.layers.quantization.weight_only import WeightOnlyLinearMethod
 from jaxvllm.layers.quantization.weight_only_moe import WeightOnlyFusedMoEMethod
 from jaxvllm.models.loader import load_weights
 from jaxvllm.models.registry import get_model_class
+from jaxvllm.models.weight_spec import EXPERTS
 from jaxvllm.transformers_utils.config import load_hf_config
 
 FP8_MAX = torch.finfo(torch.float8_e4m3fn).max
@@ -77,9 +78,9 @@ def test_loaded_values_are_the_files_and_logits_the_dequantized_models(tmp_path,
     assert checkpoint_quantization(hf_config) == "compressed-tensors"
     model_cls, args_cls = get_model_class(hf_config)
     args = args_cls.from_hf_config(hf_config)
-    moe = dict(moe_method=WeightOnlyFusedMoEMethod("compressed-tensors")) if hasattr(args, "num_experts") else {}
+    moe = any(w.kind == EXPERTS for w in model_cls.weight_spec(args))
     quantized = nnx.eval_shape(lambda: model_cls(args, linear_method=WeightOnlyLinearMethod("compressed-tensors"),
-                                                 **moe))
+                                                 moe_method=WeightOnlyFusedMoEMethod("compressed-tensors")))
     quantized.load_hf_weights(load_weights(str(path)))
     ref = nnx.eval_shape(lambda: model_cls(args, linear_method=UnquantizedLinearMethod()))
     ref.load_hf_weights(dequantized)
