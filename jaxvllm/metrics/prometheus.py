@@ -14,6 +14,7 @@ import dataclasses
 import prometheus_client as prom
 
 from jaxvllm.core.stats import SchedulerStats
+from jaxvllm.outputs import FinishReason
 
 _TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                  5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
@@ -71,6 +72,9 @@ class PrometheusStatLogger:
         self.generation_tokens = make(c, "vllm:generation_tokens", "Number of generation tokens processed.")
         self.request_success = make(c, "vllm:request_success", "Count of successfully processed requests.",
                                     labelnames=["finished_reason"])
+        for engine in range(num_engines):  # every reason's series from the start, as in vLLM
+            for reason in FinishReason:
+                self.request_success.labels(**labels, engine=str(engine), finished_reason=str(reason))
         self.aborted_by_server = make(c, "jaxvllm:num_requests_aborted",
                                       "Requests the server aborted before they finished "
                                       "(client disconnects, a failed sibling prompt).",

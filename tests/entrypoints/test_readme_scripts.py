@@ -153,10 +153,13 @@ def _check_error_example(code: str) -> None:
 def test_shell_blocks_and_their_clients_run_in_order(workdir):
     clients = plan()["client"]
     for heading, _, code in plan()["shell"]:
+        start = time.monotonic()
         if "jaxvllm serve" not in code or "&" in code:  # a server in the background stops itself
             run_bash(code, workdir)
+            print(f"{heading}: {time.monotonic() - start:.1f} s")
             continue
         proc = _start(code, workdir)
+        print(f"{heading} (server up): {time.monotonic() - start:.1f} s")
         try:
             for _, lang, client in [c for c in clients if c[0] == heading]:
                 if lang == "json":
