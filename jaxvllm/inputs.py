@@ -1,9 +1,7 @@
 """vLLM's prompt types (`vllm.inputs`): plain dicts, which `LLM.generate` takes as they are."""
 from __future__ import annotations
 
-from typing import TypedDict
-
-from typing_extensions import NotRequired
+from typing import NotRequired, TypedDict
 
 
 class TextPrompt(TypedDict):
