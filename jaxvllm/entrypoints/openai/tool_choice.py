@@ -114,7 +114,7 @@ def plan_tools(request, server_args, tokenizer) -> ToolPlan:
         parser = ToolParserManager.get_tool_parser(server_args.tool_call_parser)(tokenizer)
         return ToolPlan(dicts, parser, None, max_calls)
     if (request.structured_outputs is not None or request.response_format is not None
-            or any(getattr(request, name) is not None for name in CONSTRAINTS)):
+            or any(getattr(request, name, None) is not None for name in CONSTRAINTS)):
         raise APIError("response_format, structured_outputs and guided_* cannot be combined with "
                        "tool_choice "
                        f"{choice if isinstance(choice, str) else 'naming a function'}.", 400,
