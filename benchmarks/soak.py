@@ -261,16 +261,17 @@ async def run_workload(base_url: str, specs: list[Spec], args, headers: dict) ->
 # --- the server's side ------------------------------------------------------------------
 
 def read_metrics(base_url: str) -> dict[str, float]:
-    """The GAUGES and COUNTERS by name (summed over labels: one model)."""
+    """The GAUGES and COUNTERS by name without prefix (vLLM's `vllm:` names and the
+    `jaxvllm:` ones only jaxvllm has), summed over labels: one model."""
     from prometheus_client.parser import text_string_to_metric_families
 
     text = httpx.get(base_url + "/metrics", timeout=10).text
-    wanted = {f"jaxvllm:{n}" for n in GAUGES + COUNTERS}
+    wanted = {f"{prefix}:{n}" for n in GAUGES + COUNTERS for prefix in ("vllm", "jaxvllm")}
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name in wanted:
-                key = s.name[len("jaxvllm:"):]
+                key = s.name.split(":", 1)[1]
                 out[key] = out.get(key, 0.0) + s.value
     return out
 

@@ -1,9 +1,13 @@
 """jaxvllm: vLLM's architecture on JAX/XLA."""
-from jaxvllm.sampling_params import SamplingParams
-from jaxvllm.outputs import CompletionOutput, RequestOutput
+from jaxvllm.inputs import TextPrompt, TokensPrompt
+from jaxvllm.sampling_params import (BeamSearchParams, RequestOutputKind, SamplingParams,
+                                     StructuredOutputsParams)
+from jaxvllm.outputs import CompletionOutput, Logprob, RequestOutput
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "AsyncLLM", "EngineArgs", "SamplingParams", "RequestOutput", "CompletionOutput"]
+__all__ = ["LLM", "AsyncLLM", "EngineArgs", "SamplingParams", "StructuredOutputsParams",
+           "BeamSearchParams", "RequestOutputKind", "RequestOutput", "CompletionOutput", "Logprob",
+           "TextPrompt", "TokensPrompt"]
 
 
 def __getattr__(name):

@@ -107,7 +107,8 @@ def main(argv=None) -> None:
     from jaxvllm.models.llama import LlamaForCausalLM
     from jaxvllm.models.shapes import SHAPES
 
-    p = argparse.ArgumentParser(prog="python -m jaxvllm.memory_plan", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m jaxvllm.memory_plan", description=__doc__.split("\n\n")[0],
+                                allow_abbrev=False)
     p.add_argument("--shape", choices=sorted(SHAPES), default="llama3-8b")
     p.add_argument("--quantization", choices=QUANTIZATION_METHODS, default=None)
     p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")

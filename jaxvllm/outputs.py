@@ -53,6 +53,10 @@ class EngineCoreOutput:
     new_logprobs: LogprobsLists | None = None
     new_prompt_logprobs: LogprobsLists | None = None
     error: str | None = None  # with FinishReason.ERROR: what went wrong, for the client
+    # With a request's first token only: seconds it waited before its first schedule, and
+    # from then to this token, both on the engine core's clock (vLLM's queued/prefill time).
+    queued_time: float | None = None
+    prefill_time: float | None = None
 
     @property
     def finished(self) -> bool:

@@ -6,8 +6,11 @@ field's name and its allowed range before the request reaches the engine.
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from dataclasses import dataclass, field
+
+from jaxvllm.vllm_compat import SAMPLING_REFUSED, STRUCTURED_REFUSED, refuse, warn_legacy_once
 
 # Most top logprobs a request may ask for (vLLM's default max_logprobs); the sampler
 # always computes this many, so one compiled variant serves every k.
@@ -175,6 +178,42 @@ class SamplingParams:
     def sampling_type_greedy(self) -> bool:
         """Greedy decoding: temperature 0 (vLLM treats tiny temperatures the same way)."""
         return self.temperature < 1e-5
+
+
+def _accept_vllm_keywords(cls, table: dict, where: str, legacy=None):
+    """cls(...) also takes vLLM's keywords of `table`: a neutral value is dropped, another
+    refused (ValueError naming it); `legacy` maps deprecated names onto current ones."""
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        if legacy is not None:
+            legacy(kwargs)
+        init(self, *args, **refuse(kwargs, table, where))
+
+    cls.__init__ = __init__
+
+
+def _map_guided_decoding(kwargs: dict) -> None:
+    """vLLM <= 0.10's `guided_decoding` is today's `structured_outputs`: mapped, never dropped."""
+    guided = kwargs.pop("guided_decoding", None)
+    if guided is None:
+        return
+    warn_legacy_once("guided_decoding", "structured_outputs")
+    if kwargs.get("structured_outputs") is not None:
+        raise ValueError("guided_decoding and structured_outputs cannot both be set; "
+                         "use structured_outputs.")
+    if isinstance(guided, dict):
+        guided = {k: v for k, v in guided.items() if k != "backend"}  # one backend here
+        guided = StructuredOutputsParams(**guided)
+    if not isinstance(guided, StructuredOutputsParams):
+        raise ValueError(f"guided_decoding must be a StructuredOutputsParams or a dict, "
+                         f"got {type(guided).__name__}.")
+    kwargs["structured_outputs"] = guided
+
+
+_accept_vllm_keywords(SamplingParams, SAMPLING_REFUSED, "SamplingParams", _map_guided_decoding)
+_accept_vllm_keywords(StructuredOutputsParams, STRUCTURED_REFUSED, "StructuredOutputsParams")
 
 
 def _parse_logit_bias(bias) -> dict[int, float]:

@@ -1,8 +1,13 @@
-"""vLLM engine arguments that have no meaning here, so that scripts and command lines
-written for vLLM run unchanged: IGNORED ones are accepted with one warning each (saying
-why), REFUSED ones are accepted only at their neutral value and otherwise rejected with an
-error that says what is missing. Every other vLLM argument jaxvllm has is an EngineArgs
-field of the same name."""
+"""vLLM keywords that have no meaning here, so that scripts and command lines written for
+vLLM run unchanged or stop with a reason, never silently differ.
+
+IGNORED engine arguments are accepted with one warning each (saying why). Every REFUSED
+keyword (of `LLM(...)`, `SamplingParams`, `StructuredOutputsParams`, `LLM.generate` and
+`LLM.chat`) is accepted only at a neutral value (what vLLM does by default) and otherwise
+raises a ValueError that names it and says what is missing. Every other keyword of vLLM's
+current signatures is honoured under the same name (tests/test_vllm_keywords.py checks
+the lists against vLLM's).
+"""
 from __future__ import annotations
 
 import argparse
@@ -20,29 +25,112 @@ IGNORED = {
     "disable_custom_all_reduce": "XLA chooses the collectives",
     "compilation_config": "XLA compiles the whole step; its flags are the platform's",
 }
-# name: (neutral value, what to say when another value is given)
-REFUSED = {
-    "enable_lora": (False, "LoRA adapters are not supported"),
-    "cpu_offload_gb": (0, "weights cannot be offloaded to host memory"),
+_NO_LORA = "LoRA adapters are not supported yet"
+_NO_MM = "multimodal inputs are not supported"
+_NO_OFFLOAD = "weights cannot be offloaded to host memory"
+_NO_SPEC = "speculative decoding is not supported yet"
+# name: (neutral values, what to say when another value is given)
+REFUSED = {  # LLM(...) and engine arguments (also the CLI's flags of the same names)
+    "enable_lora": ((False,), _NO_LORA),
+    "cpu_offload_gb": ((0,), _NO_OFFLOAD),
+}
+LLM_REFUSED = REFUSED | {
+    "runner": (("auto", "generate"), "only the generate runner is built"),
+    "convert": (("auto", "none"), "only the generate runner is built"),
+    "tokenizer": ((), "the tokenizer is always the model's own (omit tokenizer)"),
+    "skip_tokenizer_init": ((False,), "prompts are always tokenized and outputs detokenized"),
+    "allowed_local_media_path": (("",), _NO_MM),
+    "allowed_media_domains": ((), _NO_MM),
+    "tokenizer_revision": ((), "the tokenizer is read with the model at its revision"),
+    "offload_group_size": ((0,), _NO_OFFLOAD),
+    "offload_num_in_group": ((1,), _NO_OFFLOAD),
+    "offload_prefetch_step": ((1,), _NO_OFFLOAD),
+    "offload_params": ((set(), frozenset()), _NO_OFFLOAD),
+    "enable_return_routed_experts": ((False,), "MoE routing is not returned"),
+    "return_sampling_mask": ((False,), "sampling masks are not returned"),
+    "hf_token": ((True,), "set HF_TOKEN in the environment (huggingface_hub reads it)"),
+    "hf_overrides": (({},), "the checkpoint's config is used as it is"),
+    "mm_processor_kwargs": (({},), _NO_MM),
+    "pooler_config": ((), "pooling models are not supported yet"),
+    "structured_outputs_config": (({},), "structured outputs always use llguidance"),
+    "profiler_config": (({},), "use profile_dir= (jax.profiler traces)"),
+    "attention_config": (({},), "use attention_backend="),
+    "quantization_config": (({},), "use quantization="),
+    "logits_processors": (([],), "custom logits processors are not supported"),
+    "spec_method": ((), _NO_SPEC),
+    "spec_model": ((), _NO_SPEC),
+    "spec_tokens": ((), _NO_SPEC),
+}
+SAMPLING_REFUSED = {
+    "best_of": ((1,), "vLLM V1 removed it; ask for n samples and keep the best cumulative_logprob"),
+    "prompt_logprob_token_ids": ((), "use prompt_logprobs"),
+    "prompt_logprob_start": ((0,), "prompt logprobs start at the first prompt token"),
+    "logprob_token_ids": ((), "use logprobs (the top-k tokens)"),
+    "flat_logprobs": ((False,), "logprobs come as one dict per position"),
+    "detokenize": ((True,), "outputs are always detokenized"),
+    "stream_interval": ((1,), "every new token is streamed"),
+    "skip_clone": ((False, True), ""),  # no clone happens here: both values mean the same
+    "skip_reading_prefix_cache": ((False,), "every request reads the prefix cache"),
+    "thinking_token_budget": ((-1,), "a thinking budget is not supported yet"),
+    "repetition_detection": ((), "repetition detection is not supported"),
+    "routed_experts_prompt_start": ((0,), "MoE routing is not returned"),
+    "trace_decode_token_ids": ((), "forced decoding is not supported"),
+    "logits_processors": (([],), "custom logits processors are not supported"),
+    "truncate_prompt_tokens": ((), "prompt truncation is not supported yet; shorten the prompt"),
+    "extra_args": (({},), "no sampler here reads extra args (there are no sampling plugins)"),
+}
+STRUCTURED_REFUSED = {
+    "disable_any_whitespace": ((False,), "JSON grammars always allow flexible whitespace"),
+    "disable_additional_properties": ((False,), "schemas are used as written"),
+    "whitespace_pattern": ((), "JSON grammars use llguidance's default whitespace"),
+    "structural_tag": ((), "structural tags are not supported"),
+    "disable_fallback": ((False, True), ""),  # one backend: there is nothing to fall back to
+}
+GENERATE_REFUSED = {
+    "lora_request": ((), _NO_LORA),
+    "tokenization_kwargs": (({},), "prompts are tokenized with the tokenizer's defaults"),
+    "mm_processor_kwargs": (({},), _NO_MM),
+}
+CHAT_REFUSED = GENERATE_REFUSED | {
+    "chat_template_content_format": (("auto", "string"),
+                                     "message content is passed to the template as a string"),
 }
 
 
-def pop_vllm_args(kwargs: dict) -> dict:
+_warned: set[str] = set()
+
+
+def warn_legacy_once(name: str, replacement: str) -> None:
+    """One warning per legacy field name for the process's life (a bounded set)."""
+    if name not in _warned:
+        _warned.add(name)
+        logger.warning("%s is deprecated in vLLM and removed in its current API; jaxvllm maps it "
+                       "onto %s (this warning is shown once).", name, replacement)
+
+
+def refuse(kwargs: dict, table: dict, where: str) -> dict:
+    """kwargs without the table's names; ValueError naming the first one set to something
+    other than None or a neutral value."""
+    for name in [k for k in kwargs if k in table]:
+        value = kwargs.pop(name)
+        neutral, why = table[name]
+        if value is not None and not any(value == v and isinstance(value, bool) == isinstance(v, bool)
+                                         for v in neutral):
+            raise ValueError(f"{name}={value!r} is not supported by jaxvllm's {where}: {why}.")
+    return kwargs
+
+
+def pop_vllm_args(kwargs: dict, table: dict = REFUSED) -> dict:
     """kwargs without the IGNORED and REFUSED names (warning, or ValueError, as due)."""
     for name, why in IGNORED.items():
         if name in kwargs:
             value = kwargs.pop(name)
             logger.warning("Ignoring vLLM's %s=%r: %s.", name, value, why)
-    for name, (neutral, why) in REFUSED.items():
-        if name in kwargs:
-            value = kwargs.pop(name)
-            if value not in (neutral, None):
-                raise ValueError(f"{name}={value!r} is not supported: {why}.")
-    return kwargs
+    return refuse(kwargs, table, "engine")
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
-    """vLLM's flags for the names above, grouped in --help as accepted for compatibility."""
+    """vLLM's flags for the engine names above, grouped in --help as accepted for compatibility."""
     group = parser.add_argument_group("vLLM arguments accepted for compatibility")
     for name, why in IGNORED.items():
         flag = "--" + name.replace("_", "-")
@@ -53,11 +141,11 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
             group.add_argument(flag, default=None, help=f"Ignored: {why}.")
     for name, (neutral, why) in REFUSED.items():
         flag = "--" + name.replace("_", "-")
-        kind = {bool: None, int: int}.get(type(neutral), str)
+        kind = {bool: None, int: int}.get(type(neutral[0]), str)
         if kind is None:
-            group.add_argument(flag, action="store_true", default=None, help=f"Only {neutral}: {why}.")
+            group.add_argument(flag, action="store_true", default=None, help=f"Only {neutral[0]}: {why}.")
         else:
-            group.add_argument(flag, type=kind, default=None, help=f"Only {neutral}: {why}.")
+            group.add_argument(flag, type=kind, default=None, help=f"Only {neutral[0]}: {why}.")
 
 
 def check_cli_args(ns: argparse.Namespace) -> None:

@@ -50,6 +50,7 @@ class Request:
     # user gave none, so seeded and unseeded requests share one code path on device.
     sampling_seed: int
     arrival_time: float = field(default_factory=time.time)
+    scheduled_time: float = 0.0  # when first scheduled (0: not yet), for the queue-time metric
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0

@@ -24,6 +24,8 @@ requests spread over the batches instead of all riding in one.
 """
 from __future__ import annotations
 
+import time
+
 from jaxvllm.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from jaxvllm.core.request import Request, RequestStatus
 from jaxvllm.core.request_queue import create_request_queue
@@ -185,6 +187,7 @@ class Scheduler:
                 swap_in.extend(self.swap_space.swap_in(request.request_id, blocks.get_block_ids()))
             request.num_computed_tokens += num_hit
             request.status = RequestStatus.RUNNING
+            request.scheduled_time = request.scheduled_time or time.time()
             self.running.append(request)
             num_scheduled[request.request_id] = num_new
             token_budget -= num_new
@@ -292,6 +295,7 @@ class Scheduler:
             if request is None:
                 continue  # finished meanwhile: a token sampled a step late is dropped
             request.output_token_ids.extend(sampled)
+            first = len(request.output_token_ids) == len(sampled)
             if request.num_output_placeholders:  # 0 after a preemption while it was in flight
                 request.num_output_placeholders -= 1
             running = request.status == RequestStatus.RUNNING
@@ -300,7 +304,7 @@ class Scheduler:
                 if request.error is not None:
                     request.status = RequestStatus.FINISHED_ERROR
             if request.error is None and not check_stop(request, max_model_len):
-                if logprobs is None and not prompt_logprobs:  # a plain decode: the cheap path
+                if logprobs is None and not prompt_logprobs and not first:  # the cheap path
                     outputs.append(EngineCoreOutput(req_id, sampled, None, request.stop_reason))
                     continue
                 finish_reason = None
@@ -319,6 +323,8 @@ class Scheduler:
                 new_logprobs=logprobs[i] if logprobs is not None else None,
                 new_prompt_logprobs=prompt_logprobs.get(req_id) if prompt_logprobs else None,
                 error=request.error,
+                queued_time=request.scheduled_time - request.arrival_time if first else None,
+                prefill_time=time.time() - request.scheduled_time if first else None,
             ))
         return outputs
 

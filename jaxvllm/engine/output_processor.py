@@ -100,8 +100,8 @@ class OutputProcessor:
             request_id=request.request_id, prompt=prompt, prompt_token_ids=request.prompt_token_ids,
             detokenizer=IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, params),
             logprobs=LogprobsProcessor(self.tokenizer, params), output_kind=params.output_kind,
-            stats=RequestStateStats(request.arrival_time), queue=queue, parent=parent,
-            parent_index=parent_index)
+            stats=RequestStateStats(request.arrival_time, max_tokens_param=params.max_tokens),
+            queue=queue, parent=parent, parent_index=parent_index)
 
     def abort_requests(self, request_ids) -> None:
         """Forget the requests; a streaming one gets a last output, finish_reason "abort",
@@ -171,11 +171,27 @@ class OutputProcessor:
         if abort:
             finish_reason, stop_reason = FinishReason.STOP, stop_str
         if iteration_stats is not None:
-            n_prompt = len(state.prompt_token_ids)
-            state.stats.update(len(out.new_token_ids), now, n_prompt, iteration_stats)
-            if finish_reason is not None:
-                state.stats.finish(str(finish_reason), now, n_prompt, iteration_stats)
+            self._record_stats(state, out, finish_reason, now, iteration_stats)
         return self._make_output(state, out.new_token_ids, finish_reason, stop_reason), abort
+
+    @staticmethod
+    def _record_stats(state: RequestState, out: EngineCoreOutput, finish_reason, now: float,
+                      it: IterationStats) -> None:
+        n_prompt = len(state.prompt_token_ids)
+        state.stats.update(len(out.new_token_ids), now, n_prompt, it, out.queued_time, out.prefill_time)
+        if finish_reason is None:
+            return
+        state.stats.finish(str(finish_reason), now, n_prompt, it)
+        parent, generated = state.parent, state.stats.num_generation_tokens
+        if parent is None:
+            it.max_num_generation_tokens_iter.append(generated)
+            it.n_params_iter.append(1)
+            return
+        parent.max_num_generation_tokens = max(parent.max_num_generation_tokens, generated)
+        parent.num_finished_stats += 1
+        if parent.num_finished_stats == parent.params.n:
+            it.max_num_generation_tokens_iter.append(parent.max_num_generation_tokens)
+            it.n_params_iter.append(parent.params.n)
 
     def _fail(self, state: RequestState, error: Exception) -> None:
         """End one request with an error: its generator raises it (a sync caller, which has

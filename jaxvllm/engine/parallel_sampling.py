@@ -21,6 +21,9 @@ class ParentRequest:
         self.params = params
         self.completions: list[CompletionOutput | None] = [None] * params.n
         self.num_finished = 0
+        # For the metrics: the most tokens one sample generated, over the finished ones.
+        self.max_num_generation_tokens = 0
+        self.num_finished_stats = 0
 
     @classmethod
     def from_params(cls, request_id: str, params: SamplingParams) -> "ParentRequest | None":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import logging
 import os
 import signal
@@ -20,6 +21,32 @@ from jaxvllm.config import EngineArgs, attribute_docs
 from jaxvllm.entrypoints import compile as compile_cli
 from jaxvllm.entrypoints.openai.server_args import ServerArgs
 from jaxvllm.sampling_params import SamplingParams
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """No prefix matching (`--chat-template` is never read as `--chat-template-timeout`), and
+    a mistake costs one line naming the nearest real flag instead of the whole usage block.
+    Subcommand parsers are of this class too (argparse builds them with the parent's)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        ns, extras = super().parse_known_args(args, namespace)
+        flags = [a for a in extras if a.startswith("-")]
+        if flags and "_subparser" in vars(ns):  # a subcommand's unknown flag: its own options
+            self._suggest(flags[0], ns._subparser)
+        return ns, extras
+
+    def _suggest(self, flag: str, parser: argparse.ArgumentParser):
+        known = [o for action in parser._actions for o in action.option_strings if o.startswith("--")]
+        near = difflib.get_close_matches(flag.split("=")[0], known, n=1, cutoff=0.5)
+        hint = f"; did you mean {near[0]}?" if near else f" (see {parser.prog} --help)"
+        parser.exit(2, f"{parser.prog}: error: unrecognized argument {flag}{hint}\n")
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
@@ -123,8 +150,8 @@ class _ListModels(argparse.Action):
         parser.exit()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="jaxvllm")
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(prog="jaxvllm")
     parser.add_argument("--version", action="version", version=f"jaxvllm {jaxvllm.__version__}")
     parser.add_argument("--list-models", action=_ListModels,
                         help="Print the supported model architectures (config.json's `architectures`) and exit.")
@@ -145,7 +172,13 @@ def main(argv: list[str] | None = None) -> int:
     conv.add_argument("--dtype", default="auto")
     conv.add_argument("--tensor-parallel-size", type=int, default=1)
     compile_cli.add_parser(sub, _add_engine_flags)
-    ns = parser.parse_args(argv)
+    for name, sub_parser in sub.choices.items():  # which parser's flags to suggest from
+        sub_parser.set_defaults(_subparser=sub_parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("jaxvllm").setLevel(logging.INFO)
     if ns.command == "serve":

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Sequence
+import os
+from typing import Callable, Sequence
 
 from tqdm.auto import tqdm
 
@@ -12,18 +13,23 @@ from jaxvllm.config import EngineArgs
 from jaxvllm.engine.llm_engine import LLMEngine
 from jaxvllm.outputs import RequestOutput
 from jaxvllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
-from jaxvllm.vllm_compat import pop_vllm_args
+from jaxvllm.vllm_compat import CHAT_REFUSED, GENERATE_REFUSED, LLM_REFUSED, pop_vllm_args, refuse
 
 
 class LLM:
     """`LLM(model=None, **engine_args)`: with no model, the default SmolLM2-135M-Instruct.
 
     Engine arguments carry vLLM's names (max_model_len, max_num_seqs,
-    max_num_batched_tokens, block_size, gpu_memory_utilization, ...).
+    max_num_batched_tokens, block_size, gpu_memory_utilization, ...); vLLM's other
+    keywords are accepted at their neutral values and refused otherwise (vllm_compat.py).
+    `chat_template` (a file or the template itself) replaces the model's for `chat`.
     """
 
     def __init__(self, model: str | None = None, **kwargs):
-        kwargs = pop_vllm_args(kwargs)  # vLLM's arguments that mean nothing here
+        if kwargs.get("tokenizer") in (None, model):  # the model's own: what happens anyway
+            kwargs.pop("tokenizer", None)
+        self.chat_template = _load_chat_template(kwargs.pop("chat_template", None))
+        kwargs = pop_vllm_args(kwargs, LLM_REFUSED)  # vLLM's arguments that mean nothing here
         config_file = kwargs.pop("config", None)
         args = (EngineArgs.from_file(config_file, model=model, **kwargs) if config_file
                 else EngineArgs(model=model, **kwargs))
@@ -34,10 +40,15 @@ class LLM:
         return self.llm_engine.tokenizer
 
     def generate(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True, priority: Sequence[int] | None = None) -> list[RequestOutput]:
+                 use_tqdm: bool | Callable[..., tqdm] = True, lora_request=None,
+                 priority: Sequence[int] | None = None, tokenization_kwargs: dict | None = None,
+                 mm_processor_kwargs: dict | None = None) -> list[RequestOutput]:
         """prompts: a string, a list of strings, a list of token ids, a list of token-id
         lists, or vLLM-style dicts with `prompt` / `prompt_token_ids` (and `cache_salt`).
-        priority: one per prompt, lower first, with scheduling_policy="priority"."""
+        priority: one per prompt, lower first, with scheduling_policy="priority".
+        use_tqdm: a bool, or a tqdm-like class to show progress with (as in vLLM)."""
+        refuse({"lora_request": lora_request, "tokenization_kwargs": tokenization_kwargs,
+                "mm_processor_kwargs": mm_processor_kwargs}, GENERATE_REFUSED, "LLM.generate")
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts
                                                 and isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -108,26 +119,37 @@ class LLM:
     def stop_profile(self) -> None:
         self.llm_engine.stop_profile()
 
-    def chat(self, messages, sampling_params=None, use_tqdm: bool = True,
-             add_generation_prompt: bool = True, chat_template_kwargs: dict | None = None
-             ) -> list[RequestOutput]:
+    def chat(self, messages, sampling_params=None, use_tqdm: bool | Callable[..., tqdm] = True,
+             lora_request=None, chat_template: str | None = None,
+             chat_template_content_format: str = "auto", add_generation_prompt: bool = True,
+             continue_final_message: bool = False, tools: list[dict] | None = None,
+             chat_template_kwargs: dict | None = None, tokenization_kwargs: dict | None = None,
+             mm_processor_kwargs: dict | None = None) -> list[RequestOutput]:
         """messages: one conversation (a list of {"role", "content"} dicts) or a list of them.
-        Each output's `prompt` is the conversation as the chat template rendered it."""
+        Each output's `prompt` is the conversation as the chat template rendered it
+        (`chat_template`, else LLM(chat_template=...), else the model's own)."""
+        refuse({"lora_request": lora_request, "tokenization_kwargs": tokenization_kwargs,
+                "mm_processor_kwargs": mm_processor_kwargs,
+                "chat_template_content_format": chat_template_content_format},
+               CHAT_REFUSED, "LLM.chat")
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         tokenizer = self.get_tokenizer()
+        template = _load_chat_template(chat_template) or self.chat_template
+        extra = dict(chat_template_kwargs or {})
+        extra.update({k: v for k, v in (("chat_template", template), ("tools", tools)) if v is not None})
         prompts = []
         for conv in conversations:
-            text = tokenizer.apply_chat_template(conv, tokenize=False,
-                                                 add_generation_prompt=add_generation_prompt,
-                                                 **(chat_template_kwargs or {}))
+            text = tokenizer.apply_chat_template(
+                conv, tokenize=False, add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message, **extra)
             prompts.append({"prompt": text,
                             "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)})
         return self.generate(prompts, sampling_params, use_tqdm)
 
-    def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+    def _run_engine(self, request_ids: list[str], use_tqdm) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}
-        bar = tqdm(total=len(request_ids), desc="Processed prompts", disable=not use_tqdm,
-                   dynamic_ncols=True)
+        bar = (use_tqdm if callable(use_tqdm) else tqdm)(
+            total=len(request_ids), desc="Processed prompts", disable=not use_tqdm, dynamic_ncols=True)
         in_tokens = out_tokens = 0
         while self.llm_engine.has_unfinished_requests():
             for output in self.llm_engine.step():
@@ -141,3 +163,11 @@ class LLM:
                     bar.update(1)
         bar.close()
         return [finished[r] for r in request_ids]
+
+
+def _load_chat_template(value: str | None) -> str | None:
+    """A chat template given as a file's path or as the template itself (as vLLM reads it)."""
+    if value is not None and os.path.isfile(value):
+        with open(value, encoding="utf-8") as f:
+            return f.read()
+    return value

@@ -1,68 +1,134 @@
-"""Prometheus metrics with vLLM's metric names under a `jaxvllm:` prefix.
+"""Prometheus metrics under vLLM's V1 names, labels and buckets (`vllm/v1/metrics/loggers.py`),
+so that vLLM's Grafana dashboard, KEDA rules and production stacks read a jaxvllm server
+unchanged; what only jaxvllm has (compilations, swapped requests, free blocks) is `jaxvllm:`.
 
 A stat logger (`record` is called by AsyncLLM after every batch of engine outputs) that
 owns its registry, so several servers in one process (tests) never collide. As in vLLM,
 what an engine core reports carries an `engine` label ("0", "1", ... with data
-parallelism); what the server counts itself does not.
+parallelism) beside `model_name`; what the server counts itself carries `model_name` only.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import prometheus_client as prom
 
 from jaxvllm.core.stats import SchedulerStats
+from jaxvllm.outputs import FinishReason
 
-_LATENCY_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
-                    5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0]
-_TOKEN_BUCKETS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000]
+_TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
+_ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0]
+_REQUEST_LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+                            50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+_ITERATION_TOKEN_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+
+
+def build_1_2_5_buckets(max_value: int) -> list[int]:
+    """1, 2, 5, 10, 20, 50, ... up to max_value (vLLM's token-count buckets)."""
+    buckets, scale = [], 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > max_value:
+                return buckets
+            buckets.append(m * scale)
+        scale *= 10
 
 
 class PrometheusStatLogger:
-    def __init__(self, model_name: str, num_engines: int = 1):
+    def __init__(self, model_name: str, num_engines: int = 1, vllm_config=None):
         self.registry = prom.CollectorRegistry()
-        labels = {"model_name": model_name}
+        self._labels = labels = {"model_name": model_name}
+        self._num_engines = num_engines
+        max_len = vllm_config.scheduler.max_model_len if vllm_config is not None else 2048
+        token_buckets = build_1_2_5_buckets(max_len)
 
         def make(kind, name, doc, per_engine=True, **kw):
             extra = kw.pop("labelnames", [])
             names = ["model_name", "engine"] if per_engine else ["model_name"]
-            metric = kind(f"jaxvllm:{name}", doc, labelnames=names + extra,
-                          registry=self.registry, **kw)
+            metric = kind(name, doc, labelnames=names + extra, registry=self.registry, **kw)
             for engine in range(num_engines if per_engine and not extra else 0):
                 metric.labels(**labels, engine=str(engine))  # each core's series, from the start
             return metric
 
         g, c, h = prom.Gauge, prom.Counter, prom.Histogram
-        self.num_running = make(g, "num_requests_running", "Requests in the running batch.")
-        self.num_waiting = make(g, "num_requests_waiting", "Requests waiting to be scheduled.")
-        self.num_swapped = make(g, "num_requests_swapped", "Requests swapped to host memory.")
-        self.kv_usage = make(g, "kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).")
-        self.free_blocks = make(g, "kv_cache_free_blocks", "Free KV-cache blocks (cached ones included).")
-        self.total_blocks = make(g, "kv_cache_total_blocks", "Usable KV-cache blocks.")
-        self.hit_rate = make(g, "prefix_cache_hit_rate", "Prefix-cache hits / queries since start (0-1).")
-        self.compilations = make(g, "num_compilations", "XLA programs compiled by the engine so far.")
-        self.prefix_queries = make(c, "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
-        self.prefix_hits = make(c, "prefix_cache_hits", "Prompt tokens found in the prefix cache.")
-        self.preemptions = make(c, "num_preemptions", "Preemptions (recompute and swap).")
-        self.prompt_tokens = make(c, "prompt_tokens", "Prompt tokens of requests that started decoding.")
-        self.generation_tokens = make(c, "generation_tokens", "Generated tokens.")
-        self.request_success = make(c, "request_success", "Finished requests by finish reason.",
+        self.num_running = make(g, "vllm:num_requests_running", "Requests in the running batch.")
+        self.num_waiting = make(g, "vllm:num_requests_waiting", "Requests waiting to be scheduled.")
+        self.kv_usage = make(g, "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self.num_swapped = make(g, "jaxvllm:num_requests_swapped", "Requests swapped to host memory.")
+        self.free_blocks = make(g, "jaxvllm:kv_cache_free_blocks",
+                                "Free KV-cache blocks (cached ones included).")
+        self.total_blocks = make(g, "jaxvllm:kv_cache_total_blocks", "Usable KV-cache blocks.")
+        self.hit_rate = make(g, "jaxvllm:prefix_cache_hit_rate",
+                             "Prefix-cache hits / queries since start (0-1).")
+        self.compilations = make(g, "jaxvllm:num_compilations", "XLA programs compiled by the engine so far.")
+        self.prefix_queries = make(c, "vllm:prefix_cache_queries",
+                                   "Prefix cache queries, in terms of number of queried tokens.")
+        self.prefix_hits = make(c, "vllm:prefix_cache_hits",
+                                "Prefix cache hits, in terms of number of cached tokens.")
+        self.preemptions = make(c, "vllm:num_preemptions", "Cumulative number of preemptions.")
+        self.prompt_tokens = make(c, "vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = make(c, "vllm:generation_tokens", "Number of generation tokens processed.")
+        self.request_success = make(c, "vllm:request_success", "Count of successfully processed requests.",
                                     labelnames=["finished_reason"])
-        self.aborted_by_server = make(c, "num_requests_aborted",
+        for engine in range(num_engines):  # every reason's series from the start, as in vLLM
+            for reason in FinishReason:
+                self.request_success.labels(**labels, engine=str(engine), finished_reason=str(reason))
+        self.aborted_by_server = make(c, "jaxvllm:num_requests_aborted",
                                       "Requests the server aborted before they finished "
                                       "(client disconnects, a failed sibling prompt).",
                                       per_engine=False).labels(**labels)
-        self.ttft = make(h, "time_to_first_token_seconds", "Time to first token.",
-                         buckets=_LATENCY_BUCKETS)
-        self.tpot = make(h, "time_per_output_token_seconds", "Time between consecutive tokens.",
-                         buckets=_LATENCY_BUCKETS)
-        self.e2e = make(h, "e2e_request_latency_seconds", "Arrival to finish of a request.",
-                        buckets=_LATENCY_BUCKETS)
-        self.request_prompt = make(h, "request_prompt_tokens", "Prompt length of finished requests.",
-                                   buckets=_TOKEN_BUCKETS)
-        self.request_generation = make(h, "request_generation_tokens",
-                                       "Generated tokens of finished requests.", buckets=_TOKEN_BUCKETS)
-        self._labels = labels
+
+        def hist(name, doc, buckets):
+            return make(h, name, doc, buckets=buckets)
+
+        self.ttft = hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                         _TTFT_BUCKETS)
+        self.itl = hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                        _ITL_BUCKETS)
+        self.request_tpot = hist("vllm:request_time_per_output_token_seconds",
+                                 "Histogram of time_per_output_token_seconds per request.", _ITL_BUCKETS)
+        self.e2e = hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+                        _REQUEST_LATENCY_BUCKETS)
+        self.queue_time = hist("vllm:request_queue_time_seconds",
+                               "Histogram of time spent in WAITING phase for request.",
+                               _REQUEST_LATENCY_BUCKETS)
+        self.inference_time = hist("vllm:request_inference_time_seconds",
+                                   "Histogram of time spent in RUNNING phase for request.",
+                                   _REQUEST_LATENCY_BUCKETS)
+        self.prefill_time = hist("vllm:request_prefill_time_seconds",
+                                 "Histogram of time spent in PREFILL phase for request.",
+                                 _REQUEST_LATENCY_BUCKETS)
+        self.decode_time = hist("vllm:request_decode_time_seconds",
+                                "Histogram of time spent in DECODE phase for request.",
+                                _REQUEST_LATENCY_BUCKETS)
+        self.request_prompt = hist("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
+                                   token_buckets)
+        self.request_generation = hist("vllm:request_generation_tokens",
+                                       "Number of generation tokens processed.", token_buckets)
+        self.max_generation = hist("vllm:request_max_num_generation_tokens",
+                                   "Histogram of maximum number of requested generation tokens.",
+                                   token_buckets)
+        self.params_max_tokens = hist("vllm:request_params_max_tokens",
+                                      "Histogram of the max_tokens request parameter.", token_buckets)
+        self.params_n = hist("vllm:request_params_n", "Histogram of the n request parameter.",
+                             [1, 2, 5, 10, 20])
+        self.iteration_tokens = hist("vllm:iteration_tokens_total",
+                                     "Histogram of number of tokens per engine_step.",
+                                     _ITERATION_TOKEN_BUCKETS)
+        if vllm_config is not None:
+            self._cache_config_info(vllm_config.cache)
         # The engine reports cumulative counts; Prometheus counters only move by increments.
         self._last: dict[int, SchedulerStats] = {}
+
+    def _cache_config_info(self, cache) -> None:
+        """vLLM's `vllm:cache_config_info`: a gauge at 1 whose labels are the cache config."""
+        info = {k: str(v) for k, v in dataclasses.asdict(cache).items()}
+        gauge = prom.Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+                           labelnames=[*info, "engine"], registry=self.registry)
+        for engine in range(self._num_engines):
+            gauge.labels(**info, engine=str(engine)).set(1)
 
     def record(self, scheduler_stats: SchedulerStats | None, iteration_stats, engine: int = 0) -> None:
         if scheduler_stats is not None:
@@ -71,17 +137,31 @@ class PrometheusStatLogger:
             return
         it = iteration_stats
         labels = dict(self._labels, engine=str(engine))
+
+        def observe(metric, values):
+            child = metric.labels(**labels)
+            for v in values:
+                child.observe(v)
+
         self.prompt_tokens.labels(**labels).inc(it.num_prompt_tokens)
         self.generation_tokens.labels(**labels).inc(it.num_generation_tokens)
-        for t in it.time_to_first_tokens_iter:
-            self.ttft.labels(**labels).observe(t)
-        for t in it.inter_token_latencies_iter:
-            self.tpot.labels(**labels).observe(t)
-        for req in it.finished_requests:
+        if it.num_prompt_tokens or it.num_generation_tokens:
+            self.iteration_tokens.labels(**labels).observe(it.num_prompt_tokens + it.num_generation_tokens)
+        observe(self.ttft, it.time_to_first_tokens_iter)
+        observe(self.itl, it.inter_token_latencies_iter)
+        observe(self.max_generation, it.max_num_generation_tokens_iter)
+        observe(self.params_n, it.n_params_iter)
+        done = it.finished_requests
+        for req in done:
             self.request_success.labels(finished_reason=req.finish_reason, **labels).inc()
-            self.e2e.labels(**labels).observe(req.e2e_latency)
-            self.request_prompt.labels(**labels).observe(req.num_prompt_tokens)
-            self.request_generation.labels(**labels).observe(req.num_generation_tokens)
+        for metric, attr in ((self.e2e, "e2e_latency"), (self.queue_time, "queued_time"),
+                             (self.prefill_time, "prefill_time"), (self.decode_time, "decode_time"),
+                             (self.inference_time, "inference_time"),
+                             (self.request_tpot, "mean_time_per_output_token"),
+                             (self.request_prompt, "num_prompt_tokens"),
+                             (self.request_generation, "num_generation_tokens")):
+            observe(metric, [getattr(req, attr) for req in done])
+        observe(self.params_max_tokens, [r.max_tokens_param for r in done if r.max_tokens_param])
 
     def update_scheduler(self, s: SchedulerStats, engine: int = 0) -> None:
         labels = dict(self._labels, engine=str(engine))

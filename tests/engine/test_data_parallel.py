@@ -69,8 +69,8 @@ def test_metrics_label_each_engine_core():
     logger = PrometheusStatLogger("m", num_engines=2)
     logger.update_scheduler(SchedulerStats(num_running_reqs=3), 1)
     text = logger.render().decode()
-    assert 'jaxvllm:num_requests_running{engine="0",model_name="m"} 0.0' in text
-    assert 'jaxvllm:num_requests_running{engine="1",model_name="m"} 3.0' in text
+    assert 'vllm:num_requests_running{engine="0",model_name="m"} 0.0' in text
+    assert 'vllm:num_requests_running{engine="1",model_name="m"} 3.0' in text
 
 
 @pytest.fixture(scope="module")

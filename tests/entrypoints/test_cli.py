@@ -89,6 +89,37 @@ def test_serve_reports_bad_arguments_in_one_line(tiny_model_dir, args, message):
     assert proc.stdout == ""
 
 
+def test_flags_are_never_prefix_matched(tmp_path):
+    from jaxvllm.entrypoints.cli import build_parser
+
+    template = tmp_path / "x.jinja"
+    template.write_text("{{ messages[0].content }}")
+    ns = build_parser().parse_args(["serve", "--chat-template", str(template)])
+    assert ns.chat_template == str(template) and ns.chat_template_timeout_s == 2.0
+    ns = build_parser().parse_args(["serve", "--chat-template-timeout", "3"])
+    assert ns.chat_template_timeout_s == 3.0 and ns.chat_template is None
+
+
+@pytest.mark.parametrize("args,message", [
+    (["serve", "--chat-templ", "x.jinja"],
+     "jaxvllm serve: error: unrecognized argument --chat-templ; did you mean --chat-template?"),
+    (["serve", "--max-num-seq", "4"],  # an abbreviation argparse would have taken
+     "jaxvllm serve: error: unrecognized argument --max-num-seq; did you mean --max-num-seqs?"),
+    (["generate", "hi", "--max-tokenz=3"],
+     "jaxvllm generate: error: unrecognized argument --max-tokenz=3; did you mean --max-tokens?"),
+    (["serve", "--port", "abc"],
+     "jaxvllm serve: error: argument --port: invalid int value: 'abc' (see jaxvllm serve --help)"),
+])
+def test_a_wrong_flag_gets_one_line_naming_the_nearest(capsys, args, message):
+    from jaxvllm.entrypoints.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    assert exit_.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.err == message + "\n" and captured.out == ""
+
+
 def test_vllm_arguments_are_accepted_or_refused_by_name(caplog):
     from jaxvllm.vllm_compat import pop_vllm_args
 

@@ -1,54 +1,183 @@
-"""README.md's Python examples, saved as scripts exactly as written (no `if __name__ ==
-"__main__":` guard) and run in a subprocess: the engine process must start without
-re-running the script, and nothing may be logged after the script's own output. Both examples
-build LLM()'s default engine, so the later runs load the programs the first one compiled."""
+"""Every Python and shell block of README.md runs as written (docs/ holds none: its fenced
+blocks are diagrams). A new block that no runner below claims fails the plan test.
+
+To keep the suite's time, blocks share what they can: the offline Python blocks run as one
+session in one subprocess (the later ones continue the first's `llm` and `params`, as the
+README says), saved as a script without an `if __name__ == "__main__":` guard (the engine
+processes must start without re-running it), with nothing logged after its own output; the
+shell blocks run in README order in one working directory (later ones use what earlier ones
+wrote); a block that starts `jaxvllm serve` in the foreground is started, waited for on
+/health, used by the client blocks that follow it, and stopped with SIGTERM."""
 from __future__ import annotations
 
+import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+REPO = Path(__file__).resolve().parents[2]
+README = REPO / "README.md"
 LOG_RECORD = re.compile(r"(DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w.]+: ")
+SERVER = "http://127.0.0.1:8000"
 
 
-def readme_block(heading: str) -> str:
-    """The first ```python block under a README heading."""
-    section = README.read_text().split(f"## {heading}\n", 1)[1]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+def readme_blocks() -> list[tuple[str, str, str]]:
+    """(nearest heading, language, code) of every fenced block, in order."""
+    out, heading = [], ""
+    for part in re.split(r"(^##+ [^\n]*$|^```\w*\n.*?^```$)", README.read_text(), flags=re.M | re.S):
+        if part.startswith("##"):
+            heading = part.lstrip("#").strip()
+        elif part.startswith("```"):
+            lang, _, code = part[3:-3].partition("\n")
+            out.append((heading, lang, code))
+    return out
 
 
-def run_script(tmp_path, code: str, **env) -> str:
+def plan() -> dict[str, list[tuple[str, str, str]]]:
+    """Which runner takes each block."""
+    runs: dict[str, list] = {"make": [], "gemma": [], "session": [], "shell": [], "client": []}
+    for block in readme_blocks():
+        heading, lang, code = block
+        if lang == "bash" and heading == "":
+            runs["make"].append(block)
+        elif lang == "bash" and heading.startswith("A second model to try offline"):
+            runs["gemma"].append(block)
+        elif lang == "python" and "OpenAI(" in code or lang == "json":
+            runs["client"].append(block)
+        elif lang == "python":
+            runs["session"].append(block)
+        elif lang == "bash" and ("curl" in code and "jaxvllm serve" not in code):
+            runs["client"].append(block)
+        elif lang == "bash":
+            runs["shell"].append(block)
+        else:
+            raise AssertionError(f"no runner for a ```{lang} block under {heading!r}")
+    return runs
+
+
+def test_every_block_has_a_runner():
+    runs = plan()
+    assert sum(map(len, runs.values())) == len(readme_blocks())
+    assert all(runs.values()), {k: len(v) for k, v in runs.items()}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    """A working directory as the README assumes one: .venv (this interpreter's), configs/, tests/."""
+    work = tmp_path_factory.mktemp("readme")
+    (work / ".venv").symlink_to(Path(sys.prefix))
+    for name in ("configs", "tests"):
+        (work / name).symlink_to(REPO / name)
+    return work
+
+
+def environment() -> dict[str, str]:
+    return os.environ | {"PATH": f"{Path(sys.prefix) / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+
+
+def run(args: list[str], cwd: Path, timeout: float = 900) -> str:
     """Its stdout and stderr in one pipe, in the order they were written."""
-    script = tmp_path / "example.py"
-    script.write_text(code)
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=600, env=os.environ | env)
-    assert done.returncode == 0, done.stdout[-3000:]
-    assert "Traceback" not in done.stdout, done.stdout[-3000:]
-    last_line = done.stdout.rstrip("\n").splitlines()[-1]
-    assert not LOG_RECORD.search(last_line), f"logged after the output: {last_line!r}"
-    assert "Unable to initialize backend" not in done.stdout  # jax's probes of absent devices
+    done = subprocess.run(args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=timeout, env=environment())
+    assert done.returncode == 0, done.stdout[-4000:]
+    assert "Traceback" not in done.stdout, done.stdout[-4000:]
     return done.stdout
 
 
+def run_bash(code: str, cwd: Path, timeout: float = 900) -> str:
+    return run(["bash", "-e", "-c", code], cwd, timeout)
+
+
+def test_setup_block_names_real_make_targets():
+    """`make run` / `make test` set up the environment this suite runs in (and `make test` runs
+    the suite itself): checked with `make -n`, which expands every command without running it."""
+    (_, _, code), = plan()["make"]
+    targets = [line.split()[1] for line in code.splitlines() if line.startswith("make ")]
+    assert targets == ["run", "test"]
+    run(["make", "-n", *targets], REPO)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("multiprocessing", ["0", "1"])
-def test_python_api_example_runs_as_a_script(tmp_path, multiprocessing):
-    out = run_script(tmp_path, readme_block("Python API"),
-                     JAXVLLM_ENABLE_MULTIPROCESSING=multiprocessing)
+def test_offline_python_blocks_run_as_one_session(workdir):
+    start = time.time()
+    script = workdir / "session.py"
+    script.write_text("\n".join(code for _, _, code in plan()["session"]))
+    out = run([sys.executable, str(script)], workdir)
     assert "The capital of France is ->" in out and "def fibonacci(n): ->" in out
-    assert out.count("\n") > 4  # the chat answer follows the two completions
+    last_line = out.rstrip("\n").splitlines()[-1]
+    assert not LOG_RECORD.search(last_line), f"logged after the output: {last_line!r}"
+    assert "Unable to initialize backend" not in out  # jax's probes of absent devices
+    traces = (Path("/tmp/jaxvllm-trace") / "plugins" / "profile").glob("*/*.xplane.pb")
+    assert any(t.stat().st_mtime >= start for t in traces)  # the profiling block's trace
+
+
+def _start(code: str, cwd: Path) -> subprocess.Popen:
+    proc = subprocess.Popen(["bash", "-e", "-c", code], cwd=cwd, env=environment(), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stdout.read()[-4000:]
+        try:
+            if httpx.get(SERVER + "/health", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    _stop(proc)
+    raise TimeoutError("the README's server did not become healthy")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert "Traceback" not in out, out[-4000:]
+
+
+def _check_error_example(code: str) -> None:
+    """The README's error body is what the server answers to that mistake."""
+    shown = json.loads(code)
+    field = shown["error"]["param"]
+    r = httpx.post(SERVER + "/v1/completions", json={"model": "SmolLM2-135M-Instruct", "prompt": "x",
+                                                    field: -1.0}, timeout=60)
+    assert r.status_code == 400 and r.json() == shown
 
 
 @pytest.mark.slow
-def test_async_llm_example_runs_as_a_script(tmp_path):
-    out = run_script(tmp_path, readme_block("Streaming from Python: AsyncLLM"))
-    assert len(out.strip()) > 10
+def test_shell_blocks_and_their_clients_run_in_order(workdir):
+    clients = plan()["client"]
+    for heading, _, code in plan()["shell"]:
+        start = time.monotonic()
+        if "jaxvllm serve" not in code or "&" in code:  # a server in the background stops itself
+            run_bash(code, workdir)
+            print(f"{heading}: {time.monotonic() - start:.1f} s")
+            continue
+        proc = _start(code, workdir)
+        print(f"{heading} (server up): {time.monotonic() - start:.1f} s")
+        try:
+            for _, lang, client in [c for c in clients if c[0] == heading]:
+                if lang == "json":
+                    _check_error_example(client)
+                elif lang == "python":
+                    (workdir / "client.py").write_text(client)
+                    assert run([sys.executable, "client.py"], workdir).strip()
+                else:
+                    assert '"choices"' in run_bash(client, workdir)
+        finally:
+            _stop(proc)
+
+
+@pytest.mark.slow
+def test_gemma_block_builds_and_runs_the_model(workdir):
+    (_, _, code), = plan()["gemma"]
+    out = run_bash(code, workdir, timeout=1500)
+    assert "### Completion:" in out
 
 
 def test_chat_fills_the_rendered_prompt(tmp_path):

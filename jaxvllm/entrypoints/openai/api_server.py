@@ -65,7 +65,8 @@ async def cancel_on_disconnect(raw: Request, coro):
 
 
 def build_app(engine, model_name: str, server_args: ServerArgs) -> FastAPI:
-    metrics = PrometheusStatLogger(model_name, engine.vllm_config.parallel.data_parallel_size)
+    metrics = PrometheusStatLogger(model_name, engine.vllm_config.parallel.data_parallel_size,
+                                   engine.vllm_config)
     engine.add_stat_logger(metrics)
     sandbox = (ChatTemplateSandbox(server_args.chat_template_timeout_s, server_args.max_request_bytes)
                if server_args.trust_request_chat_template else None)

@@ -11,6 +11,7 @@ from typing import Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from jaxvllm.entrypoints.openai.legacy_guided import LegacyGuidedFields
 from jaxvllm.sampling_params import SamplingParams, StructuredOutputsParams
 
 _SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
@@ -58,7 +59,7 @@ class ResponseFormat(OpenAIBaseModel):
                          f"got {self.type!r}.")
 
 
-class SamplingRequestBase(OpenAIBaseModel):
+class SamplingRequestBase(OpenAIBaseModel, LegacyGuidedFields):
     """Fields shared by completions and chat completions."""
     model: str | None = None
     n: int = 1
@@ -106,9 +107,10 @@ class SamplingRequestBase(OpenAIBaseModel):
             "logit_bias": ({int(k): v for k, v in self.logit_bias.items()}
                            if self.logit_bias else None),
         }
-        if self.structured_outputs is not None:
+        structured = self.legacy_structured_outputs() or self.structured_outputs
+        if structured is not None:
             try:
-                given["structured_outputs"] = StructuredOutputsParams(**self.structured_outputs)
+                given["structured_outputs"] = StructuredOutputsParams(**structured)
             except TypeError as e:
                 raise ValueError(f"structured_outputs: {e}.") from e
         elif self.response_format is not None:

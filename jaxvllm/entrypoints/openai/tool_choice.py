@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from jaxvllm.core.structured_output import grammar_for
 from jaxvllm.entrypoints.openai.errors import APIError
+from jaxvllm.entrypoints.openai.legacy_guided import CONSTRAINTS
 from jaxvllm.entrypoints.openai.tool_parsers import (ParsedCall, ParsedOutput, ToolParser,
                                                      ToolParserManager)
 from jaxvllm.entrypoints.openai.tool_parsers.abstract_tool_parser import json_list_calls
@@ -112,8 +113,10 @@ def plan_tools(request, server_args, tokenizer) -> ToolPlan:
             raise APIError(AUTO_NEEDS_FLAGS, 400, "tool_choice")
         parser = ToolParserManager.get_tool_parser(server_args.tool_call_parser)(tokenizer)
         return ToolPlan(dicts, parser, None, max_calls)
-    if request.structured_outputs is not None or request.response_format is not None:
-        raise APIError("response_format and structured_outputs cannot be combined with tool_choice "
+    if (request.structured_outputs is not None or request.response_format is not None
+            or any(getattr(request, name, None) is not None for name in CONSTRAINTS)):
+        raise APIError("response_format, structured_outputs and guided_* cannot be combined with "
+                       "tool_choice "
                        f"{choice if isinstance(choice, str) else 'naming a function'}.", 400,
                        "tool_choice")
     if choice == "required":

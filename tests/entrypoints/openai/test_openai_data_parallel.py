@@ -43,9 +43,9 @@ def test_two_cores_behind_one_server(server):
     finished, generated = {}, {}
     for family in text_string_to_metric_families(httpx.get(server.url + "/metrics").text):
         for s in family.samples:
-            if s.name == "jaxvllm:request_success_total":
+            if s.name == "vllm:request_success_total":
                 finished[s.labels["engine"]] = finished.get(s.labels["engine"], 0) + s.value
-            elif s.name == "jaxvllm:generation_tokens_total":
+            elif s.name == "vllm:generation_tokens_total":
                 generated[s.labels["engine"]] = s.value
     assert sorted(finished) == sorted(generated) == ["0", "1"]
     assert all(n > 0 for n in finished.values()) and sum(finished.values()) == NUM_REQUESTS
@@ -93,7 +93,7 @@ async def _all_running(c: httpx.AsyncClient, n: int) -> dict | None:
     running = {}
     for family in text_string_to_metric_families((await c.get("/metrics")).text):
         for s in family.samples:
-            if s.name == "jaxvllm:num_requests_running":
+            if s.name == "vllm:num_requests_running":
                 running[s.labels["engine"]] = s.value
     both = running.get("0", 0) > 0 and running.get("1", 0) > 0
     return running if both and sum(running.values()) == n else None
@@ -106,7 +106,7 @@ def test_a_dead_core_fails_its_streams_and_health(server):
     print(f"\nerror events {[round(t, 3) for t, _ in seen['errors']]} s after SIGKILL; "
           f"/health 503 after {seen['health_503']:.3f} s")
     assert 'engine="1"' not in "".join(l for l in seen["metrics"].splitlines()
-                                       if l.startswith("jaxvllm:num_requests_running"))
-    assert 'jaxvllm:num_requests_running{engine="0"' in seen["metrics"]
+                                       if l.startswith("vllm:num_requests_running"))
+    assert 'vllm:num_requests_running{engine="0"' in seen["metrics"]
     assert seen["after"].status_code == 200, seen["after"].text
     assert server.proc.poll() is None

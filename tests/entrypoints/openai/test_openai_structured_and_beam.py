@@ -1,7 +1,10 @@
-"""response_format / structured_outputs and use_beam_search through the HTTP API."""
+"""response_format / structured_outputs (and vLLM's legacy guided_* fields, which must fail
+closed) and use_beam_search through the HTTP API."""
 from __future__ import annotations
 
 import json
+
+import pytest
 
 from openai_server import client, tiny_server  # noqa: F401  (fixtures)
 
@@ -30,6 +33,47 @@ def test_structured_outputs_choice_on_completions(client):  # noqa: F811
         "structured_outputs": {"choice": ["yes", "no"]}})
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["text"] in ("yes", "no")
+
+
+def test_legacy_guided_fields_constrain_as_structured_outputs(client, tiny_server):  # noqa: F811
+    choices = ["yes", "no", "maybe"]
+    for seed in range(2):  # the completions and chat forms, each a reply from the choices
+        r = client.post("/v1/completions", json={"model": "tiny", "prompt": "Pick:", "max_tokens": 8,
+                                                 "temperature": 1.0, "seed": seed,
+                                                 "guided_choice": choices})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] in choices
+        r = client.post("/v1/chat/completions", json={
+            "model": "tiny", "messages": [{"role": "user", "content": "Pick"}], "max_tokens": 8,
+            "temperature": 1.0, "seed": seed, "guided_choice": choices,
+            "guided_decoding_backend": "xgrammar"})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"] in choices
+    r = client.post("/v1/completions", json={"model": "tiny", "prompt": "Digits:", "max_tokens": 6,
+                                             "temperature": 1.0, "guided_regex": "[0-9]{3}"})
+    assert r.status_code == 200 and len(r.json()["choices"][0]["text"]) == 3
+    r = client.post("/v1/chat/completions", json={
+        "model": "tiny", "messages": [{"role": "user", "content": "JSON"}], "max_tokens": 48,
+        "temperature": 1.0, "guided_json": SCHEMA})
+    assert set(json.loads(r.json()["choices"][0]["message"]["content"])) == {"color", "ok"}
+    log = tiny_server.log_text()
+    assert log.count("guided_choice is deprecated") == 1  # once per field name, not per request
+    assert "maps it onto structured_outputs.choice" in log
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"guided_whitespace_pattern": " "}, "guided_whitespace_pattern"),
+    ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_regex"),
+    ({"guided_regex": "a", "structured_outputs": {"regex": "b"}}, "guided_regex"),
+    ({"guided_choice": []}, "structured_outputs"),
+    ({"guided_choice": "yes"}, "guided_choice"),
+    ({"guided_grammar": "start: ("}, "structured_outputs"),
+])
+def test_legacy_guided_fields_bad_input_is_a_400(client, body, param):  # noqa: F811
+    r = client.post("/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2, **body})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and error["type"] == "BadRequestError", error
 
 
 def test_bad_response_format_is_a_400(client):  # noqa: F811
