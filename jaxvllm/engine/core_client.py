@@ -32,9 +32,9 @@ _SEND_TIMEOUT_MS = 5000
 
 
 class InprocClient:
-    def __init__(self, config: EngineConfig, model_path: str, hf_config):
+    def __init__(self, config: EngineConfig):
         from jaxvllm.engine.engine_core import EngineCore  # jax: only where the core runs here
-        self.engine_core = EngineCore(config, model_path, hf_config)
+        self.engine_core = EngineCore(config)
 
     def get_output(self) -> EngineCoreOutputs:
         return EngineCoreOutputs(outputs=self.engine_core.step())
