@@ -6,7 +6,6 @@ owes_prompt_logprobs: whether a request must still compute its whole prompt in o
 needs_host_tokens: whether a request's next step needs its last token on the host first.
 num_new_tokens: how many tokens a request takes from a step's budget.
 new_request_data: what the worker learns of a request scheduled for the first time.
-pick_victim: which running request a step preempts when the pool runs dry.
 """
 from __future__ import annotations
 
@@ -73,11 +72,3 @@ def new_request_data(request: Request, block_ids: list[int]) -> NewRequestData:
         num_computed_tokens=request.num_computed_tokens,
     )
 
-
-def pick_victim(running: list[Request], index: int, policy: str) -> Request:
-    """Among running requests not yet scheduled this step (index onwards): the newest,
-    or under the priority policy the one that ranks last, the newest among equals (the
-    oldest preempting itself on a tie would let equals thrash without progress)."""
-    if policy == "priority":
-        return max(reversed(running[index:]), key=lambda r: (r.priority, r.arrival_time))
-    return running[-1]

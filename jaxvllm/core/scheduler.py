@@ -9,10 +9,7 @@ share one step. A waiting request's cached prefix (prefix caching) is not comput
 it starts at the hit length.
 
 When the pool has no page left for a running request, a request not yet scheduled this
-step is preempted (the newest, or under the priority policy the one that ranks last). With
-`preemption_mode="recompute"` its pages are freed and it is recomputed later; with "swap"
-its pages are copied to host slots first and copied back when it resumes, so it keeps
-its progress; when the host slots run short it is recomputed instead.
+step is preempted (core/preemption.py: recomputed later, or swapped to host slots).
 
 With `max_concurrent_batches` > 1 (pipeline parallelism) the in-flight batch rules apply
 (core/in_flight.py). The scheduler takes its config sections (SchedulerConfig, CacheConfig)
@@ -24,10 +21,11 @@ from jaxvllm.config.engine_config import CacheConfig, SchedulerConfig
 from jaxvllm.core.in_flight import InFlightBatches
 from jaxvllm.core.kv_cache_interface import KVCacheConfig
 from jaxvllm.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
+from jaxvllm.core.preemption import pick_victim, preempt
 from jaxvllm.core.request import Request, RequestStatus
 from jaxvllm.core.request_queue import create_request_queue
 from jaxvllm.core.sched_utils import (check_stop, needs_host_tokens, new_request_data, num_new_tokens,
-                                      owes_prompt_logprobs, pick_victim)
+                                      owes_prompt_logprobs)
 from jaxvllm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
 from jaxvllm.core.stats import SchedulerStats
 from jaxvllm.core.structured_output import StructuredOutputManager
@@ -230,22 +228,11 @@ class Scheduler:
             request.num_output_placeholders += 1
 
     def _preempt(self, request: Request) -> list[tuple[int, int]]:
-        """Swap the request's pages out if there is host room, else drop them to recompute
-        later; it goes back to the waiting queue either way. Returns the swap-out pairs."""
-        pairs = None
-        if self.swap_space is not None and not owes_prompt_logprobs(request):
-            pairs = self.swap_space.swap_out(request.request_id,
-                                             self.kv_cache_manager.get_block_ids(request.request_id))
-        self.kv_cache_manager.free(request)
-        if pairs is None:
-            request.status = RequestStatus.PREEMPTED
-            request.num_computed_tokens = 0
-        else:
-            request.status = RequestStatus.SWAPPED
+        """Preempt the request (core/preemption.py) back to the waiting queue; returns its
+        swap-out pairs."""
+        pairs = preempt(request, self.kv_cache_manager, self.swap_space)
+        if pairs is not None:
             self.num_swap_outs += 1
-        # A token in flight still arrives (update_from_output appends it): it was computed.
-        request.num_output_placeholders = 0
-        request.num_preemptions += 1
         self.num_preemptions += 1
         self._worker_known.discard(request.request_id)
         self.waiting.prepend_request(request)
