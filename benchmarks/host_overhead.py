@@ -99,7 +99,7 @@ def tiny_model(path: Path, vocab_size: int | None = None) -> Path:
 
 @contextlib.contextmanager
 def frozen_heap():
-    """The engine core process freezes the heap it built at start-up (engine/core_proc.py), so
+    """The engine core process freezes the heap it built at start-up (engine/engine_core_proc.py), so
     the collector's oldest generation never walks it between two steps. Measured in process,
     the engine's host path runs under the same condition; unfrozen after, so that the engine
     dropped next is collected."""

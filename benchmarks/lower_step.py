@@ -68,7 +68,7 @@ def step_runner(platform_name: str, args: LlamaArgs, tensor_parallel_size: int =
         device = AbstractDevice(device_kind=TPU_KIND, num_cores=1, platform="tpu")
         abstract_mesh = AbstractMesh((tensor_parallel_size,), (MODEL_AXIS,), abstract_device=device)
         chip = jax.sharding.use_abstract_mesh(abstract_mesh)
-    attend = get_attention(config.attention_backend, platform, abstract_mesh or mesh)
+    attend = get_attention(config.model.attention_backend, platform, abstract_mesh or mesh)
     runner = ModelRunner(config, model, kv_cache, attend, mesh=mesh, platform=platform,
                          abstract_mesh=abstract_mesh)
     return runner, kv_cache, chip

@@ -49,7 +49,7 @@ def main(argv=None) -> dict:
     for timed in (False, True):  # the first pass compiles the buckets each way uses
         for name, size in (("batch_queue", pp), ("one_batch", 1)):
             core.batch_queue = BatchQueue(size)
-            core.scheduler.max_batch_reqs = -(-ns.max_num_seqs // size)
+            core.scheduler.in_flight.max_batch_reqs = -(-ns.max_num_seqs // size)
             wall, cpu = time.perf_counter(), time.process_time()
             outputs = llm.generate(prompts, greedy, use_tqdm=False)
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu

@@ -20,6 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from jaxvllm.core.request import Request  # noqa: E402
+from jaxvllm.config import CacheConfig, SchedulerConfig  # noqa: E402
+from jaxvllm.core.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, KVCacheSpec  # noqa: E402
 from jaxvllm.core.scheduler import Scheduler  # noqa: E402
 from jaxvllm.outputs import ModelRunnerOutput  # noqa: E402
 from jaxvllm.sampling_params import SamplingParams  # noqa: E402
@@ -48,9 +50,11 @@ def run_case(num_decodes: int, mixed: bool, caching: bool, steps: int) -> dict:
     budget = max(2048, 2 * num_decodes)
     blocks_per_req = -(-(LONG_PROMPT + steps + 8) // BLOCK)
     num_long = steps // 4 + 1 if mixed else 0
-    sched = Scheduler(max_num_seqs=num_decodes + (num_long if mixed else 0), max_num_batched_tokens=budget,
-                      max_model_len=4096, num_blocks=(num_decodes + num_long + 1) * blocks_per_req + 1,
-                      block_size=BLOCK, enable_prefix_caching=caching)
+    num_blocks = (num_decodes + num_long + 1) * blocks_per_req + 1
+    sched = Scheduler(SchedulerConfig(max_num_seqs=num_decodes + (num_long if mixed else 0),
+                                      max_num_batched_tokens=budget, max_model_len=4096),
+                      CacheConfig(block_size=BLOCK, enable_prefix_caching=caching),
+                      KVCacheConfig(num_blocks, [KVCacheGroupSpec(["layers.0.self_attn"], KVCacheSpec(BLOCK, 1))]))
     for i in range(num_decodes):
         sched.add_request(make_request(i, PROMPT))
     while any(r.num_computed_tokens < r.num_prompt_tokens for r in sched.running) or sched.waiting:

@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from jaxvllm.kernels.pallas import ragged_paged_attention_tpu as tpu  # noqa: E402
+from pallas_kernels import ragged_paged_attention_tpu as tpu  # noqa: E402
 from jaxvllm.platforms import get_platform  # noqa: E402
 from jaxvllm.platforms.tpu_targets import CHIPS  # noqa: E402
 

@@ -28,7 +28,7 @@ from jax._src.lib.mlir import ir
 from jax.export import DisabledSafetyCheck
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from jaxvllm.kernels.pallas import ragged_paged_attention_gpu as gpu  # noqa: E402
+from pallas_kernels import ragged_paged_attention_gpu as gpu  # noqa: E402
 
 TARGET = "__gpu$xla.gpu.triton"
 KV_DTYPES = {"bf16": jnp.bfloat16, "fp8": jnp.float8_e4m3fn, "int8": jnp.int8}

@@ -38,7 +38,7 @@ def _abstract_model(config, hf_config, mesh, platform):
     ep = config.parallel.enable_expert_parallel
     args = model_args(model_cls, args_cls.from_hf_config(hf_config), mesh.size, expert_parallel=ep)
     model = build_model(model_cls, args, dtype=jnp.dtype(config.dtype),
-                        linear_method=platform.linear_method(config.attention_backend, mesh.size, config.quantization),
+                        linear_method=platform.linear_method(config.model.attention_backend, mesh.size, config.quantization),
                         moe_method=platform.fused_moe_method(config.quantization))
     shard_abstract(model, mesh, ep)
     return model
@@ -114,8 +114,8 @@ def compile_for_target(model: str, target: str, *, programs: tuple[str, ...] | N
     mesh = make_mesh(tp, spec.devices())
     abstract_model = _abstract_model(config, hf_config, mesh, platform)
     a = abstract_model.args
-    kv_format = kv_cache_dtype(config.kv_cache_dtype, jax.numpy.dtype(config.dtype), platform.kv_cache_fp8_as_bits)
-    attend = get_attention(config.attention_backend, platform, mesh, kv_format)
+    kv_format = kv_cache_dtype(config.cache.kv_cache_dtype, jax.numpy.dtype(config.dtype), platform.kv_cache_fp8_as_bits)
+    attend = get_attention(config.model.attention_backend, platform, mesh, kv_format)
     bs, max_len = config.cache.block_size, config.scheduler.max_model_len
     pages_per_request = -(-max_len // bs)
 
@@ -137,7 +137,7 @@ def compile_for_target(model: str, target: str, *, programs: tuple[str, ...] | N
                              "num_gpu_blocks_override / kv_cache_memory_bytes or lower max_model_len.")
         fit = _smallest_fit(spec, weights * tp, pages_per_request * block_bytes, peak or 0, utilization)
         raise ValueError(
-            f"{config.model} does not fit {target} at tensor_parallel_size={tp}: {weights / 2**30:.2f} GiB of "
+            f"{config.model.name} does not fit {target} at tensor_parallel_size={tp}: {weights / 2**30:.2f} GiB of "
             f"weights per chip leave {num_blocks} KV blocks of {bs} tokens in {spec.chip.hbm_bytes / 2**30:g} GiB "
             f"x {utilization}, fewer than one request of max_model_len={max_len} needs "
             f"({pages_per_request + 1}). " + (f"The smallest slice that fits: {fit} (tensor_parallel_size="
@@ -171,9 +171,9 @@ def compile_for_target(model: str, target: str, *, programs: tuple[str, ...] | N
     kv_bytes = _per_device_bytes(runner.kv_cache)
     fits = all(r["compiled"] and r["argument_bytes"] + r["output_bytes"] - r["alias_bytes"] + r["temp_bytes"]
                <= spec.chip.hbm_bytes for r in rows)
-    return dict(target=target, model=config.model, chips=spec.num_chips, tensor_parallel_size=tp,
-                device_kind=spec.chip.device_kind, attention_backend=config.attention_backend,
-                dtype=config.dtype, kv_cache_dtype=config.kv_cache_dtype, quantization=config.quantization,
+    return dict(target=target, model=config.model.name, chips=spec.num_chips, tensor_parallel_size=tp,
+                device_kind=spec.chip.device_kind, attention_backend=config.model.attention_backend,
+                dtype=config.dtype, kv_cache_dtype=config.cache.kv_cache_dtype, quantization=config.quantization,
                 block_size=bs, max_model_len=max_len, fits=fits, hbm_bytes=spec.chip.hbm_bytes,
                 weights_bytes=weights, kv_blocks=num_blocks, kv_cache_bytes=kv_bytes, peak_step_bytes=peak,
                 max_concurrency=max_concurrency, compile_s=round(sum(r["compile_s"] for r in rows), 2),

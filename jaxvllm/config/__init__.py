@@ -1,8 +1,10 @@
 """Engine configuration: what a user sets (EngineArgs) and what the engine runs with
-(EngineConfig and its parts)."""
+(EngineConfig, in sections)."""
 from jaxvllm.config.engine_args import EngineArgs, attribute_docs
-from jaxvllm.config.engine_config import (KV_CACHE_DTYPES, QUANTIZATIONS, CacheConfig, EngineConfig,
-                                          ParallelConfig, SchedulerConfig)
+from jaxvllm.config.engine_config import (KV_CACHE_DTYPES, QUANTIZATIONS, CacheConfig, CompilationConfig,
+                                          EngineConfig, LoadConfig, ModelConfig, ParallelConfig,
+                                          QuantizationConfig, SchedulerConfig)
 
-__all__ = ["EngineArgs", "attribute_docs", "EngineConfig", "CacheConfig", "SchedulerConfig",
-           "ParallelConfig", "QUANTIZATIONS", "KV_CACHE_DTYPES"]
+__all__ = ["EngineArgs", "attribute_docs", "EngineConfig", "ModelConfig", "CacheConfig", "SchedulerConfig",
+           "ParallelConfig", "LoadConfig", "QuantizationConfig", "CompilationConfig", "QUANTIZATIONS",
+           "KV_CACHE_DTYPES"]

@@ -11,8 +11,9 @@ from dataclasses import dataclass, fields
 
 import yaml
 
-from jaxvllm.config.engine_config import (CacheConfig, EngineConfig, ParallelConfig,
-                                           SchedulerConfig)
+from jaxvllm.config.engine_config import (CacheConfig, CompilationConfig, EngineConfig, LoadConfig,
+                                          ModelConfig, ParallelConfig, QuantizationConfig,
+                                          SchedulerConfig)
 from jaxvllm.layers.quantization.compressed_tensors import resolve_quantization
 from jaxvllm.platforms import get_platform
 
@@ -121,9 +122,10 @@ class EngineArgs:
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 
-    def create_engine_config(self, hf_config, backend: str) -> "EngineConfig":
-        """backend: the JAX backend the engine runs on (`jax.default_backend()`), whose
-        platform supplies the defaults that differ by device."""
+    def create_engine_config(self, hf_config, backend: str, model_path: str | None = None) -> "EngineConfig":
+        """hf_config: the checkpoint's Hugging Face config; backend: the JAX backend the engine
+        runs on (`jax.default_backend()`), whose platform supplies the defaults that differ by
+        device; model_path: the checkpoint resolved on this host (default: `model` as given)."""
         platform = get_platform(backend)
         model_max = getattr(hf_config, "max_position_embeddings", None) or 2048
         max_model_len = self.max_model_len or min(model_max, platform.default_max_model_len or model_max)
@@ -137,6 +139,12 @@ class EngineArgs:
         else:
             raise ValueError(f"dtype must be one of auto, float32, bfloat16, float16; got {self.dtype!r}.")
         hbm = self.gpu_memory_utilization if self.gpu_memory_utilization is not None else self.hbm_utilization
+        parallel = ParallelConfig(
+            tensor_parallel_size=self.tensor_parallel_size, enable_expert_parallel=self.enable_expert_parallel,
+            nnodes=self.nnodes, node_rank=self.node_rank, master_addr=self.master_addr,
+            master_port=self.master_port, distributed_executor_backend=self.distributed_executor_backend,
+            ray_workers=self.ray_workers, pipeline_parallel_size=self.pipeline_parallel_size,
+            data_parallel_size=self.data_parallel_size)
         cache = CacheConfig(
             block_size=platform.default_block_size if self.block_size is None else self.block_size,
             hbm_utilization=hbm,
@@ -146,6 +154,7 @@ class EngineArgs:
             num_gpu_blocks_override=self.num_gpu_blocks_override,
             enable_prefix_caching=self.enable_prefix_caching,
             swap_space=self.swap_space,
+            kv_cache_dtype=self.kv_cache_dtype,
         )
         sched = SchedulerConfig(
             max_num_seqs=self.max_num_seqs or platform.default_max_num_seqs,
@@ -155,27 +164,19 @@ class EngineArgs:
             long_prefill_token_threshold=self.long_prefill_token_threshold,
             scheduling_policy=self.scheduling_policy,
             preemption_mode=self.preemption_mode,
+            async_scheduling=(self.async_scheduling if self.async_scheduling is not None
+                              else platform.default_async_scheduling and not parallel.is_multiprocess
+                              and self.pipeline_parallel_size == 1),
         )
-        config = EngineConfig(model=self.model, dtype=dtype, cache=cache, scheduler=sched, seed=self.seed,
-                              skip_warmup=self.skip_warmup, attention_backend=self.attention_backend,
-                              quantization=resolve_quantization(self.quantization, hf_config),
-                              kv_cache_dtype=self.kv_cache_dtype,
-                              profile_dir=self.profile_dir,
-                              check_recompilation=self.check_recompilation,
-                              async_scheduling=(self.async_scheduling if self.async_scheduling is not None
-                                                else platform.default_async_scheduling
-                                                and self.distributed_executor_backend == "uni"
-                                                and self.nnodes == 1
-                                                and self.pipeline_parallel_size == 1),
-                              parallel=ParallelConfig(
-                                  tensor_parallel_size=self.tensor_parallel_size,
-                                  enable_expert_parallel=self.enable_expert_parallel, nnodes=self.nnodes,
-                                  node_rank=self.node_rank, master_addr=self.master_addr,
-                                  master_port=self.master_port,
-                                  distributed_executor_backend=self.distributed_executor_backend,
-                                  ray_workers=self.ray_workers,
-                                  pipeline_parallel_size=self.pipeline_parallel_size,
-                                  data_parallel_size=self.data_parallel_size))
+        model = ModelConfig(model=self.model, path=model_path or self.model or "", dtype=dtype, seed=self.seed,
+                            attention_backend=self.attention_backend).with_hf_config(hf_config)
+        config = EngineConfig(
+            model=model, cache=cache, parallel=parallel, scheduler=sched,
+            load=LoadConfig(revision=self.revision, download_dir=self.download_dir),
+            quant_config=QuantizationConfig(resolve_quantization(self.quantization, hf_config)),
+            compilation=CompilationConfig(skip_warmup=self.skip_warmup,
+                                          check_recompilation=self.check_recompilation),
+            profile_dir=self.profile_dir)
         config.verify()
         return config
 

@@ -1,14 +1,49 @@
 """The resolved, validated configuration the engine runs with (made by
-EngineArgs.create_engine_config, engine_args.py): frozen, sent to the engine and worker
-processes as it is."""
+EngineArgs.create_engine_config, engine_args.py), in sections as vLLM's VllmConfig: model,
+cache, parallel, scheduler, load, quantization and compilation. Each part of the engine takes
+the sections it needs (the scheduler its SchedulerConfig, the worker the whole config), so a
+new capability adds a section (speculative decoding's draft model, LoRA) instead of threading
+arguments through every layer. Frozen, and sent to the engine and worker processes as it is
+(msgpack, serial_utils)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 
+from jaxvllm.config.verify import verify_engine_config
+from jaxvllm.layers.quantization import QUANTIZATION_METHODS
+
 # vLLM's names (jaxvllm/layers/quantization, jaxvllm/layers/kv_cache_dtype.py run them).
-QUANTIZATIONS = (None, "int8", "fp8", "compressed-tensors")
+QUANTIZATIONS = (None, *QUANTIZATION_METHODS)
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: str | None = None
+    """The model as the user named it (None: the default); prefix-cache keys carry it."""
+    path: str = ""
+    """The resolved checkpoint on this host: a .gguf file, a Hugging Face or Orbax directory."""
+    dtype: str = "float32"
+    seed: int = 0
+    attention_backend: str = "auto"
+
+    @functools.cached_property
+    def hf_config(self):
+        """The checkpoint's Hugging Face config, read once per process from `path` (not a
+        field: it does not cross processes, each one reads it where the checkpoint is)."""
+        from jaxvllm.transformers_utils.config import load_hf_config
+        return load_hf_config(self.path)
+
+    def with_hf_config(self, hf_config) -> "ModelConfig":
+        """This config with its Hugging Face config already read (the caller had it)."""
+        self.__dict__["hf_config"] = hf_config  # what the cached property would have stored
+        return self
+
+    @property
+    def name(self) -> str:
+        return self.model or self.path
 
 
 @dataclass(frozen=True)
@@ -19,6 +54,7 @@ class CacheConfig:
     num_gpu_blocks_override: int | None = None
     enable_prefix_caching: bool = True
     swap_space: float = 4.0
+    kv_cache_dtype: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -30,6 +66,7 @@ class SchedulerConfig:
     long_prefill_token_threshold: int = 0
     scheduling_policy: str = "fcfs"
     preemption_mode: str = "recompute"
+    async_scheduling: bool = False
 
 
 @dataclass(frozen=True)
@@ -45,92 +82,54 @@ class ParallelConfig:
     pipeline_parallel_size: int = 1
     data_parallel_size: int = 1
 
+    @property
+    def is_multiprocess(self) -> bool:
+        """Whether the model's devices are driven from more than this process."""
+        return self.nnodes > 1 or self.distributed_executor_backend in ("mp", "ray")
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    """Where the checkpoint came from (ModelConfig.path is where it is now)."""
+    revision: str | None = None
+    download_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class QuantizationConfig:
+    method: str | None = None
+    """int8 or fp8 (weight-only, quantized at load), compressed-tensors (as stored), None."""
+
+
+@dataclass(frozen=True)
+class CompilationConfig:
+    skip_warmup: bool = False
+    check_recompilation: bool = False
+
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str | None
-    dtype: str
+    model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
-    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    seed: int = 0
-    skip_warmup: bool = False
-    attention_backend: str = "auto"
-    quantization: str | None = None
-    kv_cache_dtype: str = "auto"
-    profile_dir: str | None = None
-    check_recompilation: bool = False
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    async_scheduling: bool = False
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    load: LoadConfig = field(default_factory=LoadConfig)
+    quant_config: QuantizationConfig = field(default_factory=QuantizationConfig)
+    compilation: CompilationConfig = field(default_factory=CompilationConfig)
+    profile_dir: str | None = None
+
+    @property
+    def dtype(self) -> str:
+        """The model's dtype (model code reads it from the config it is given)."""
+        return self.model.dtype
+
+    @property
+    def quantization(self) -> str | None:
+        """The quantization method's name (vLLM's `quantization`)."""
+        return self.quant_config.method
 
     def verify(self) -> None:
-        c, s = self.cache, self.scheduler
-        p = self.parallel
-        if self.check_recompilation and self.skip_warmup:
-            raise ValueError("check_recompilation needs the warm-up; do not combine it with skip_warmup.")
-        if p.tensor_parallel_size < 1:
-            raise ValueError(f"tensor_parallel_size must be at least 1, got {p.tensor_parallel_size}.")
-        if p.data_parallel_size < 1:
-            raise ValueError(f"data_parallel_size must be at least 1, got {p.data_parallel_size}.")
-        if p.data_parallel_size > 1 and p.nnodes > 1:
-            raise ValueError("data_parallel_size > 1 runs its engine cores on one host; use nnodes=1.")
-        if p.pipeline_parallel_size < 1:
-            raise ValueError(f"pipeline_parallel_size must be at least 1, got {p.pipeline_parallel_size}.")
-        if p.pipeline_parallel_size > 1 and (p.nnodes > 1 or p.distributed_executor_backend != "uni"):
-            raise ValueError("pipeline_parallel_size > 1 runs its stages from one process: use "
-                             "distributed_executor_backend='uni' and nnodes=1.")
-        if p.nnodes < 1:
-            raise ValueError(f"nnodes must be at least 1, got {p.nnodes}.")
-        if not 0 <= p.node_rank < p.nnodes:
-            raise ValueError(f"node_rank must be in [0, nnodes={p.nnodes}), got {p.node_rank}.")
-        if not 0 < p.master_port < 65535:  # the next port carries the schedule broadcast
-            raise ValueError(f"master_port must be in [1, 65534], got {p.master_port}.")
-        if p.distributed_executor_backend not in ("uni", "mp", "ray"):
-            raise ValueError(f"distributed_executor_backend must be 'uni', 'mp' or 'ray', "
-                             f"got {p.distributed_executor_backend!r}.")
-        if p.distributed_executor_backend in ("mp", "ray") and p.nnodes > 1:
-            raise ValueError(f"distributed_executor_backend={p.distributed_executor_backend!r} starts its "
-                             f"own workers (on the Ray cluster's hosts for 'ray'); use nnodes=1.")
-        if p.ray_workers < 1 or p.tensor_parallel_size % p.ray_workers:
-            raise ValueError(f"ray_workers must be at least 1 and divide tensor_parallel_size "
-                             f"({p.tensor_parallel_size}), got {p.ray_workers}.")
-        multiprocess = p.nnodes > 1 or p.distributed_executor_backend in ("mp", "ray")
-        if (multiprocess or p.pipeline_parallel_size > 1) and self.async_scheduling:
-            raise ValueError("async_scheduling needs distributed_executor_backend='uni', nnodes=1 and "
-                             "pipeline_parallel_size=1 (the step's tokens stay on this process's devices).")
-        if multiprocess and self.scheduler.preemption_mode == "swap":
-            raise ValueError("preemption_mode='swap' is not supported with nnodes > 1 or the 'mp' "
-                             "or 'ray' executor (the swap pool lives in one process); use 'recompute'.")
-        if p.pipeline_parallel_size > 1 and self.scheduler.preemption_mode == "swap":
-            raise ValueError("preemption_mode='swap' is not supported with pipeline_parallel_size > 1 "
-                             "(each stage holds its own KV cache); use 'recompute'.")
-        if self.quantization not in QUANTIZATIONS:
-            raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}.")
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}.")
-        if c.block_size not in (8, 16, 32, 64, 128, 256):
-            raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128, 256; got {c.block_size}.")
-        if not 0.0 < c.hbm_utilization <= 1.0:
-            raise ValueError(f"hbm_utilization must be in (0, 1], got {c.hbm_utilization}.")
-        if c.num_gpu_blocks_override is not None and c.num_gpu_blocks_override < 2:
-            raise ValueError(f"num_gpu_blocks_override must be at least 2, got {c.num_gpu_blocks_override}.")
-        if c.kv_cache_memory_bytes is not None and c.kv_cache_memory_bytes <= 0:
-            raise ValueError(f"kv_cache_memory_bytes must be positive, got {c.kv_cache_memory_bytes}.")
-        if s.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be at least 1, got {s.max_num_seqs}.")
-        if s.max_num_batched_tokens < s.max_num_seqs:
-            raise ValueError(f"max_num_batched_tokens ({s.max_num_batched_tokens}) must be at least "
-                             f"max_num_seqs ({s.max_num_seqs}).")
-        if c.swap_space < 0:
-            raise ValueError(f"swap_space must not be negative, got {c.swap_space}.")
-        if s.scheduling_policy not in ("fcfs", "priority"):
-            raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {s.scheduling_policy!r}.")
-        if s.preemption_mode not in ("recompute", "swap"):
-            raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {s.preemption_mode!r}.")
-        if s.long_prefill_token_threshold < 0:
-            raise ValueError(f"long_prefill_token_threshold must not be negative, "
-                             f"got {s.long_prefill_token_threshold}.")
-        if s.max_model_len < 2:
-            raise ValueError(f"max_model_len must be at least 2, got {s.max_model_len}.")
+        verify_engine_config(self)
 
     def replace(self, **changes) -> "EngineConfig":
         return dataclasses.replace(self, **changes)

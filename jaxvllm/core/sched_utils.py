@@ -4,10 +4,13 @@ check_stop: whether a request is done after its latest sampled token, and why (l
 first, then EOS and stop tokens once min_tokens is reached).
 owes_prompt_logprobs: whether a request must still compute its whole prompt in one go.
 needs_host_tokens: whether a request's next step needs its last token on the host first.
+num_new_tokens: how many tokens a request takes from a step's budget.
+new_request_data: what the worker learns of a request scheduled for the first time.
 """
 from __future__ import annotations
 
 from jaxvllm.core.request import Request, RequestStatus
+from jaxvllm.core.sched_output import NewRequestData
 
 
 def check_stop(request: Request, max_model_len: int) -> bool:
@@ -45,3 +48,27 @@ def needs_host_tokens(request: Request) -> bool:
     params = request.sampling_params
     return (params.structured_outputs is not None
             or any(len(w) > 1 for w in params.bad_words_token_ids))
+
+
+def num_new_tokens(request: Request, token_budget: int, num_computed: int, max_model_len: int,
+                   long_prefill_token_threshold: int) -> int:
+    # Positions stop at max_model_len - 1: the token there is the last one computed.
+    limit = max_model_len - 1 - num_computed
+    num_new = min(request.num_tokens + request.num_output_placeholders - num_computed, token_budget, limit)
+    if 0 < long_prefill_token_threshold < num_new:
+        num_new = long_prefill_token_threshold
+    return max(0, num_new)
+
+
+def new_request_data(request: Request, block_ids: list[int]) -> NewRequestData:
+    return NewRequestData(
+        req_id=request.request_id,
+        prompt_token_ids=request.prompt_token_ids,
+        output_token_ids=list(request.output_token_ids),
+        sampling_params=request.sampling_params,
+        sampling_seed=request.sampling_seed,
+        eos_token_id=request.eos_token_id,
+        block_ids=block_ids,
+        num_computed_tokens=request.num_computed_tokens,
+    )
+

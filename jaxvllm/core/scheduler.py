@@ -9,27 +9,25 @@ share one step. A waiting request's cached prefix (prefix caching) is not comput
 it starts at the hit length.
 
 When the pool has no page left for a running request, a request not yet scheduled this
-step is preempted (the newest, or under the priority policy the one that ranks last). With
-`preemption_mode="recompute"` its pages are freed and it is recomputed later; with "swap"
-its pages are copied to host slots first and copied back when it resumes, so it keeps
-its progress; when the host slots run short it is recomputed instead.
+step is preempted (core/preemption.py: recomputed later, or swapped to host slots).
 
-With `max_concurrent_batches` > 1 (pipeline parallelism's batch queue, engine/batch_queue.py)
-that many batches are in flight at once: a request in one whose tokens are not back yet is
-not scheduled again until they are (vLLM V1's `scheduled_req_ids`), nor resumed if it was
-preempted meanwhile (victims are chosen as without the queue: sparing requests in flight
-lets two requests that each need the last pages take them from each other forever). A
-batch holds at most max_num_seqs / max_concurrent_batches requests, so that the running
-requests spread over the batches instead of all riding in one.
+With `max_concurrent_batches` > 1 (pipeline parallelism) the in-flight batch rules apply
+(core/in_flight.py). The scheduler takes its config sections (SchedulerConfig, CacheConfig)
+and the KV cache pool the engine sized (KVCacheConfig, core/kv_cache_interface.py).
 """
 from __future__ import annotations
 
 import time
 
+from jaxvllm.config.engine_config import CacheConfig, SchedulerConfig
+from jaxvllm.core.in_flight import InFlightBatches
+from jaxvllm.core.kv_cache_interface import KVCacheConfig
 from jaxvllm.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
+from jaxvllm.core.preemption import pick_victim, preempt
 from jaxvllm.core.request import Request, RequestStatus
 from jaxvllm.core.request_queue import create_request_queue
-from jaxvllm.core.sched_utils import check_stop, needs_host_tokens, owes_prompt_logprobs
+from jaxvllm.core.sched_utils import (check_stop, needs_host_tokens, new_request_data, num_new_tokens,
+                                      owes_prompt_logprobs)
 from jaxvllm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
 from jaxvllm.core.stats import SchedulerStats
 from jaxvllm.core.structured_output import StructuredOutputManager
@@ -38,32 +36,32 @@ from jaxvllm.outputs import EngineCoreOutput, ModelRunnerOutput
 
 
 class Scheduler:
-    def __init__(self, *, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
-                 num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
-                 long_prefill_token_threshold: int = 0, scheduling_policy: str = "fcfs",
-                 preemption_mode: str = "recompute", num_swap_blocks: int = 0, model_name: str = "",
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
+                 kv_cache_config: KVCacheConfig, *, model_name: str = "",
                  structured_output_manager: StructuredOutputManager | None = None,
                  max_concurrent_batches: int = 1):
-        if preemption_mode not in ("recompute", "swap"):
-            raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {preemption_mode!r}.")
-        self.max_num_seqs = max_num_seqs
-        self.max_num_batched_tokens = max_num_batched_tokens
-        self.max_model_len = max_model_len
-        self.long_prefill_token_threshold = long_prefill_token_threshold
-        self.policy = scheduling_policy
-        self.kv_cache_manager = KVCacheManager(num_blocks, block_size, max_model_len,
-                                               enable_prefix_caching, model_name)
-        self.swap_space = SwapSpace(num_swap_blocks) if preemption_mode == "swap" else None
+        s = scheduler_config
+        if s.preemption_mode not in ("recompute", "swap"):
+            raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {s.preemption_mode!r}.")
+        self.max_num_seqs = s.max_num_seqs
+        self.max_num_batched_tokens = s.max_num_batched_tokens
+        self.max_model_len = s.max_model_len
+        self.long_prefill_token_threshold = s.long_prefill_token_threshold
+        self.policy = s.scheduling_policy
+        self.kv_cache_manager = KVCacheManager(kv_cache_config.num_blocks, kv_cache_config.block_size,
+                                               s.max_model_len, cache_config.enable_prefix_caching, model_name)
+        self.swap_space = (SwapSpace(kv_cache_config.num_swap_blocks) if s.preemption_mode == "swap"
+                           else None)
         self.structured_output_manager = structured_output_manager
         self.requests: dict[str, Request] = {}
-        self.waiting = create_request_queue(scheduling_policy)
+        self.waiting = create_request_queue(s.scheduling_policy)
         self.running: list[Request] = []
         # Requests the worker holds state for; the rest get full data when scheduled.
         self._worker_known: set[str] = set()
         self._finished_req_ids: set[str] = set()
         self.host_token_req_ids: set[str] = set()  # requests that need_host_tokens
-        self.in_flight_req_ids: set[str] | None = set() if max_concurrent_batches > 1 else None
-        self.max_batch_reqs = -(-max_num_seqs // max_concurrent_batches)
+        self.in_flight = (InFlightBatches(s.max_num_seqs, max_concurrent_batches)
+                          if max_concurrent_batches > 1 else None)
         self.num_preemptions = 0
         self.num_swap_outs = 0
         self.num_prefill_tokens = 0
@@ -128,7 +126,8 @@ class Scheduler:
         swap_out: list[tuple[int, int]] = []
         swap_in: list[tuple[int, int]] = []
 
-        in_flight, max_reqs = self.in_flight_req_ids or (), self.max_batch_reqs
+        in_flight, max_reqs = ((self.in_flight.req_ids, self.in_flight.max_batch_reqs) if self.in_flight is not None
+                               else ((), self.max_num_seqs))
         index = 0
         while index < len(self.running) and token_budget > 0 and len(num_scheduled) < max_reqs:
             request = self.running[index]
@@ -140,12 +139,13 @@ class Scheduler:
             if num_new == 1:  # a decode: the common case, kept cheap
                 num_new = int(num_computed < self.max_model_len - 1)
             else:
-                num_new = self._num_new_tokens(request, token_budget, num_computed)
+                num_new = num_new_tokens(request, token_budget, num_computed, self.max_model_len,
+                                         self.long_prefill_token_threshold)
             if num_new == 0:
                 index += 1
                 continue
             while (blocks := self.kv_cache_manager.allocate_slots(request, num_new)) is None:
-                victim = self._pick_victim(index)
+                victim = pick_victim(self.running, index, self.policy)
                 self.running.remove(victim)
                 swap_out.extend(self._preempt(victim))
                 preempted.add(victim.request_id)
@@ -161,7 +161,7 @@ class Scheduler:
                 cached.new_block_ids.append(blocks.get_block_ids())
                 cached.num_computed_tokens.append(num_computed)
             else:
-                new_reqs.append(self._new_request_data(request))
+                new_reqs.append(new_request_data(request, self.kv_cache_manager.get_block_ids(request.request_id)))
             self._advance(request, num_new)  # scheduled requests are never a victim later on
 
         # A step that had to preempt admits nobody new: pages are short. (This also keeps
@@ -175,7 +175,8 @@ class Scheduler:
                 hit, num_hit = KVCacheBlocks([]), 0  # prompt logprobs need every position computed
             else:
                 hit, num_hit = self.kv_cache_manager.get_computed_blocks(request)
-            num_new = self._num_new_tokens(request, token_budget, request.num_computed_tokens + num_hit)
+            num_new = num_new_tokens(request, token_budget, request.num_computed_tokens + num_hit,
+                                     self.max_model_len, self.long_prefill_token_threshold)
             if num_new == 0:
                 break
             blocks = self.kv_cache_manager.allocate_slots(
@@ -191,7 +192,7 @@ class Scheduler:
             self.running.append(request)
             num_scheduled[request.request_id] = num_new
             token_budget -= num_new
-            new_reqs.append(self._new_request_data(request))
+            new_reqs.append(new_request_data(request, self.kv_cache_manager.get_block_ids(request.request_id)))
             self._advance(request, num_new)
 
         for data in new_reqs:
@@ -207,8 +208,8 @@ class Scheduler:
             blocks_to_swap_in=swap_in,
         )
         self._finished_req_ids = set()
-        if self.in_flight_req_ids is not None:
-            self.in_flight_req_ids.update(num_scheduled)
+        if self.in_flight is not None:
+            self.in_flight.dispatched(num_scheduled)
         requests = self.requests
         manager = self.structured_output_manager
         if manager is not None and manager.matchers:
@@ -229,51 +230,12 @@ class Scheduler:
         if start + num_new >= num_prompt + len(request.output_token_ids) + request.num_output_placeholders:
             request.num_output_placeholders += 1
 
-    def _num_new_tokens(self, request: Request, token_budget: int, num_computed: int) -> int:
-        # Positions stop at max_model_len - 1: the token there is the last one computed.
-        limit = self.max_model_len - 1 - num_computed
-        num_new = min(request.num_tokens + request.num_output_placeholders - num_computed, token_budget, limit)
-        if 0 < self.long_prefill_token_threshold < num_new:
-            num_new = self.long_prefill_token_threshold
-        return max(0, num_new)
-
-    def _new_request_data(self, request: Request) -> NewRequestData:
-        return NewRequestData(
-            req_id=request.request_id,
-            prompt_token_ids=request.prompt_token_ids,
-            output_token_ids=list(request.output_token_ids),
-            sampling_params=request.sampling_params,
-            sampling_seed=request.sampling_seed,
-            eos_token_id=request.eos_token_id,
-            block_ids=self.kv_cache_manager.get_block_ids(request.request_id),
-            num_computed_tokens=request.num_computed_tokens,
-        )
-
-    def _pick_victim(self, index: int) -> Request:
-        """Among running requests not yet scheduled this step (index onwards): the newest,
-        or under the priority policy the one that ranks last, the newest among equals (the
-        oldest preempting itself on a tie would let equals thrash without progress)."""
-        if self.policy == "priority":
-            return max(reversed(self.running[index:]), key=lambda r: (r.priority, r.arrival_time))
-        return self.running[-1]
-
     def _preempt(self, request: Request) -> list[tuple[int, int]]:
-        """Swap the request's pages out if there is host room, else drop them to recompute
-        later; it goes back to the waiting queue either way. Returns the swap-out pairs."""
-        pairs = None
-        if self.swap_space is not None and not owes_prompt_logprobs(request):
-            pairs = self.swap_space.swap_out(request.request_id,
-                                             self.kv_cache_manager.get_block_ids(request.request_id))
-        self.kv_cache_manager.free(request)
-        if pairs is None:
-            request.status = RequestStatus.PREEMPTED
-            request.num_computed_tokens = 0
-        else:
-            request.status = RequestStatus.SWAPPED
+        """Preempt the request (core/preemption.py) back to the waiting queue; returns its
+        swap-out pairs."""
+        pairs = preempt(request, self.kv_cache_manager, self.swap_space)
+        if pairs is not None:
             self.num_swap_outs += 1
-        # A token in flight still arrives (update_from_output appends it): it was computed.
-        request.num_output_placeholders = 0
-        request.num_preemptions += 1
         self.num_preemptions += 1
         self._worker_known.discard(request.request_id)
         self.waiting.prepend_request(request)
@@ -283,8 +245,8 @@ class Scheduler:
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
         outputs = []
-        if self.in_flight_req_ids is not None:
-            self.in_flight_req_ids.difference_update(scheduler_output.num_scheduled_tokens)
+        if self.in_flight is not None:
+            self.in_flight.returned(scheduler_output.num_scheduled_tokens)
         logprobs, prompt_logprobs = runner_output.logprobs, runner_output.prompt_logprobs
         grammar, requests, max_model_len = scheduler_output.grammar_bitmask, self.requests, self.max_model_len
         for i, (req_id, sampled) in enumerate(zip(runner_output.req_ids,

@@ -16,11 +16,12 @@ import jax
 import zmq
 
 from jaxvllm.config import EngineArgs, ParallelConfig
+from jaxvllm.core.kv_cache_interface import KVCacheConfig
 from jaxvllm.core.sched_output import SchedulerOutput
 from jaxvllm.serial_utils import decode, encode
 
 logger = logging.getLogger(__name__)
-_NUM_BLOCKS, _STEP, _STOP = b"B", b"S", b"X"
+_KV_CACHE_CONFIG, _STEP, _STOP = b"B", b"S", b"X"
 
 
 def initialize_distributed(args: EngineArgs) -> None:
@@ -57,8 +58,8 @@ class SchedulerOutputBroadcaster:
             self.sock.recv()  # a subscription message
         atexit.register(self.close)  # followers must not wait forever on a vanished process 0
 
-    def send_num_blocks(self, num_blocks: int) -> None:
-        self.sock.send_multipart([_NUM_BLOCKS, str(num_blocks).encode()])
+    def send_kv_cache_config(self, kv_cache_config: KVCacheConfig) -> None:
+        self.sock.send_multipart([_KV_CACHE_CONFIG, encode(kv_cache_config)])
 
     def send(self, scheduler_output: SchedulerOutput) -> None:
         self.sock.send_multipart([_STEP, encode(scheduler_output)])
@@ -99,14 +100,14 @@ def run_follower(args: EngineArgs) -> None:
     initialize_distributed(args)
     model_path = resolve_model(args.model, args.revision, args.download_dir)
     hf_config = load_hf_config(model_path)
-    config = args.create_engine_config(hf_config, jax.default_backend())
+    config = args.create_engine_config(hf_config, jax.default_backend(), model_path)
     receiver = SchedulerOutputReceiver(config.parallel)
-    worker = Worker(config, model_path, hf_config)
+    worker = Worker(config)
     try:
         kind, payload = receiver.recv()
-        if kind != _NUM_BLOCKS:
+        if kind != _KV_CACHE_CONFIG:
             raise RuntimeError(f"Expected the KV cache size from process 0, got message {kind!r}.")
-        runner = worker.initialize_cache(int(payload))
+        runner = worker.initialize_from_config(decode(KVCacheConfig, payload))
         while True:
             kind, payload = receiver.recv()
             if kind == _STOP:

@@ -4,7 +4,7 @@
 - SyncMPClient: the core in its own process; blocking calls (LLM with multiprocessing).
 - AsyncMPClient: the core in its own process; asyncio calls (AsyncLLM, the server).
 
-An MP client starts the engine process (core_process.py), watches it, and shuts it down. If the
+An MP client starts the engine process (engine_core_handle.py), watches it, and shuts it down. If the
 process dies first, every waiting call fails with EngineDeadError within a second or so.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ import zmq
 import zmq.asyncio
 
 from jaxvllm.config import EngineArgs, EngineConfig
-from jaxvllm.engine.core_process import EngineCoreProcess
+from jaxvllm.engine.engine_core_handle import EngineCoreHandle
 from jaxvllm.engine.exceptions import EngineDeadError
 from jaxvllm.engine.messages import (EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType,
                                      UtilityRequest)
@@ -32,9 +32,9 @@ _SEND_TIMEOUT_MS = 5000
 
 
 class InprocClient:
-    def __init__(self, config: EngineConfig, model_path: str, hf_config):
+    def __init__(self, config: EngineConfig):
         from jaxvllm.engine.engine_core import EngineCore  # jax: only where the core runs here
-        self.engine_core = EngineCore(config, model_path, hf_config)
+        self.engine_core = EngineCore(config)
 
     def get_output(self) -> EngineCoreOutputs:
         return EngineCoreOutputs(outputs=self.engine_core.step())
@@ -57,7 +57,7 @@ class _MPClientBase:
                  wait_ready: bool = True):
         self.engine_dead = False
         self.ctx = zmq_ctx
-        self.engine = EngineCoreProcess(args, self._on_engine_death, dp_rank)
+        self.engine = EngineCoreHandle(args, self._on_engine_death, dp_rank)
         self.input_socket = self.ctx.socket(zmq.PUSH)
         self.input_socket.setsockopt(zmq.SNDTIMEO, _SEND_TIMEOUT_MS)
         self.input_socket.setsockopt(zmq.LINGER, 0)

@@ -1,8 +1,9 @@
 """EngineCore: the busy loop's body. Schedule, execute, update; nothing else.
 
-It owns the scheduler (host) and an executor (device: the Worker in this process, or
-worker processes), and sees requests only as EngineCoreRequests, so the same core runs in
-process or in its own process behind ZMQ.
+It owns the scheduler (host) and an Executor (device: the Worker in this process, worker
+processes or Ray actors, all behind executor/abstract.py's interface), sizes the KV cache
+from the specs the workers report, and sees requests only as EngineCoreRequests, so the
+same core runs in process or in its own process behind ZMQ.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import os
 import jax
 
 from jaxvllm.config import EngineConfig
+from jaxvllm.core.kv_cache_interface import KVCacheConfig, get_kv_cache_config
 from jaxvllm.core.request import Request
 from jaxvllm.core.sched_output import SchedulerOutput
 from jaxvllm.core.scheduler import Scheduler
@@ -21,9 +23,7 @@ from jaxvllm.distributed.multihost import SchedulerOutputBroadcaster
 from jaxvllm.engine.batch_queue import BatchQueue
 from jaxvllm.engine.exceptions import EngineSleepingError
 from jaxvllm.engine.messages import EngineCoreRequest
-from jaxvllm.executor.multiproc import MultiprocExecutor
-from jaxvllm.executor.ray_executor import RayDistributedExecutor
-from jaxvllm.executor.uniproc import UniProcExecutor
+from jaxvllm.executor.abstract import Executor
 from jaxvllm.outputs import EngineCoreOutput
 from jaxvllm.sampling_params import is_int
 from jaxvllm.transformers_utils.tokenizer import load_tokenizer
@@ -33,47 +33,24 @@ logger = logging.getLogger(__name__)
 
 
 class EngineCore:
-    def __init__(self, config: EngineConfig, model_path: str, hf_config):
+    def __init__(self, config: EngineConfig, executor_class: type[Executor] | None = None):
+        """executor_class: default the one config.parallel names (executor/abstract.py)."""
         self.config = config
         if config.parallel.node_rank > 0:
             raise ValueError("The EngineCore runs on node_rank 0 only; other hosts run "
                              "jaxvllm.distributed.multihost.run_follower.")
-        # UniProcExecutor: the Worker in this process drives all local devices (JAX's way on
-        # one host); the "mp" executor puts it in worker processes, with the same methods.
-        executor_class = {"mp": MultiprocExecutor, "ray": RayDistributedExecutor}.get(
-            config.parallel.distributed_executor_backend, UniProcExecutor)
-        self.model_executor = executor_class(config, model_path, hf_config)
-        num_blocks = self.model_executor.determine_num_blocks()
-        bs, max_len = config.cache.block_size, config.scheduler.max_model_len
-        if (num_blocks - 1) * bs < max_len:
-            raise ValueError(
-                f"The KV cache holds {(num_blocks - 1) * bs} tokens ({num_blocks - 1} usable blocks of "
-                f"{bs}), fewer than max_model_len ({max_len}); raise the KV cache budget "
-                f"(kv_cache_memory_bytes, num_gpu_blocks_override) or lower max_model_len.")
-        sched = config.scheduler
-        # Host slots for swap preemption, sized like the device blocks they hold.
-        num_swap_blocks = (int(config.cache.swap_space * 2**30) // self.model_executor.block_bytes
-                           if sched.preemption_mode == "swap" else 0)
-        # Multi-host: the other processes replay this one's schedule on the global mesh.
-        self.broadcaster = (SchedulerOutputBroadcaster(config.parallel)
-                            if config.parallel.nnodes > 1 else None)
-        if self.broadcaster is not None:
-            self.broadcaster.send_num_blocks(num_blocks)
-        self.model_executor.initialize_cache(num_blocks, num_swap_blocks)
+        self.model_executor = (executor_class or Executor.get_class(config))(config)
+        kv_cache_config = self._initialize_kv_caches()
+        hf_config = config.model.hf_config
         self.scheduler = Scheduler(
-            max_num_seqs=sched.max_num_seqs, max_num_batched_tokens=sched.max_num_batched_tokens,
-            max_model_len=max_len, num_blocks=num_blocks, block_size=bs,
-            enable_prefix_caching=config.cache.enable_prefix_caching,
-            long_prefill_token_threshold=sched.long_prefill_token_threshold,
-            scheduling_policy=sched.scheduling_policy, preemption_mode=sched.preemption_mode,
-            num_swap_blocks=num_swap_blocks, model_name=config.model or model_path,
-            structured_output_manager=StructuredOutputManager(lambda: load_tokenizer(model_path),
+            config.scheduler, config.cache, kv_cache_config, model_name=config.model.name,
+            structured_output_manager=StructuredOutputManager(lambda: load_tokenizer(config.model.path),
                                                               hf_config.vocab_size),
-            max_concurrent_batches=config.parallel.pipeline_parallel_size)
+            max_concurrent_batches=self.model_executor.max_concurrent_batches)
         self.vocab_size = hf_config.vocab_size
         # Async scheduling: the step dispatched last, whose tokens are read after the next
         # one is dispatched.
-        self.async_scheduling = config.async_scheduling
+        self.async_scheduling = config.scheduler.async_scheduling
         self._in_flight: tuple[SchedulerOutput, AsyncModelRunnerOutput] | None = None
         # Pipeline parallelism: a batch in flight per stage (vLLM's virtual engines).
         pp = config.parallel.pipeline_parallel_size
@@ -81,6 +58,27 @@ class EngineCore:
         self.step_num = 0
         self.profiling = False
         self.sleeping_tags: set[str] = set()
+
+    def _initialize_kv_caches(self) -> KVCacheConfig:
+        """The workers report their layers' KV cache specs and the memory they offer; the
+        pool is sized from both (core/kv_cache_interface.py), and every worker allocates it.
+        Workers hold the same layers (tensor parallel) or report every stage's (pipeline)."""
+        c = self.config.cache
+        specs = self.model_executor.get_kv_cache_specs()[0]
+        available = (None if c.num_gpu_blocks_override is not None
+                     else self.model_executor.determine_available_memory())
+        # Host slots for swap preemption, sized like the device blocks they hold.
+        swap_bytes = int(c.swap_space * 2**30) if self.config.scheduler.preemption_mode == "swap" else 0
+        kv_cache_config = get_kv_cache_config(specs, available, num_gpu_blocks_override=c.num_gpu_blocks_override,
+                                              swap_space_bytes=swap_bytes,
+                                              max_model_len=self.config.scheduler.max_model_len)
+        # Multi-host: the other processes replay this one's schedule on the global mesh.
+        self.broadcaster = (SchedulerOutputBroadcaster(self.config.parallel)
+                            if self.config.parallel.nnodes > 1 else None)
+        if self.broadcaster is not None:
+            self.broadcaster.send_kv_cache_config(kv_cache_config)
+        self.model_executor.initialize_from_config(kv_cache_config)
+        return kv_cache_config
 
     def add_request(self, request: EngineCoreRequest) -> None:
         """Raises ValueError for a request this engine cannot hold; the front end checks the

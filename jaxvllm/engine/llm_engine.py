@@ -45,8 +45,8 @@ class LLMEngine:
             config = self.engine_core_client.config
         else:
             initialize_distributed(args)  # multi-host: before the backend starts
-            config = args.create_engine_config(hf_config, jax.default_backend())
-            self.engine_core_client = InprocClient(config, model_path, hf_config)
+            config = args.create_engine_config(hf_config, jax.default_backend(), model_path)
+            self.engine_core_client = InprocClient(config)
         self.config = config
         self.processor = Processor(config, tokenizer, hf_config.vocab_size,
                                    eos_token_id(tokenizer, hf_config))

@@ -33,7 +33,7 @@ class Processor:
         self.eos_token_id = eos_token_id
         self.grammar_sandbox = GrammarSandbox()  # its process starts with the first grammar
         # Seeds for requests without one: reproducible per engine seed, distinct per request.
-        self._seed_rng = random.Random(config.seed)
+        self._seed_rng = random.Random(config.model.seed)
 
     def process_inputs(self, request_id: str, prompt, params: SamplingParams,
                        arrival_time: float | None = None, priority: int = 0

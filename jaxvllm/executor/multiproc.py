@@ -28,41 +28,28 @@ import weakref
 import zmq
 
 from jaxvllm.config import EngineConfig
-from jaxvllm.executor.distributed import DistributedExecutorBase
-from jaxvllm.core.sched_output import SchedulerOutput
-from jaxvllm.outputs import ModelRunnerOutput
+from jaxvllm.executor.abstract import REFUSABLE, WORKER_METHODS, Executor, WorkerDiedError, check_method
 from jaxvllm.process_utils import (has_exited, init_child_process, spawn_process, start_spawned,
                                    stop_processes, wait_for_exit)
 from jaxvllm.serial_utils import decode, encode
 
 logger = logging.getLogger(__name__)
-# The Worker methods served, with the types their arguments and results are decoded into.
-METHODS = {"determine_num_blocks": (None, int), "initialize_cache": (tuple[int], None),
-           "execute_model": (tuple[SchedulerOutput], ModelRunnerOutput), "get_num_compilations": (None, int),
-           "sleep": (tuple[int], None), "wake_up": (tuple[list[str] | None], None),
-           "update_weights": (tuple[str], None), "device_memory_in_use": (None, int)}
-# Methods whose ValueError is a refused argument (a tensor of the wrong shape, an unknown
-# tag), checked before anything changes: the caller gets it and the engine goes on.
-REFUSABLE = ("sleep", "wake_up", "update_weights")
 _SHUTDOWN = b"__shutdown__"
 _POLL_MS = 100
 
 
-class WorkerDiedError(RuntimeError):
-    pass
-
-
-class MultiprocExecutor(DistributedExecutorBase):
-    def __init__(self, config: EngineConfig, model_path: str, hf_config, on_failure=None,
-                 shutdown_grace_s: float = 2.0):
-        self.config = config
-        self.world_size = config.parallel.tensor_parallel_size
+class MultiprocExecutor(Executor):
+    def __init__(self, config: EngineConfig, on_failure=None, shutdown_grace_s: float = 2.0):
         self.on_failure = on_failure
         self.shutdown_grace_s = shutdown_grace_s
+        super().__init__(config)
+
+    def _init_executor(self) -> None:
+        config, shutdown_grace_s = self.config, self.shutdown_grace_s
+        self.world_size = config.parallel.tensor_parallel_size
         self.failure: str | None = None
         self._dead: multiprocessing.Process | None = None  # the first worker seen dead
         self._closing = False
-        self.kv_cache = None  # lives in the workers
 
         base = os.path.join(tempfile.gettempdir(), f"jaxvllm-exec-{uuid.uuid4().hex[:12]}")
         self.ctx = zmq.Context()
@@ -77,7 +64,7 @@ class MultiprocExecutor(DistributedExecutorBase):
         with socket_free_port() as port:
             coordinator = f"127.0.0.1:{port}"
         self.procs = [spawn_process(_worker_main, f"JaxvllmWorker-{rank}", daemon=True, args=(
-            encode(config), model_path, rank, self.world_size, coordinator, f"ipc://{base}-rpc",
+            encode(config), rank, self.world_size, coordinator, f"ipc://{base}-rpc",
             f"ipc://{base}-resp{rank}", os.getpid())) for rank in range(self.world_size)]
         for p in self.procs:
             start_spawned(p)
@@ -89,6 +76,7 @@ class MultiprocExecutor(DistributedExecutorBase):
     def collective_rpc(self, method: str, args: tuple = ()) -> list:
         """Run `method(*args)` on every worker; their results in rank order. Raises
         WorkerDiedError within 0.1 s of a worker's death."""
+        check_method(method)
         self._check_alive()
         self.rpc.send_multipart([method.encode(), encode(list(args))])
         results, refused = [], None
@@ -106,7 +94,7 @@ class MultiprocExecutor(DistributedExecutorBase):
                     time.sleep(0.05)
                 self._fail(self._death_message() or f"Worker {rank} failed in {method}: {payload.decode()}")
                 self._check_alive()
-            kind = METHODS[method][1]
+            kind = WORKER_METHODS[method][1]
             results.append(None if kind is None else decode(kind, payload))
         if refused is not None:
             raise ValueError(refused)
@@ -176,7 +164,7 @@ class socket_free_port:
         self.sock.close()
 
 
-def _worker_main(config_bytes: bytes, model_path: str, rank: int, world_size: int, coordinator: str,
+def _worker_main(config_bytes: bytes, rank: int, world_size: int, coordinator: str,
                  rpc_address: str, response_address: str, parent_pid: int) -> None:
     """A worker process: one device, joined into the mesh; builds the Worker, then serves
     calls until told to shut down."""
@@ -190,7 +178,6 @@ def _worker_main(config_bytes: bytes, model_path: str, rank: int, world_size: in
                                        if not f.startswith("--xla_force_host_platform_device_count"))
     import jax
 
-    from jaxvllm.transformers_utils.config import load_hf_config
     from jaxvllm.worker.worker import Worker
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -201,16 +188,15 @@ def _worker_main(config_bytes: bytes, model_path: str, rank: int, world_size: in
     rpc.connect(rpc_address)
     out = ctx.socket(zmq.PUSH)
     out.connect(response_address)
-    worker = Worker(decode(EngineConfig, config_bytes), model_path, load_hf_config(model_path))
+    worker = Worker(decode(EngineConfig, config_bytes))
     while True:
         method, payload = rpc.recv_multipart()
         if method == _SHUTDOWN:
             return
         name = method.decode()
         try:
-            if name not in METHODS:
-                raise ValueError(f"Unknown worker method {name!r}.")
-            arg_types, result_type = METHODS[name]
+            check_method(name)
+            arg_types, result_type = WORKER_METHODS[name]
             result = getattr(worker, name)(*(decode(arg_types, payload) if arg_types else ()))
             out.send_multipart([b"1", b"" if result_type is None else encode(result)])
         except Exception as e:  # reported to the executor, which fails the engine unless refused

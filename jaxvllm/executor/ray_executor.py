@@ -16,8 +16,7 @@ import os
 
 from jaxvllm import platforms
 from jaxvllm.config import EngineConfig
-from jaxvllm.executor.distributed import DistributedExecutorBase
-from jaxvllm.executor.multiproc import METHODS, REFUSABLE, WorkerDiedError
+from jaxvllm.executor.abstract import REFUSABLE, WORKER_METHODS, Executor, WorkerDiedError, check_method
 from jaxvllm.executor.ray_worker import RayWorkerWrapper
 from jaxvllm.serial_utils import decode, encode
 
@@ -25,16 +24,15 @@ logger = logging.getLogger(__name__)
 _POLL_S = 0.1
 
 
-class RayDistributedExecutor(DistributedExecutorBase):
-    def __init__(self, config: EngineConfig, model_path: str, hf_config):
+class RayDistributedExecutor(Executor):
+    def _init_executor(self) -> None:
+        config = self.config
         try:
             import ray
         except ImportError:
             raise ValueError("distributed_executor_backend='ray' needs Ray: "
                              "pip install 'jaxvllm[ray]'.") from None
         self.ray = ray
-        self.config = config
-        self.kv_cache = None  # lives in the actors
         self.failure: str | None = None
         self._closing = False
         self.world_size = config.parallel.ray_workers
@@ -43,12 +41,12 @@ class RayDistributedExecutor(DistributedExecutorBase):
             ray.init(**({} if os.environ.get("RAY_ADDRESS") else {"include_dashboard": False}))
         self.workers, self.placement_group = [], None
         try:
-            self._start_workers(config, model_path)
+            self._start_workers(config)
         except BaseException:
             self.shutdown()
             raise
 
-    def _start_workers(self, config: EngineConfig, model_path: str) -> None:
+    def _start_workers(self, config: EngineConfig) -> None:
         ray = self.ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -70,13 +68,14 @@ class RayDistributedExecutor(DistributedExecutorBase):
             for rank in range(self.world_size)]
         self.worker_pids = self._wait([w.pid.remote() for w in self.workers], "start")
         coordinator = self._wait([self.workers[0].node_address.remote()], "start")[0]
-        self._wait([w.init_worker.remote(encode(config), model_path, rank, self.world_size, coordinator)
+        self._wait([w.init_worker.remote(encode(config), rank, self.world_size, coordinator)
                     for rank, w in enumerate(self.workers)], "init_worker")
 
     # ---- RPC ------------------------------------------------------------------------
     def collective_rpc(self, method: str, args: tuple = ()) -> list:
         """Run `method(*args)` on every worker; their results in rank order. Raises
         WorkerDiedError once any worker has died or failed."""
+        check_method(method)
         if self.failure is not None:
             raise WorkerDiedError(self.failure)
         payload = encode(list(args))
@@ -84,7 +83,7 @@ class RayDistributedExecutor(DistributedExecutorBase):
         refused = next((r for r in results if isinstance(r, ValueError)), None)
         if refused is not None:
             raise refused
-        kind = METHODS[method][1]
+        kind = WORKER_METHODS[method][1]
         return [None if kind is None else decode(kind, r) for r in results]
 
     def _wait(self, refs: list, what: str) -> list:

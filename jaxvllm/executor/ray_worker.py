@@ -3,7 +3,7 @@ device group; all of them join one mesh with jax.distributed, each driving its o
 (made visible by its placement-group bundle, or simulated on a CPU: platforms/).
 
 Calls arrive as (method, msgpack bytes) and results leave as msgpack bytes, the same
-messages MultiprocExecutor's workers exchange (executor/multiproc.METHODS): Ray carries
+messages MultiprocExecutor's workers exchange (executor/abstract.WORKER_METHODS): Ray carries
 only bytes, nothing of ours is pickled. JAX is imported only inside the actor.
 """
 from __future__ import annotations
@@ -29,23 +29,20 @@ class RayWorkerWrapper:
     def pid(self) -> int:
         return os.getpid()
 
-    def init_worker(self, config_bytes: bytes, model_path: str, rank: int, world_size: int,
-                    coordinator: str) -> None:
+    def init_worker(self, config_bytes: bytes, rank: int, world_size: int, coordinator: str) -> None:
         import jax
 
         from jaxvllm.config import EngineConfig
-        from jaxvllm.transformers_utils.config import load_hf_config
         from jaxvllm.worker.worker import Worker
 
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(coordinator_address=coordinator, num_processes=world_size,
                                    process_id=rank)
-        self.worker = Worker(decode(EngineConfig, config_bytes), model_path, load_hf_config(model_path))
+        self.worker = Worker(decode(EngineConfig, config_bytes))
 
     def execute_method(self, method: str, payload: bytes) -> bytes:
-        from jaxvllm.executor.multiproc import METHODS
-        if method not in METHODS:
-            raise ValueError(f"Unknown worker method {method!r}.")
-        arg_types, result_type = METHODS[method]
+        from jaxvllm.executor.abstract import WORKER_METHODS, check_method
+        check_method(method)
+        arg_types, result_type = WORKER_METHODS[method]
         result = getattr(self.worker, method)(*(decode(arg_types, payload) if arg_types else ()))
         return b"" if result_type is None else encode(result)

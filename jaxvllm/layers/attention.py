@@ -3,7 +3,7 @@
 The kernel is the platform's (jaxvllm/platforms resolves `attention_backend` and imports
 only the kernel it picks): `xla` (jax.numpy, jaxvllm/kernels/xla) runs anywhere; `native` is
 the C++ CPU kernel (jaxvllm/kernels/cpu), which reads pages where they lie instead of
-gathering copies; `pallas` is the Mosaic (TPU) or Triton (GPU) kernel (jaxvllm/kernels/pallas),
+gathering copies; `pallas` is the Mosaic (TPU) or Triton (GPU) kernel (pallas_kernels/),
 in interpret mode off its device, so either can be checked end to end on a CPU.
 
 A quantized cache (`kv_cache_dtype`, layers/kv_cache_dtype.py) is written quantized here and

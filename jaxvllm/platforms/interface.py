@@ -73,7 +73,7 @@ class Platform:
         if kernel == "xla":
             from jaxvllm.kernels.xla.ragged_paged_attention import ragged_paged_attention
             return ragged_paged_attention
-        from jaxvllm.kernels.pallas import ragged_paged_attention_gpu, ragged_paged_attention_tpu
+        from pallas_kernels import ragged_paged_attention_gpu, ragged_paged_attention_tpu
         module = ragged_paged_attention_tpu if kernel == "tpu" else ragged_paged_attention_gpu
         return functools.partial(module.ragged_paged_attention, interpret=interpret)
 

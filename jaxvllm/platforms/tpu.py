@@ -26,7 +26,7 @@ class TpuPlatform(Platform):
         row-major one (for 3 heads of 64 it had put the blocks axis on lanes, and every step
         relaid the pool). The price: head_dim 64 takes twice its KV bytes. block_size must be
         a multiple of the dtype's sublane tile (16 for bfloat16, 32 for 8-bit)."""
-        from jaxvllm.kernels.pallas.ragged_paged_attention_tpu import padded_head_dim
+        from pallas_kernels.ragged_paged_attention_tpu import padded_head_dim
         return (num_layers, 2, num_blocks, block_size, num_kv_heads * padded_head_dim(head_dim))
 
     def ray_worker_resources(self, num_devices: int) -> dict[str, float]:
@@ -35,5 +35,5 @@ class TpuPlatform(Platform):
     def grouped_matmul(self) -> Callable:
         """Pallas megablox `gmm`, the grouped kernel written for the MXU (MaxText's and
         tpu-inference's choice)."""
-        from jaxvllm.kernels.pallas.grouped_matmul_tpu import grouped_matmul
+        from pallas_kernels.grouped_matmul_tpu import grouped_matmul
         return grouped_matmul

@@ -39,7 +39,7 @@ from jax.experimental.serialize_executable import deserialize_and_load, serializ
 logger = logging.getLogger(__name__)
 # The folder is bounded: past this, the programs least recently saved or loaded are removed.
 MAX_SAVED_BYTES = 2 << 30
-_TRACED_PACKAGES = ("jaxvllm",)  # whose code ends up in the programs
+_TRACED_PACKAGES = ("jaxvllm", "pallas_kernels")  # whose code ends up in the programs
 
 
 @functools.cache

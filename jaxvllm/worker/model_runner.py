@@ -18,9 +18,6 @@ The programs take the weights as flat tuples, the sampler's only the LM head's
 """
 from __future__ import annotations
 
-import logging
-import time
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -29,25 +26,20 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec as P
 
 from jaxvllm.config import EngineConfig
 from jaxvllm.core.sched_output import SchedulerOutput
-from jaxvllm.layers.attention import AttentionMetadata
 from jaxvllm.outputs import LogprobsLists, ModelRunnerOutput
 from jaxvllm.platforms import Platform
-from jaxvllm.sampling_params import SamplingParams
 from jaxvllm.worker import penalties
 from jaxvllm.worker.async_output import AsyncModelRunnerOutput
-from jaxvllm.worker.compiled_programs import (CompiledProgram, executables_dir, fingerprint,
-                                              persistent_cache_off, warm_all)
+from jaxvllm.worker.compiled_programs import CompiledProgram, executables_dir, fingerprint
 from jaxvllm.worker.input_batch import InputBatch
 from jaxvllm.worker.kv_swap import KVSwapper
 from jaxvllm.worker.logprobs import step_prompt_logprobs
 from jaxvllm.worker.model_runner_utils import make_buckets, pick_bucket
 from jaxvllm.worker.sampler import compute_logprobs, sample, sample_extended
-from jaxvllm.worker.step_inputs import build_step_inputs, metadata_rows
+from jaxvllm.worker.step_inputs import build_step_inputs
 from jaxvllm.worker.step_params import StepParams
-from jaxvllm.worker.sampling_inputs import (penalty_metadata, sampler_variant, sampler_variants,
-                                            sampling_metadata)
-
-logger = logging.getLogger(__name__)
+from jaxvllm.worker.sampling_inputs import penalty_metadata, sampler_variant, sampling_metadata
+from jaxvllm.worker.warmup import warmup, warmup_jobs
 
 
 def with_tokens_in_flight(input_ids: jax.Array, prev_rows: jax.Array, last_sampled: jax.Array) -> jax.Array:
@@ -229,7 +221,7 @@ class ModelRunner:
                                                           self.last_sampled, sample_rows, **variant)
         batch.num_computed_tokens[rows] += counts
         batch.num_tokens[rows[inputs.commit]] += 1  # its value arrives with get_output
-        if self.config.check_recompilation and self.num_compilations > self.num_warmup_compilations:
+        if self.config.compilation.check_recompilation and self.num_compilations > self.num_warmup_compilations:
             raise RuntimeError(
                 f"check_recompilation: {self.num_compilations - self.num_warmup_compilations} "
                 f"program(s) compiled after warm-up (a shape outside the warmed buckets).")
@@ -252,60 +244,13 @@ class ModelRunner:
         self.penalty_state = self._set_row(self.penalty_state, np.int32(state.slot), counts,
                                            prompt_mask, bias)
 
-    # ---- compile discipline -------------------------------------------------------
+    # ---- compile discipline (worker/warmup.py) -------------------------------------
     def warmup(self) -> None:
-        """Have a program for every token bucket and every request bucket (greedy and
-        sampling, plain and extended) and the row writer before serving, so that serving
-        never waits on the compiler. Ahead of time: nothing runs and nothing large is
-        allocated (hidden states are ShapeDtypeStructs); saved programs load from disk in the
-        background, and a step waits only for the programs it runs."""
-        start = time.perf_counter()
-        with persistent_cache_off(self._executables_dir is not None):
-            warm_all(self.warmup_jobs())
-        if self.swapper is not None:
-            self.kv_cache = self.swapper.warmup(self.kv_cache)
-        jax.block_until_ready(self.kv_cache)
-        self.num_warmup_compilations = self.num_compilations
-        loading = sum(len(p.loading) for p in self.programs)
-        logger.info("Warm-up: %d programs compiled in %.1f s, %d loading from disk in the background "
-                    "(token buckets %s, request buckets %s).", self.num_compilations,
-                    time.perf_counter() - start, loading, self.token_buckets, self.request_buckets)
+        warmup(self)
 
     @property
     def programs(self) -> tuple[CompiledProgram, ...]:
         return (self._forward, self._prompt_logprobs, self._sample, self._sample_extended, self._set_row)
 
     def warmup_jobs(self) -> list[tuple[CompiledProgram, tuple, dict]]:
-        """(program, args, static) for every program serving may run; hidden states are
-        ShapeDtypeStructs (benchmarks/lower_step.py lowers some of these for a TPU or GPU)."""
-        S, rep = self.max_num_seqs, self._replicated
-        # The forward's outputs (final hidden states of the sampled rows and of all tokens).
-        hidden = jax.ShapeDtypeStruct((S, self.hidden_size), self.hidden_dtype, sharding=rep)
-        # In the order a plain step needs them (saved ones load in this order): forward and
-        # sample first, smallest buckets first; then logprobs, penalties and the row writer.
-        jobs, extra = [], []
-        for T in self.token_buckets:
-            M = metadata_rows(T, S)
-            md = AttentionMetadata(
-                positions=np.zeros(T, np.int32), slot_mapping=np.arange(T, dtype=np.int32) % self.block_size,
-                kv_lens=np.zeros(M, np.int32), page_indices=np.zeros((M, self.max_pages_per_seq), np.int32),
-                cu_q_lens=np.zeros(M + 1, np.int32), num_seqs=np.zeros(1, np.int32))
-            all_hidden = jax.ShapeDtypeStruct((T, self.hidden_size), self.hidden_dtype, sharding=rep)
-            jobs.append((self._forward, (self.param_leaves, self.kv_cache, np.zeros(T, np.int32),
-                                         np.full(T, S, np.int32), self.last_sampled, md,
-                                         np.zeros(S, np.int32)), {}))
-            extra.append((self._prompt_logprobs, (self.head_leaves, all_hidden, np.zeros(T, np.int32),
-                                                  np.zeros(T, np.int32)), {}))
-        no_rows = np.zeros(0, np.int32)
-        for R in self.request_buckets:
-            md, _ = sampling_metadata(None, no_rows, R, self.vocab_size)
-            penalty_md = penalty_metadata(None, no_rows, no_rows, R, S, self.vocab_size)
-            rows = np.full(R, S, np.int32)
-            for variant in sampler_variants(self.step_may_branch):
-                jobs.append((self._sample, (self.head_leaves, hidden, md, np.int32(R), self.last_sampled, rows),
-                             variant))
-                extra.append((self._sample_extended, (self.head_leaves, hidden, md, np.int32(R), self.penalty_state,
-                                                      penalty_md, self.last_sampled, rows), variant))
-        extra.append((self._set_row, (self.penalty_state, np.int32(0)) + penalties.build_row(
-            SamplingParams(), [0], [], self.vocab_size), {}))
-        return jobs + extra
+        return warmup_jobs(self)

@@ -1,6 +1,7 @@
 """Worker: owns the device side of one engine: the device mesh, the model's weights (placed
-shard by shard), the KV cache sized from a memory budget, and the ModelRunner that executes
-steps."""
+shard by shard), the KV cache (its specs reported to the engine, which sizes the pool from
+them and the memory offered), and the ModelRunner that executes steps. Built from the
+EngineConfig alone (vLLM's Worker(vllm_config)): the checkpoint is config.model.path."""
 from __future__ import annotations
 
 import logging
@@ -11,9 +12,11 @@ import threading
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import Mesh
 
 from jaxvllm import platforms
 from jaxvllm.config import EngineConfig
+from jaxvllm.core.kv_cache_interface import KVCacheConfig, KVCacheSpec, block_bytes, group_layers
 from jaxvllm.core.sched_output import SchedulerOutput
 from jaxvllm.distributed.mesh import make_mesh
 from jaxvllm.distributed.partition import kv_cache_sharding
@@ -46,18 +49,38 @@ def enable_compilation_cache() -> None:
 
 
 class Worker:
-    def __init__(self, config: EngineConfig, model_path: str, hf_config):
+    """One engine's devices, as stages: one stage (all layers on one mesh) here; the
+    PipelineWorker's stages split the layers over several meshes (the hooks _make_stages,
+    _load_model and _make_runner)."""
+
+    def __init__(self, config: EngineConfig):
         self.config = config
         enable_compilation_cache()
-        tp = config.parallel.tensor_parallel_size
-        self.mesh = make_mesh(tp)
-        self.device = self.mesh.devices.flat[0]
+        self.model_path = config.model.path
         self.dtype = jnp.dtype(config.dtype)
         platform = platforms.current_platform
-        self.model_path = model_path
+        self.meshes, self.layer_ranges = self._make_stages()
+        self.mesh = self.meshes[0]
+        self.device = self.mesh.devices.flat[0]
+        self._load_model()
+        self.kv_dtype = kv_cache_dtype(config.cache.kv_cache_dtype, self.dtype, platform.kv_cache_fp8_as_bits)
+        self.attends = [get_attention(config.model.attention_backend, platform, m, self.kv_dtype)
+                        for m in self.meshes]
+        self.attend = self.attends[-1]
+        self.memory_profile: MemoryProfile | None = None  # where the device reports its memory
+        self.sleeping_tags: set[str] = set()
+        self._host_weights = None  # sleep level 1's copy of the weights
+
+    def _make_stages(self) -> tuple[list[Mesh], list[range]]:
+        hf_config = self.config.model.hf_config
+        return [make_mesh(self.config.parallel.tensor_parallel_size)], [range(hf_config.num_hidden_layers)]
+
+    def _load_model(self) -> None:
+        config, model_path, hf_config = self.config, self.model_path, self.config.model.hf_config
+        platform = platforms.current_platform
         # Read here so that update_weights knows the checkpoint's names and shapes.
         weights = None if is_orbax_checkpoint(model_path) else load_weights(model_path)
-        method = platform.linear_method(config.attention_backend, self.mesh.size, config.quantization)
+        method = platform.linear_method(config.model.attention_backend, self.mesh.size, config.quantization)
         self.model = get_model(config, model_path, hf_config, self.mesh, weights=weights, linear_method=method,
                                moe_method=platform.fused_moe_method(config.quantization))
         self.weight_updater = WeightUpdater(self.model, self.mesh, hf_config,
@@ -65,82 +88,81 @@ class Worker:
                                             expert_parallel=config.parallel.enable_expert_parallel)
         del weights
         self.args = self.model.args
-        self.kv_dtype = kv_cache_dtype(config.kv_cache_dtype, self.dtype, platform.kv_cache_fp8_as_bits)
-        self.attend = get_attention(config.attention_backend, platform, self.mesh, self.kv_dtype)
-        self.memory_profile: MemoryProfile | None = None  # where the device reports its memory
-        self.sleeping_tags: set[str] = set()
-        self._host_weights = None  # sleep level 1's copy of the weights
 
-    @property
-    def kv_cache_shape_per_block(self) -> tuple[int, ...]:
-        shape = self._kv_cache_shape(1)
-        return shape[:2] + shape[3:]
-
-    def _kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
+    # ---- the KV cache: specs, memory, allocation (engine/engine_core.py sizes it) ------
+    def _kv_cache_shape(self, num_layers: int, num_blocks: int) -> tuple[int, ...]:
         a = self.args
-        return platforms.current_platform.kv_cache_shape(a.num_layers, num_blocks, self.config.cache.block_size,
+        return platforms.current_platform.kv_cache_shape(num_layers, num_blocks, self.config.cache.block_size,
                                                          a.num_kv_heads, a.head_dim)
+
+    def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
+        """Every attention layer's pages (vLLM's get_kv_cache_spec): full attention today,
+        its sliding layers included, since the pool keeps every layer's pages."""
+        page = math.prod(self._kv_cache_shape(1, 1)) * self.kv_dtype.storage.itemsize
+        spec = KVCacheSpec(self.config.cache.block_size, page)
+        return {f"layers.{i}.self_attn": spec for layers in self.layer_ranges for i in layers}
 
     @property
     def block_bytes(self) -> int:
-        return math.prod(self.kv_cache_shape_per_block) * self.kv_dtype.storage.itemsize
+        """Bytes of one KV block over all layers and the whole mesh."""
+        return block_bytes(group_layers(self.get_kv_cache_spec()))
 
-    def determine_num_blocks(self) -> int:
-        """From num_gpu_blocks_override, else kv_cache_memory_bytes, else by profiling the
-        device memory that the backend reports (worker/memory_profiling.py)."""
+    def determine_available_memory(self) -> int:
+        """KV cache bytes over the mesh: kv_cache_memory_bytes, else the device's memory
+        less the weights and the largest step's peak (worker/memory_profiling.py)."""
         c = self.config.cache
-        if c.num_gpu_blocks_override is not None:
-            return c.num_gpu_blocks_override
-        block_bytes = self.block_bytes
         if c.kv_cache_memory_bytes is not None:
-            budget = c.kv_cache_memory_bytes
-        else:
-            platform = platforms.current_platform
-            memory = platform.device_memory(self.device)
-            if memory is None:
-                raise ValueError(f"The {platform.device_name} backend does not report its memory; "
-                                 "set kv_cache_memory_bytes or num_gpu_blocks_override.")
-            self.memory_profile = MemoryProfile(*memory, peak_step=self._peak_step_bytes())
-            budget = self.memory_profile.kv_cache_budget(c.hbm_utilization, self.mesh.size)
-            logger.info("KV cache budget: %s.", self.memory_profile.describe(c.hbm_utilization, self.mesh.size))
-        num_blocks = budget // block_bytes
-        weights = sum(s.data.nbytes for x in jax.tree.leaves(nnx.state(self.model))
-                      for s in x.addressable_shards if s.device == self.device)
-        logger.info("Memory plan per device: weights %.1f MiB (quantization=%s), KV cache %.1f MiB of %s "
-                    "in blocks of %d bytes: %d blocks.", weights / 2**20, self.config.quantization,
-                    budget / self.mesh.size / 2**20, self.config.kv_cache_dtype,
-                    block_bytes // self.mesh.size, num_blocks)
-        if num_blocks < 2:
-            how = f": {self.memory_profile.describe(c.hbm_utilization, self.mesh.size)}" if self.memory_profile else ""
-            raise ValueError(f"The KV cache budget ({budget} bytes{how}) holds fewer than 2 blocks of "
-                             f"{block_bytes} bytes; raise kv_cache_memory_bytes or hbm_utilization.")
-        return num_blocks
+            return c.kv_cache_memory_bytes
+        memory = self._device_memory(self.device)
+        self.memory_profile = MemoryProfile(*memory, peak_step=self._peak_step_bytes())
+        budget = self.memory_profile.kv_cache_budget(c.hbm_utilization, self.mesh.size)
+        how = self.memory_profile.describe(c.hbm_utilization, self.mesh.size)
+        logger.info("KV cache budget: %s.", how)
+        if budget < 2 * self.block_bytes:
+            raise ValueError(f"The KV cache budget ({budget} bytes: {how}) holds fewer than 2 blocks of "
+                             f"{self.block_bytes} bytes; raise kv_cache_memory_bytes or hbm_utilization.")
+        return budget
+
+    @staticmethod
+    def _device_memory(device) -> tuple[int, int]:
+        platform = platforms.current_platform
+        memory = platform.device_memory(device)
+        if memory is None:
+            raise ValueError(f"The {platform.device_name} backend does not report its memory; "
+                             "set kv_cache_memory_bytes or num_gpu_blocks_override.")
+        return memory
 
     def _peak_step_bytes(self) -> int:
         """The largest step's memory beyond its arguments, from its programs compiled for a
         small abstract KV cache (a step's temporaries scale with its tokens, not the cache)."""
         blocks = -(-self.config.scheduler.max_model_len // self.config.cache.block_size) + 1
-        kv_cache = jax.ShapeDtypeStruct(self._kv_cache_shape(blocks), self.kv_dtype.storage,
+        kv_cache = jax.ShapeDtypeStruct(self._kv_cache_shape(self.args.num_layers, blocks), self.kv_dtype.storage,
                                         sharding=kv_cache_sharding(self.mesh))
         return peak_step_bytes(ModelRunner(self.config, self.model, kv_cache, self.attend, mesh=self.mesh,
                                            platform=platforms.current_platform))
 
-    def initialize_cache(self, num_blocks: int, num_swap_blocks: int = 0) -> ModelRunner:
-        bs = self.config.cache.block_size
-        shape = self._kv_cache_shape(num_blocks)
-        # Created in place, each device allocating only its KV heads; kept to create it again
-        # at wake-up without compiling.
-        self._new_kv_cache = jax.jit(lambda: jnp.zeros(shape, self.kv_dtype.storage),
-                                     out_shardings=kv_cache_sharding(self.mesh))
-        kv_cache = self._new_kv_cache()
-        logger.info("KV cache: %d blocks of %d tokens (%.1f MiB).", num_blocks, bs,
-                    kv_cache.nbytes / 2**20)
-        if num_swap_blocks:
-            logger.info("Swap space: %d host blocks (%.1f MiB).", num_swap_blocks,
-                        num_swap_blocks * self.block_bytes / 2**20)
-        runner = ModelRunner(self.config, self.model, kv_cache, self.attend, num_swap_blocks,
-                             mesh=self.mesh, platform=platforms.current_platform)
-        if not self.config.skip_warmup:
+    def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> ModelRunner:
+        """Allocate the pool the engine chose (each stage its layers' part of every block),
+        then build and warm the runner."""
+        num_blocks, bs = kv_cache_config.num_blocks, self.config.cache.block_size
+        # Created in place, each device allocating only its KV heads; kept to create them
+        # again at wake-up without compiling.
+        self._new_kv_caches = [jax.jit(lambda shape=self._kv_cache_shape(len(layers), num_blocks):
+                                       jnp.zeros(shape, self.kv_dtype.storage),
+                                       out_shardings=kv_cache_sharding(mesh))
+                               for mesh, layers in zip(self.meshes, self.layer_ranges)]
+        kv_caches = [new() for new in self._new_kv_caches]
+        weights = sum(s.data.nbytes for x in jax.tree.leaves(nnx.state(self.model))
+                      for s in x.addressable_shards if s.device == self.device)
+        logger.info("Memory plan per device: weights %.1f MiB (quantization=%s), KV cache %.1f MiB of %s: "
+                    "%d blocks of %d tokens, %d bytes each.", weights / 2**20, self.config.quantization,
+                    sum(c.nbytes for c in kv_caches) / self.mesh.size / 2**20, self.config.cache.kv_cache_dtype,
+                    num_blocks, bs, kv_cache_config.block_bytes // self.mesh.size)
+        if kv_cache_config.num_swap_blocks:
+            logger.info("Swap space: %d host blocks (%.1f MiB).", kv_cache_config.num_swap_blocks,
+                        kv_cache_config.num_swap_blocks * kv_cache_config.block_bytes / 2**20)
+        runner = self._make_runner(kv_caches, kv_cache_config.num_swap_blocks)
+        if not self.config.compilation.skip_warmup:
             runner.warmup()
         if platforms.current_platform.huge_pages:
             # Collapsing ~1 GiB keeps a core (and the page tables) busy for a second or more: in
@@ -151,6 +173,10 @@ class Worker:
                 target=self._advise_huge_pages, args=(ranges,), name="huge-pages", daemon=True).start
         self.model_runner = runner
         return runner
+
+    def _make_runner(self, kv_caches: list[jax.Array], num_swap_blocks: int) -> ModelRunner:
+        return ModelRunner(self.config, self.model, kv_caches[0], self.attend, num_swap_blocks,
+                           mesh=self.mesh, platform=platforms.current_platform)
 
     @staticmethod
     def _advise_huge_pages(ranges) -> None:
@@ -205,7 +231,7 @@ class Worker:
             self._host_weights = None
             self.sleeping_tags.discard("weights")
         if "kv_cache" in tags and "kv_cache" in self.sleeping_tags:
-            self.model_runner.kv_cache = self._new_kv_cache()
+            self.model_runner.kv_cache = self._new_kv_caches[0]()
             self.sleeping_tags.discard("kv_cache")
         sleep_mode.release_host_memory()  # the host copy of the weights, freed
 

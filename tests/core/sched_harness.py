@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 from hypothesis import strategies as st
 
+from jaxvllm.config import CacheConfig, SchedulerConfig
+from jaxvllm.core.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, KVCacheSpec
 from jaxvllm.core.kv_cache_manager import cdiv
 from jaxvllm.core.request import Request, RequestStatus
 from jaxvllm.core.sched_output import SchedulerOutput
@@ -29,6 +31,21 @@ from jaxvllm.sampling_params import SamplingParams
 
 VOCAB = 8  # small, so eos and stop tokens turn up often in the random stream
 STOP, LENGTH = FinishReason.STOP, FinishReason.LENGTH
+
+
+def make_scheduler(*, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int, num_blocks: int,
+                   block_size: int, enable_prefix_caching: bool = False, long_prefill_token_threshold: int = 0,
+                   scheduling_policy: str = "fcfs", preemption_mode: str = "recompute",
+                   num_swap_blocks: int = 0, **kw) -> Scheduler:
+    """A Scheduler from its config sections, built from the flat settings the tests vary;
+    `kw`: model_name, structured_output_manager, max_concurrent_batches."""
+    return Scheduler(
+        SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                        max_model_len=max_model_len, long_prefill_token_threshold=long_prefill_token_threshold,
+                        scheduling_policy=scheduling_policy, preemption_mode=preemption_mode),
+        CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching),
+        KVCacheConfig(num_blocks, [KVCacheGroupSpec(["layers.0.self_attn"], KVCacheSpec(block_size, 1))],
+                      num_swap_blocks), **kw)
 
 
 def hashed_tokens(seed: int):
@@ -175,9 +192,9 @@ def run(specs: list[Spec], *, max_num_seqs: int, max_num_batched_tokens: int, ma
     mid_step (a no-op when it already finished or has not arrived). `sched_kw` go to the
     Scheduler (prefix caching, preemption mode, policy, ...).
     """
-    sched = Scheduler(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                      max_model_len=max_model_len, num_blocks=num_blocks, block_size=block_size,
-                      **sched_kw)
+    sched = make_scheduler(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                           max_model_len=max_model_len, num_blocks=num_blocks, block_size=block_size,
+                           **sched_kw)
     worker = FakeWorker(block_size, token_fn)
     pool = sched.kv_cache_manager.block_pool
     ids = [f"req-{i}" for i in range(len(specs))]

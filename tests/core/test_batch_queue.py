@@ -11,14 +11,13 @@ from collections import defaultdict
 from hypothesis import HealthCheck, given, settings
 
 from jaxvllm.core.request import Request, RequestStatus
-from jaxvllm.core.scheduler import Scheduler
 from jaxvllm.engine.batch_queue import BatchQueue
 from jaxvllm.sampling_params import SamplingParams
-from sched_harness import FakeWorker, hashed_tokens, reference, scenarios
+from sched_harness import FakeWorker, hashed_tokens, make_scheduler, reference, scenarios
 
 
 def run_queued(specs, aborts, size: int, token_fn, **cfg):
-    sched = Scheduler(**cfg, max_concurrent_batches=size)
+    sched = make_scheduler(**cfg, max_concurrent_batches=size)
     worker, queue = FakeWorker(cfg["block_size"], token_fn), BatchQueue(size)
     ids = [f"req-{i}" for i in range(len(specs))]
     requests, outputs, aborted = {}, defaultdict(list), set()
@@ -64,13 +63,13 @@ def test_batches_in_flight_give_the_tokens_of_requests_run_alone(scenario):
             assert got == (want[:len(got)] if req_id in aborted else want), req_id
         pool = sched.kv_cache_manager.block_pool
         assert pool.get_num_free_blocks() == cfg["num_blocks"] - 1
-        assert not sched.requests and not sched.in_flight_req_ids
+        assert not sched.requests and not sched.in_flight.req_ids
 
 
 def test_in_flight_requests_are_not_scheduled_and_one_preempted_waits_for_its_token():
     params = SamplingParams(max_tokens=6, ignore_eos=True)
-    sched = Scheduler(max_num_seqs=4, max_num_batched_tokens=16, max_model_len=16, num_blocks=5,
-                      block_size=4, max_concurrent_batches=2)  # 4 usable blocks, 2 requests a batch
+    sched = make_scheduler(max_num_seqs=4, max_num_batched_tokens=16, max_model_len=16, num_blocks=5,
+                           block_size=4, max_concurrent_batches=2)  # 4 usable blocks, 2 requests a batch
     worker = FakeWorker(4, hashed_tokens(8))
 
     def dispatch():

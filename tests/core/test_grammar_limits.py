@@ -10,10 +10,10 @@ import pytest
 
 from jaxvllm.core import grammar_limits
 from jaxvllm.core.request import Request, RequestStatus
-from jaxvllm.core.scheduler import Scheduler
 from jaxvllm.core.structured_output import StructuredOutputManager, grammar_for
 from jaxvllm.outputs import FinishReason, ModelRunnerOutput
 from jaxvllm.sampling_params import SamplingParams, StructuredOutputsParams as SOP
+from sched_harness import make_scheduler
 
 PATHOLOGICAL = "^(a|a)*(b|b)*(((a*)*)*)*c{1000}{1000}$"
 
@@ -68,8 +68,8 @@ def test_a_grammar_that_fails_midway_ends_with_an_error(monkeypatch):
     monkeypatch.setattr(grammar_limits, "MAX_REGEX_SIZE", 10**9)
     tokenizer = load_tokenizer(default_model_path())
     manager = StructuredOutputManager(lambda: tokenizer, len(tokenizer))
-    sched = Scheduler(max_num_seqs=2, max_num_batched_tokens=64, max_model_len=64, num_blocks=9,
-                      block_size=16, structured_output_manager=manager)
+    sched = make_scheduler(max_num_seqs=2, max_num_batched_tokens=64, max_model_len=64, num_blocks=9,
+                           block_size=16, structured_output_manager=manager)
     params = SamplingParams(max_tokens=30, structured_outputs=SOP(json={
         "type": "string", "pattern": PATHOLOGICAL}))
     request = Request("r", [1, 2, 3], params, tokenizer.eos_token_id, 0)

@@ -6,10 +6,9 @@ from hypothesis import HealthCheck, given, settings
 
 from jaxvllm.core.kv_cache_manager import cdiv
 from jaxvllm.core.request import Request, RequestStatus
-from jaxvllm.core.scheduler import Scheduler
 from jaxvllm.outputs import FinishReason
 from jaxvllm.sampling_params import SamplingParams
-from sched_harness import (LENGTH, STOP, FakeWorker, Spec, check_final, hashed_tokens, run,
+from sched_harness import (LENGTH, STOP, FakeWorker, Spec, check_final, hashed_tokens, make_scheduler, run,
                            scenarios)
 
 
@@ -126,8 +125,8 @@ def test_tiny_pool_preempts_and_outputs_match_unconstrained_run():
 
 
 def test_preemption_frees_blocks_and_requeues_at_front():
-    sched = Scheduler(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=16,
-                      num_blocks=5, block_size=4)  # 4 usable blocks
+    sched = make_scheduler(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=16,
+                           num_blocks=5, block_size=4)  # 4 usable blocks
     reqs = [Request(f"r{i}", [1] * 4, SamplingParams(max_tokens=8, ignore_eos=True), None, 0)
             for i in range(3)]
     for r in reqs:
@@ -182,8 +181,8 @@ def test_finish_reasons():
 
 
 def test_abort_waiting_and_running_requests():
-    sched = Scheduler(max_num_seqs=1, max_num_batched_tokens=64, max_model_len=32,
-                      num_blocks=20, block_size=4)
+    sched = make_scheduler(max_num_seqs=1, max_num_batched_tokens=64, max_model_len=32,
+                           num_blocks=20, block_size=4)
     a = Request("a", [1] * 5, SamplingParams(max_tokens=10, ignore_eos=True), None, 0)
     b = Request("b", [1] * 5, SamplingParams(max_tokens=10, ignore_eos=True), None, 0)
     sched.add_request(a)
@@ -211,8 +210,8 @@ def test_abort_waiting_and_running_requests():
 
 
 def test_finished_ids_reported_once_after_normal_finish():
-    sched = Scheduler(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=32,
-                      num_blocks=20, block_size=4)
+    sched = make_scheduler(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=32,
+                           num_blocks=20, block_size=4)
     sched.add_request(Request("a", [1] * 3, SamplingParams(max_tokens=1), None, 0))
     worker = FakeWorker(4, hashed_tokens(6))
     so = sched.schedule()
@@ -225,8 +224,8 @@ def test_finished_ids_reported_once_after_normal_finish():
 
 def test_output_for_a_request_aborted_mid_step_is_dropped():
     """A token coming back for a request aborted after schedule() is ignored."""
-    sched = Scheduler(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=32,
-                      num_blocks=20, block_size=4)
+    sched = make_scheduler(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=32,
+                           num_blocks=20, block_size=4)
     a = Request("a", [1] * 3, SamplingParams(max_tokens=5), None, 0)
     sched.add_request(a)
     worker = FakeWorker(4, hashed_tokens(7))

@@ -6,9 +6,8 @@ from hypothesis import HealthCheck, given, settings
 
 from jaxvllm.core.kv_cache_manager import cdiv
 from jaxvllm.core.request import Request, RequestStatus
-from jaxvllm.core.scheduler import Scheduler
 from jaxvllm.sampling_params import SamplingParams
-from sched_harness import FakeWorker, Spec, check_final, hashed_tokens, run, scenarios
+from sched_harness import FakeWorker, Spec, check_final, hashed_tokens, make_scheduler, run, scenarios
 
 SLOW_SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -76,8 +75,8 @@ def test_the_last_token_is_always_recomputed():
 
 
 def test_cache_salt_separates_prefixes():
-    sched = Scheduler(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=32, num_blocks=20,
-                      block_size=4, enable_prefix_caching=True)
+    sched = make_scheduler(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=32, num_blocks=20,
+                           block_size=4, enable_prefix_caching=True)
     worker = FakeWorker(4, hashed_tokens(3))
     params = SamplingParams(max_tokens=1)
     for i, salt in enumerate([None, "alice", "alice", None]):
@@ -90,8 +89,8 @@ def test_cache_salt_separates_prefixes():
 def test_freed_blocks_stay_cached_until_evicted_lru():
     """A finished request's blocks are hit later; under pressure the least recently
     freed (a request's tail blocks first) are reused, and reset_prefix_cache forgets all."""
-    sched = Scheduler(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=32, num_blocks=7,
-                      block_size=4, enable_prefix_caching=True)
+    sched = make_scheduler(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=32, num_blocks=7,
+                           block_size=4, enable_prefix_caching=True)
     worker = FakeWorker(4, hashed_tokens(4))
 
     def serve(req_id, prompt):
@@ -128,8 +127,8 @@ def test_swap_keeps_progress_and_falls_back_to_recompute_without_room():
 
 
 def test_aborting_a_swapped_request_frees_its_host_slots():
-    sched = Scheduler(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=16, num_blocks=5,
-                      block_size=4, preemption_mode="swap", num_swap_blocks=8)
+    sched = make_scheduler(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=16, num_blocks=5,
+                           block_size=4, preemption_mode="swap", num_swap_blocks=8)
     worker = FakeWorker(4, hashed_tokens(6))
     for i in range(3):
         sched.add_request(Request(f"r{i}", [1] * 4, SamplingParams(max_tokens=8, ignore_eos=True), None, 0))
@@ -144,8 +143,8 @@ def test_aborting_a_swapped_request_frees_its_host_slots():
 
 
 def test_priority_policy_admits_and_preempts_by_priority():
-    sched = Scheduler(max_num_seqs=1, max_num_batched_tokens=64, max_model_len=32, num_blocks=20,
-                      block_size=4, scheduling_policy="priority")
+    sched = make_scheduler(max_num_seqs=1, max_num_batched_tokens=64, max_model_len=32, num_blocks=20,
+                           block_size=4, scheduling_policy="priority")
     worker = FakeWorker(4, hashed_tokens(7))
     for i, prio in enumerate([2, 0, 1]):
         sched.add_request(Request(f"r{i}", [1] * 3, SamplingParams(max_tokens=1), None, 0,
@@ -157,8 +156,8 @@ def test_priority_policy_admits_and_preempts_by_priority():
         sched.update_from_output(so, worker.execute_model(so))
     assert order == ["r1", "r2", "r0"]
     # Under pressure the running request that ranks last is the victim, not the newest.
-    sched = Scheduler(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=16, num_blocks=5,
-                      block_size=4, scheduling_policy="priority")
+    sched = make_scheduler(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=16, num_blocks=5,
+                           block_size=4, scheduling_policy="priority")
     worker = FakeWorker(4, hashed_tokens(7))
     for i, prio in enumerate([0, 5, 1]):
         sched.add_request(Request(f"r{i}", [1] * 4, SamplingParams(max_tokens=8, ignore_eos=True), None, 0,
@@ -179,8 +178,8 @@ def test_long_prefill_token_threshold_caps_chunks():
 
 
 def test_stats_count_running_waiting_usage_and_preemptions():
-    sched = Scheduler(max_num_seqs=2, max_num_batched_tokens=64, max_model_len=32, num_blocks=9,
-                      block_size=4)
+    sched = make_scheduler(max_num_seqs=2, max_num_batched_tokens=64, max_model_len=32, num_blocks=9,
+                           block_size=4)
     for i in range(3):
         sched.add_request(Request(f"r{i}", [1] * 5, SamplingParams(max_tokens=4), None, 0))
     sched.schedule()

@@ -41,7 +41,7 @@ def pressure(llm, n: int) -> dict:
     done = {}
     for step in range(10**4):
         if step == 2:  # the pipeline holds a batch: abort one request in it and one not
-            in_flight_at_abort = sorted(scheduler.in_flight_req_ids or ())
+            in_flight_at_abort = sorted(scheduler.in_flight.req_ids if scheduler.in_flight else ())
             engine.abort_request(["a1", "a3"])
         elif not engine.has_unfinished_requests():
             break

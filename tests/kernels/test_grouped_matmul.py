@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from test_pallas_lowering import lower
-from jaxvllm.kernels.pallas.grouped_matmul_tpu import grouped_matmul
+from pallas_kernels.grouped_matmul_tpu import grouped_matmul
 from jaxvllm.kernels.xla import grouped_matmul as xla
 
 

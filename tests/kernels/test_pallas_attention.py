@@ -19,8 +19,8 @@ from naive_attention import (DECODE, MIXED, PREFILL, assert_matches_naive, batch
                                      build, naive)
 
 from jaxvllm.layers.attention import write_kv  # noqa: E402
-from jaxvllm.kernels.pallas import ragged_paged_attention_gpu as gpu  # noqa: E402
-from jaxvllm.kernels.pallas import ragged_paged_attention_tpu as tpu  # noqa: E402
+from pallas_kernels import ragged_paged_attention_gpu as gpu  # noqa: E402
+from pallas_kernels import ragged_paged_attention_tpu as tpu  # noqa: E402
 
 KERNELS = {
     "gpu": functools.partial(gpu.ragged_paged_attention, interpret=True, block_q=4, pages_per_block=2,

@@ -28,8 +28,8 @@ from test_pallas_attention import native_cases, native_dtypes  # noqa: E402
 
 from benchmarks import kernels as bench  # noqa: E402
 from jaxvllm.distributed.mesh import MODEL_AXIS  # noqa: E402
-from jaxvllm.kernels.pallas import ragged_paged_attention_gpu as gpu  # noqa: E402
-from jaxvllm.kernels.pallas import ragged_paged_attention_tpu as tpu  # noqa: E402
+from pallas_kernels import ragged_paged_attention_gpu as gpu  # noqa: E402
+from pallas_kernels import ragged_paged_attention_tpu as tpu  # noqa: E402
 
 # The custom call each lowering ends in (its kernel travels inside it as MLIR).
 TARGETS = {"tpu": "tpu_custom_call", "cuda": "__gpu$xla.gpu.triton"}

@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxvllm.kernels.pallas.common import work_list
+from pallas_kernels.common import work_list
 
 
 _work_list = jax.jit(work_list, static_argnums=(2, 3))

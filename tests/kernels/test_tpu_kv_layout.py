@@ -13,7 +13,7 @@ import pytest
 
 from naive_attention import MIXED, POISON, assert_matches_naive, build
 
-from jaxvllm.kernels.pallas import ragged_paged_attention_tpu as tpu
+from pallas_kernels import ragged_paged_attention_tpu as tpu
 from jaxvllm.kernels.xla import ragged_paged_attention as xla
 from jaxvllm.layers.attention import write_kv
 from jaxvllm.platforms import get_platform

@@ -46,7 +46,7 @@ def test_packed_matmul_only_with_the_native_kernels_on_one_cpu_device():
 
 
 def test_each_platform_picks_its_grouped_matmul_for_the_experts():
-    from jaxvllm.kernels.pallas import grouped_matmul_tpu
+    from pallas_kernels import grouped_matmul_tpu
     from jaxvllm.kernels.xla import grouped_matmul
     grouped = {name: get_platform(name).fused_moe_method().grouped_matmul for name in ("cpu", "cuda", "tpu")}
     assert grouped == {"cpu": grouped_matmul.grouped_matmul, "cuda": jax.lax.ragged_dot,

@@ -12,6 +12,7 @@ from flax import nnx
 
 from jaxvllm import platforms
 from jaxvllm.config import EngineArgs
+from jaxvllm.core.kv_cache_interface import get_kv_cache_config
 from jaxvllm.platforms.cpu import CpuPlatform
 from jaxvllm.transformers_utils.config import load_hf_config
 from jaxvllm.worker.sleep_mode import device_memory_in_use
@@ -36,7 +37,7 @@ def worker_under(platform, model_dir, monkeypatch) -> Worker:
     config = EngineArgs(model=str(model_dir), skip_warmup=True, max_num_seqs=4, max_num_batched_tokens=64,
                         max_model_len=128, hbm_utilization=0.5).create_engine_config(hf_config, "cpu")
     config = config.replace(cache=dataclasses.replace(config.cache, kv_cache_memory_bytes=None))
-    return Worker(config, str(model_dir), hf_config)
+    return Worker(config)
 
 
 def test_kv_cache_budget_is_limit_less_weights_less_peak_step(tiny_model_dir, monkeypatch, caplog):
@@ -44,7 +45,8 @@ def test_kv_cache_budget_is_limit_less_weights_less_peak_step(tiny_model_dir, mo
     worker = worker_under(platform, tiny_model_dir, monkeypatch)
     weights = sum(x.nbytes for x in jax.tree.leaves(nnx.state(worker.model)))
     with caplog.at_level(logging.INFO, logger="jaxvllm.worker.worker"):
-        num_blocks = worker.determine_num_blocks()
+        available = worker.determine_available_memory()
+    num_blocks = get_kv_cache_config(worker.get_kv_cache_spec(), available, max_model_len=128).num_blocks
     profile = worker.memory_profile
     assert profile.limit == 64 * MiB and profile.in_use >= weights
     # The largest forward (64 tokens) and sampler (4 rows of a 256-word vocabulary) hold at least
@@ -55,4 +57,4 @@ def test_kv_cache_budget_is_limit_less_weights_less_peak_step(tiny_model_dir, mo
 
     platform.limit = 1 * MiB  # less than the weights and a step: refused, with the numbers
     with pytest.raises(ValueError, match=r"The KV cache budget \(-\d+ bytes: .* peak step .*\) holds fewer than 2 blocks"):
-        worker.determine_num_blocks()
+        worker.determine_available_memory()

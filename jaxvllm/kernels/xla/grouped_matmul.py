@@ -4,7 +4,7 @@ rows: the mixture-of-experts layer's on the CPU.
 Same contract as `jax.lax.ragged_dot(lhs [m, k], rhs [groups, k, n], group_sizes)`. XLA:CPU
 lowers ragged_dot to a batched product of every row with every group's matrix, masked: the
 work of the dense layer, through XLA:CPU's slow batched-matmul path. Here a loop visits each
-tile of `tile` rows once per group it overlaps (megablox's schedule, jaxvllm/kernels/pallas/
+tile of `tile` rows once per group it overlaps (megablox's schedule, pallas_kernels/
 grouped_matmul_tpu.py), so a step reads each used expert's weights about once per tile and
 multiplies about m rows in all; its trip count is a traced value (a while loop).
 """

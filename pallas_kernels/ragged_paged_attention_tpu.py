@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from jaxvllm.kernels.pallas.common import as_elements, attention_mask, kv_range, layer_and_window, precision_for, qk, softmax_update, work_list
+from pallas_kernels.common import as_elements, attention_mask, kv_range, layer_and_window, precision_for, qk, softmax_update, work_list
 
 _LANES = 128
 

@@ -35,9 +35,8 @@ _SHUTDOWN = object()
 
 
 class EngineCoreProc(EngineCore):
-    def __init__(self, config: EngineConfig, model_path: str, hf_config,
-                 input_address: str, output_address: str):
-        super().__init__(config, model_path, hf_config)
+    def __init__(self, config: EngineConfig, input_address: str, output_address: str):
+        super().__init__(config)
         # What start-up built (modules, the model's Python objects, compiled programs) lives
         # as long as the process: frozen, it is left out of the oldest generation's
         # collections, which would otherwise walk all of it between two steps (vLLM freezes

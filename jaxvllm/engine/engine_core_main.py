@@ -1,4 +1,4 @@
-"""The engine process's entry point (spawned by core_client). A module of its own, light
+"""The engine core process's entry point (spawned by engine_core_handle). A module of its own, light
 to import: the front end names this function to start the process, and must not load jax
 or the model code for that (their import, and their teardown at exit, take seconds)."""
 from __future__ import annotations
@@ -46,7 +46,7 @@ def run_engine_core(args_bytes: bytes, input_address: str, output_address: str,
 
         from jaxvllm.config import EngineArgs
         from jaxvllm.distributed.multihost import initialize_distributed
-        from jaxvllm.engine.core_proc import EngineCoreProc
+        from jaxvllm.engine.engine_core_proc import EngineCoreProc
         from jaxvllm.transformers_utils.config import load_hf_config
         from jaxvllm.transformers_utils.model_path import resolve_model
         try:
@@ -54,11 +54,11 @@ def run_engine_core(args_bytes: bytes, input_address: str, output_address: str,
             model_path = resolve_model(args.model, args.revision, args.download_dir)
             hf_config = load_hf_config(model_path)
             initialize_distributed(args)  # multi-host: before the backend starts
-            config = args.create_engine_config(hf_config, jax.default_backend())
+            config = args.create_engine_config(hf_config, jax.default_backend(), model_path)
         except (ValueError, FileNotFoundError) as e:
             _send_failure(ready_pipe, e, invalid_argument=True)
             raise SystemExit(2) from None
-        engine = EngineCoreProc(config, model_path, hf_config, input_address, output_address)
+        engine = EngineCoreProc(config, input_address, output_address)
         # Until now SIGTERM ended the process at once, even inside a compile (a Python
         # handler would wait for it); from here on it stops the busy loop cleanly.
         signal.signal(signal.SIGTERM, on_signal)

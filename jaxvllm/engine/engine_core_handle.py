@@ -13,7 +13,7 @@ import weakref
 import msgpack
 
 from jaxvllm.config import EngineArgs, EngineConfig
-from jaxvllm.engine.engine_process import run_engine_core
+from jaxvllm.engine.engine_core_main import run_engine_core
 from jaxvllm.process_utils import (has_exited, spawn_process, start_spawned, stop_processes,
                                    wait_for_exit)
 from jaxvllm.serial_utils import decode, encode
@@ -21,7 +21,7 @@ from jaxvllm.serial_utils import decode, encode
 logger = logging.getLogger(__name__)
 
 
-class EngineCoreProcess:
+class EngineCoreHandle:
     """The spawned engine process and its two sockets' addresses; shut down on collection.
     With data parallelism, `dp_rank` picks the process's own set of devices."""
 
