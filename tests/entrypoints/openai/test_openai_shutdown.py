@@ -96,7 +96,7 @@ def test_stop_during_start_up(tmp_path_factory, how):
     server = RemoteServer([str(tiny_model(tmp_path_factory)), *flags], wait_ready=False)
     try:
         deadline = time.monotonic() + 120
-        while "KV cache:" not in server.log_text():  # logged just before the warm-up compiles
+        while "Memory plan per device:" not in server.log_text():  # logged just before the warm-up compiles
             assert time.monotonic() < deadline and server.proc.poll() is None, server.log_text()
             time.sleep(0.05)
         signalled = time.monotonic()
