@@ -136,3 +136,30 @@ def write_tiny_moe(path, arch: str, *, seed=0, **extra):
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
     return cfg
+
+
+# `make test` runs the suite on two pytest-xdist workers (`-n 2 --dist loadgroup`): each module
+# is one group, so its module-scoped engines are built once, on one worker. The modules that
+# run longest start first, so that the two workers finish together instead of one waiting
+# out a long module picked up last.
+LONGEST_FIRST = [
+    "entrypoints/test_readme_scripts.py", "test_notebooks.py", "scripts/test_device_check.py",
+    "test_default_model.py", "platforms/test_tpu_compile.py", "test_gemma3_270m.py",
+    "distributed/test_pipeline_parallel.py", "distributed/test_tensor_parallel.py",
+    "worker/test_compiled_programs.py", "distributed/test_families_tp.py", "models/test_loader.py",
+    "engine/test_data_parallel.py", "entrypoints/openai/test_openai_shutdown.py",
+    "distributed/test_expert_parallel.py",
+]
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+
+    def module_rank(item):
+        path = item.nodeid.split("::")[0].removeprefix("tests/")
+        return rank.get(path, len(rank))
+
+    items.sort(key=module_rank)  # stable: the order within a module is kept
+    for item in items:
+        if not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
