@@ -67,11 +67,11 @@ inline void AddValues(float* acc, int64_t D, const float* alpha, const float* w,
 }
 
 // One query row's scores against keys [j_lo, j_hi) of a page of ps keys (ps a multiple of
-// kLanes), the others masked, into s[0, ps); returns the running max with them. The keys go 16
+// kLanes), soft-capped, the others masked, into s[0, ps); returns the running max with them. The keys go 16
 // at a time: per key one vector of partial products, then HorizontalSums for all 16.
 template <int64_t kD>
 inline float Scores16(const float* qr, const float* k, int64_t kv_row, int64_t ps, int64_t j_lo,
-                      int64_t j_hi, float* s, float mx) {
+                      int64_t j_hi, float soft_cap, float* s, float mx) {
   if constexpr (kD > 0 && kD % kLanes == 0) {
     constexpr int64_t kU = kD / kLanes;
     F16 qv[kU];
@@ -92,7 +92,7 @@ inline float Scores16(const float* qr, const float* k, int64_t kv_row, int64_t p
         part[j] = acc;
       }
       const I16 key = lane + static_cast<int32_t>(c);
-      const F16 sc = (key >= static_cast<int32_t>(j_lo)) & (key < static_cast<int32_t>(j_hi)) ? HorizontalSums(part) : masked;
+      const F16 sc = (key >= static_cast<int32_t>(j_lo)) & (key < static_cast<int32_t>(j_hi)) ? SoftCap(HorizontalSums(part), soft_cap) : masked;
       Store(s + c, sc);
       top = sc > top ? sc : top;
     }
@@ -127,8 +127,8 @@ void AttendDecode(const Problem& p, const Item& it, std::vector<float>& buf) {
       if (next != nullptr)  // a share of the next page per row: a whole page at once stalled
         PrefetchPage(next + r * share, p.VOffset(), r + 1 < H ? share : ps * kv_row - r * share);
       float mx = m[r];
-      if (kD > 0 && kD % kLanes == 0 && ps % kLanes == 0 && p.soft_cap <= 0.0f) {
-        mx = Scores16<kD>(qr, k, kv_row, ps, j_lo, j_hi, s, mx);
+      if (kD > 0 && kD % kLanes == 0 && ps % kLanes == 0) {
+        mx = Scores16<kD>(qr, k, kv_row, ps, j_lo, j_hi, p.soft_cap, s, mx);
       } else {
         std::fill(s, s + tile, kMaskValue);
         for (int64_t j = j_lo; j < j_hi; ++j) {
@@ -214,8 +214,7 @@ void AttendBlock(const Problem& p, const Item& it, std::vector<float>& buf) {
             }
             const F16 qp = Load(q_pos + r0), masked = F16{} + kMaskValue;
             for (int64_t i = 0; i < step && j + i < len; ++i) {
-              if (p.soft_cap > 0.0f)
-                for (int64_t x = 0; x < kLanes; ++x) a[i][x] = p.soft_cap * std::tanh(a[i][x] / p.soft_cap);
+              a[i] = SoftCap(a[i], p.soft_cap);
               const float kv_pos = static_cast<float>(start + j + i);
               Store(s + (j + i) * R + r0, kv_pos <= qp && kv_pos > qp - window ? a[i] : masked);
             }
