@@ -38,12 +38,15 @@ from jaxvllm import LLM  # noqa: E402
 PEER_VENV = Path(os.environ.get("JAXVLLM_PEER_VENV", ROOT / ".venv-peers"))
 
 
-def workloads(n: int, vocab: int, seed: int = 0) -> dict[str, list[list[int]]]:
+def workloads(n: int, vocab: int, max_len: int = 512, prefix_len: int = 200, seed: int = 0
+              ) -> dict[str, list[list[int]]]:
+    """n texts of 16..max_len random tokens; the same n again as one prefix_len-token
+    instruction before a query, max_len tokens at most in all."""
     rng = np.random.default_rng(seed)
-    ids = lambda k: rng.integers(100, vocab - 100, k).tolist()  # noqa: E731
-    plain = [ids(int(k)) for k in rng.integers(16, 513, n)]
-    instruction = ids(200)
-    shared = [instruction + ids(int(k)) for k in rng.integers(16, 313, n)]
+    ids = lambda k: rng.integers(min(100, vocab // 4), vocab - min(100, vocab // 4), k).tolist()  # noqa: E731
+    plain = [ids(int(k)) for k in rng.integers(16, max_len + 1, n)]
+    instruction = ids(prefix_len)
+    shared = [instruction + ids(int(k)) for k in rng.integers(16, max_len - prefix_len + 1, n)]
     return {"plain": plain, "shared-prefix": shared}
 
 
@@ -109,10 +112,13 @@ def run_vllm(w: dict, model_dir: Path, ns) -> list[dict]:
     return results
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None)
     parser.add_argument("--num-texts", type=int, default=256)
+    parser.add_argument("--max-len", type=int, default=512)
+    parser.add_argument("--prefix-len", type=int, default=200)
+    parser.add_argument("--export-dir", default=None, help="the peers' float32 copy (default: under ~/.cache)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--max-num-seqs", type=int, default=32)
@@ -121,11 +127,11 @@ def main() -> None:
     parser.add_argument("--peers", default="vllm,transformers")
     parser.add_argument("--peer-timeout", type=float, default=1800)
     parser.add_argument("--json", default=None)
-    ns = parser.parse_args()
+    ns = parser.parse_args(argv)
     load = os.getloadavg()
-    model_dir = export(ns.model, str(export_dir(ns.model)))
+    model_dir = export(ns.model, ns.export_dir or str(export_dir(ns.model)))
     vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
-    w = workloads(ns.num_texts, vocab)
+    w = workloads(ns.num_texts, vocab, ns.max_len, ns.prefix_len)
     runs = {}
     for name, run in (("vllm", lambda: run_vllm(w, Path(model_dir), ns)),
                       ("transformers", lambda: run_transformers(w, Path(model_dir), ns)),
@@ -150,9 +156,11 @@ def main() -> None:
     for engine, results in runs.items():
         if "error" in results[0]:
             print(f"  {engine}: {results[0]['error']}")
+    result = {"load_average": load, "num_texts": ns.num_texts, "runs": runs, "args": vars(ns),
+              "input_tok_s": {f"{e}/{wl}": rate for (e, wl), rate in table.items()}}
     if ns.json:
-        Path(ns.json).write_text(json.dumps({"load_average": load, "num_texts": ns.num_texts, "runs": runs,
-                                             "args": vars(ns)}, indent=1))
+        Path(ns.json).write_text(json.dumps(result, indent=1))
+    return result
 
 
 if __name__ == "__main__":

@@ -3,10 +3,10 @@
 other bodies (protocol.py): a wrong type is a 400 naming the field."""
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Literal, Union
 
 from jaxvllm.entrypoints.openai.errors import APIError
-from jaxvllm.entrypoints.openai.protocol import OpenAIBaseModel
+from jaxvllm.entrypoints.openai.protocol import ChatMessage, OpenAIBaseModel
 from jaxvllm.pooling_params import PoolingParams
 
 Input = Union[list[int], list[list[int]], str, list[str]]
@@ -31,7 +31,7 @@ class PoolingRequestBase(OpenAIBaseModel):
 class EmbeddingRequest(PoolingRequestBase):
     """OpenAI's body; or vLLM's chat-style one, `messages` instead of `input`."""
     input: Input | None = None
-    messages: list[dict[str, Any]] | None = None
+    messages: list[ChatMessage] | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
     normalize: bool | None = None

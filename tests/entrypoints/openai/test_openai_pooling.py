@@ -60,6 +60,12 @@ def test_pooling_score_and_rerank_shapes(http, offline):
     pooled = http.post("/pooling", json={"input": TEXTS[0]}).json()
     want = offline.embed(TEXTS[:1], use_tqdm=False)[0].outputs.embedding
     np.testing.assert_allclose(pooled["data"][0]["data"], want, rtol=0, atol=1e-6)
+    messages = [{"role": "user", "content": TEXTS[0]}]  # vLLM's chat-style embedding input
+    chat = http.post("/v1/embeddings", json={"messages": messages}).json()
+    ids = offline.get_tokenizer().apply_chat_template(messages, tokenize=True, add_generation_prompt=False,
+                                                      return_dict=False)
+    want = offline.embed([{"prompt_token_ids": list(ids)}], use_tqdm=False)[0].outputs.embedding
+    np.testing.assert_allclose(chat["data"][0]["embedding"], want, rtol=0, atol=1e-6)
     scores = [s.outputs.score for s in offline.score(TEXTS[0], TEXTS[1:], use_tqdm=False)]
     reply = http.post("/score", json={"text_1": TEXTS[0], "text_2": TEXTS[1:]}).json()
     assert [d["score"] for d in reply["data"]] == pytest.approx(scores, abs=1e-6)
