@@ -124,3 +124,16 @@ def test_runner_and_pooler_config_are_checked(tiny_model_dir):
                           (dict(runner="generate", convert="embed"), "convert='embed' needs runner='pooling'")]:
         with pytest.raises(ValueError, match=match):
             LLM(str(tiny_model_dir), **ENGINE, **kwargs)
+
+
+@pytest.mark.parametrize("arch", ["Qwen3ForCausalLM", "Gemma3ForCausalLM"])
+def test_other_families_embed(arch, tmp_path):
+    """Any family embeds through the same path: Qwen3's q/k norms, Gemma 3's sliding layers
+    (the prompt outlasts its window of 12) and its scaled embedding."""
+    hf = write_family_checkpoint(arch, tmp_path)
+    llm = LLM(str(tmp_path), runner="pooling", pooler_config='{"pooling_type": "MEAN", "normalize": false}',
+              **ENGINE)
+    with torch.no_grad():
+        h = hf.model(torch.tensor([PROMPTS[1]])).last_hidden_state[0].numpy()
+    (out,) = llm.embed([PROMPTS[1]], use_tqdm=False)
+    np.testing.assert_allclose(out.outputs.embedding, h.mean(0), rtol=0, atol=1e-4)
