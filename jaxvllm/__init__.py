@@ -2,12 +2,17 @@
 from jaxvllm.inputs import TextPrompt, TokensPrompt
 from jaxvllm.sampling_params import (BeamSearchParams, RequestOutputKind, SamplingParams,
                                      StructuredOutputsParams)
-from jaxvllm.outputs import CompletionOutput, Logprob, RequestOutput
+from jaxvllm.outputs import (ClassificationOutput, ClassificationRequestOutput, CompletionOutput,
+                             EmbeddingOutput, EmbeddingRequestOutput, Logprob, PoolingOutput,
+                             PoolingRequestOutput, RequestOutput, ScoringOutput, ScoringRequestOutput)
+from jaxvllm.pooling_params import PoolingParams
 
 __version__ = "0.1.0"
 __all__ = ["LLM", "AsyncLLM", "EngineArgs", "SamplingParams", "StructuredOutputsParams",
            "BeamSearchParams", "RequestOutputKind", "RequestOutput", "CompletionOutput", "Logprob",
-           "TextPrompt", "TokensPrompt"]
+           "TextPrompt", "TokensPrompt", "PoolingParams", "PoolingOutput", "PoolingRequestOutput",
+           "EmbeddingOutput", "EmbeddingRequestOutput", "ClassificationOutput", "ClassificationRequestOutput",
+           "ScoringOutput", "ScoringRequestOutput"]
 
 
 def __getattr__(name):

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+import numpy as np
 
 
 class FinishReason(enum.IntEnum):
@@ -40,6 +43,9 @@ class ModelRunnerOutput:
     logprobs: list[LogprobsLists | None] | None = None
     # A request's prompt logprobs, sent with its first sampled token.
     prompt_logprobs: dict[str, LogprobsLists] = field(default_factory=dict)
+    # The pooling runner's: per request, its pooled output (a vector, or one per token, as
+    # lists: they cross processes as msgpack) once its prompt is computed, else None.
+    pooler_output: list[list | None] = field(default_factory=list)
 
 
 @dataclass(slots=True)  # one per request per step: kept cheap to build
@@ -57,6 +63,7 @@ class EngineCoreOutput:
     # from then to this token, both on the engine core's clock (vLLM's queued/prefill time).
     queued_time: float | None = None
     prefill_time: float | None = None
+    pooling_output: list | None = None  # a pooling request's result (ModelRunnerOutput.pooler_output)
 
     @property
     def finished(self) -> bool:
@@ -99,3 +106,82 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
     prompt_logprobs: PromptLogprobs | None = None  # with SamplingParams.prompt_logprobs; first is None
+
+
+# ---- pooling models (vLLM's PoolingRequestOutput and its task-specific views) -----------
+@dataclass
+class PoolingOutput:
+    """A pooled hidden state (or one per token, pooling_type ALL), or a classifier's output."""
+    data: np.ndarray
+
+
+_O = TypeVar("_O")
+
+
+@dataclass
+class PoolingRequestOutput(Generic[_O]):
+    request_id: str
+    outputs: _O
+    prompt_token_ids: list[int]
+    finished: bool = True
+    num_cached_tokens: int = 0
+    prompt: str | None = None
+
+    @classmethod
+    def from_base(cls, base: "PoolingRequestOutput"):
+        """The task's view of a PoolingRequestOutput (EmbeddingRequestOutput.from_base, ...)."""
+        return cls(base.request_id, cls._output_type.from_base(base.outputs), base.prompt_token_ids,
+                   base.finished, base.num_cached_tokens, base.prompt)
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]
+
+    @classmethod
+    def from_base(cls, output: PoolingOutput) -> "EmbeddingOutput":
+        if output.data.ndim != 1:
+            raise ValueError("pooled data should be a 1-D embedding vector")
+        return cls(output.data.tolist())
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass
+class ClassificationOutput:
+    probs: list[float]
+
+    @classmethod
+    def from_base(cls, output: PoolingOutput) -> "ClassificationOutput":
+        if output.data.ndim != 1:
+            raise ValueError("pooled data should be a 1-D probability vector")
+        return cls(output.data.tolist())
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.probs)
+
+
+@dataclass
+class ScoringOutput:
+    score: float
+
+    @classmethod
+    def from_base(cls, output: PoolingOutput) -> "ScoringOutput":
+        if output.data.ndim != 0:
+            raise ValueError("pooled data should be a scalar score")
+        return cls(output.data.item())
+
+
+class EmbeddingRequestOutput(PoolingRequestOutput[EmbeddingOutput]):
+    _output_type = EmbeddingOutput
+
+
+class ClassificationRequestOutput(PoolingRequestOutput[ClassificationOutput]):
+    _output_type = ClassificationOutput
+
+
+class ScoringRequestOutput(PoolingRequestOutput[ScoringOutput]):
+    _output_type = ScoringOutput

@@ -35,8 +35,6 @@ REFUSED = {  # LLM(...) and engine arguments (also the CLI's flags of the same n
     "cpu_offload_gb": ((0,), _NO_OFFLOAD),
 }
 LLM_REFUSED = REFUSED | {
-    "runner": (("auto", "generate"), "only the generate runner is built"),
-    "convert": (("auto", "none"), "only the generate runner is built"),
     "tokenizer": ((), "the tokenizer is always the model's own (omit tokenizer)"),
     "skip_tokenizer_init": ((False,), "prompts are always tokenized and outputs detokenized"),
     "allowed_local_media_path": (("",), _NO_MM),
@@ -51,7 +49,6 @@ LLM_REFUSED = REFUSED | {
     "hf_token": ((True,), "set HF_TOKEN in the environment (huggingface_hub reads it)"),
     "hf_overrides": (({},), "the checkpoint's config is used as it is"),
     "mm_processor_kwargs": (({},), _NO_MM),
-    "pooler_config": ((), "pooling models are not supported yet"),
     "structured_outputs_config": (({},), "structured outputs always use llguidance"),
     "profiler_config": (({},), "use profile_dir= (jax.profiler traces)"),
     "attention_config": (({},), "use attention_backend="),

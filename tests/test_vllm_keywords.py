@@ -55,12 +55,12 @@ NOT_NEUTRAL = {
     "routed_experts_prompt_start": 2, "trace_decode_token_ids": [1, 2], "logits_processors": ["p"],
     "truncate_prompt_tokens": 8, "extra_args": {"k": 1}, "disable_any_whitespace": True,
     "disable_additional_properties": True, "whitespace_pattern": " ", "structural_tag": "{}",
-    "runner": "pooling", "convert": "embed", "tokenizer": "/another/tokenizer",
+    "tokenizer": "/another/tokenizer",
     "skip_tokenizer_init": True, "allowed_local_media_path": "/data", "allowed_media_domains": ["x"],
     "tokenizer_revision": "v2", "cpu_offload_gb": 4, "offload_group_size": 2,
     "offload_num_in_group": 2, "offload_prefetch_step": 2, "offload_params": {"down_proj"},
     "enable_return_routed_experts": True, "return_sampling_mask": True, "hf_token": "hf_x",
-    "hf_overrides": {"a": 1}, "mm_processor_kwargs": {"a": 1}, "pooler_config": {"pooling_type": "MEAN"},
+    "hf_overrides": {"a": 1}, "mm_processor_kwargs": {"a": 1},
     "structured_outputs_config": {"backend": "xgrammar"}, "profiler_config": {"profiler": "torch"},
     "attention_config": {"backend": "FLASH_ATTN"}, "quantization_config": {"a": 1},
     "spec_method": "ngram", "spec_model": "draft", "spec_tokens": 4, "enable_lora": True,
@@ -130,7 +130,10 @@ def test_generate_and_chat_take_every_vllm_keyword(method, vllm_names, table):
 
 def test_the_top_level_exports_match_vllm():
     for name in ("LLM", "SamplingParams", "StructuredOutputsParams", "BeamSearchParams",
-                 "RequestOutput", "CompletionOutput", "TextPrompt", "TokensPrompt", "EngineArgs"):
+                 "RequestOutput", "CompletionOutput", "TextPrompt", "TokensPrompt", "EngineArgs",
+                 "PoolingParams", "PoolingOutput", "PoolingRequestOutput", "EmbeddingOutput",
+                 "EmbeddingRequestOutput", "ClassificationOutput", "ClassificationRequestOutput",
+                 "ScoringOutput", "ScoringRequestOutput"):
         assert getattr(jaxvllm, name) is not None and name in jaxvllm.__all__
 
 

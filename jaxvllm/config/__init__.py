@@ -2,9 +2,9 @@
 (EngineConfig, in sections)."""
 from jaxvllm.config.engine_args import EngineArgs, attribute_docs
 from jaxvllm.config.engine_config import (KV_CACHE_DTYPES, QUANTIZATIONS, CacheConfig, CompilationConfig,
-                                          EngineConfig, LoadConfig, ModelConfig, ParallelConfig,
+                                          EngineConfig, LoadConfig, ModelConfig, ParallelConfig, PoolerConfig,
                                           QuantizationConfig, SchedulerConfig)
 
-__all__ = ["EngineArgs", "attribute_docs", "EngineConfig", "ModelConfig", "CacheConfig", "SchedulerConfig",
+__all__ = ["EngineArgs", "attribute_docs", "EngineConfig", "ModelConfig", "PoolerConfig", "CacheConfig", "SchedulerConfig",
            "ParallelConfig", "LoadConfig", "QuantizationConfig", "CompilationConfig", "QUANTIZATIONS",
            "KV_CACHE_DTYPES"]

@@ -14,6 +14,7 @@ import yaml
 from jaxvllm.config.engine_config import (CacheConfig, CompilationConfig, EngineConfig, LoadConfig,
                                           ModelConfig, ParallelConfig, QuantizationConfig,
                                           SchedulerConfig)
+from jaxvllm.config.pooler import resolve_runner
 from jaxvllm.layers.quantization.compressed_tensors import resolve_quantization
 from jaxvllm.platforms import get_platform
 
@@ -104,6 +105,15 @@ class EngineArgs:
     data_parallel_size: int = 1
     """Engine cores, each in its own process with its own scheduler, KV cache and
     tensor_parallel_size devices; requests go to the least-loaded one."""
+    runner: str = "auto"
+    """generate, or pooling (embeddings, classification, scores: prefill only, no decode);
+    auto: pooling for a *ForSequenceClassification checkpoint, else generate."""
+    convert: str = "auto"
+    """What the pooling runner makes of the model: embed or classify; auto: classify for a
+    *ForSequenceClassification checkpoint, else embed."""
+    pooler_config: str | None = None
+    """The pooling runner's pooler as JSON or a dict, e.g. '{"pooling_type": "MEAN"}':
+    pooling_type (LAST, MEAN, CLS, ALL), normalize, softmax, dimensions."""
     async_scheduling: bool | None = None
     """Schedule the next step while the device runs this one (sampled tokens read one step
     later); None: the platform's default. Needs the uni executor on one host, one stage."""
@@ -168,8 +178,10 @@ class EngineArgs:
                               else platform.default_async_scheduling and not parallel.is_multiprocess
                               and self.pipeline_parallel_size == 1),
         )
+        runner, convert, pooler = resolve_runner(self.runner, self.convert, self.pooler_config, hf_config)
         model = ModelConfig(model=self.model, path=model_path or self.model or "", dtype=dtype, seed=self.seed,
-                            attention_backend=self.attention_backend).with_hf_config(hf_config)
+                            attention_backend=self.attention_backend, runner=runner, convert=convert,
+                            pooler_config=pooler).with_hf_config(hf_config)
         config = EngineConfig(
             model=model, cache=cache, parallel=parallel, scheduler=sched,
             load=LoadConfig(revision=self.revision, download_dir=self.download_dir),

@@ -20,6 +20,18 @@ KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8")
 
 
 @dataclass(frozen=True)
+class PoolerConfig:
+    """How a pooling model pools (vLLM's PoolerConfig): the hidden states of the LAST token,
+    their MEAN, the first (CLS) token's, or ALL of them; L2-`normalize` embeddings; `softmax`
+    a classifier's labels (its `use_activation`); `dimensions`: the Matryoshka default.
+    None: the convert's default (embed: LAST, normalized; classify: LAST, softmax)."""
+    pooling_type: str | None = None
+    normalize: bool | None = None
+    softmax: bool | None = None
+    dimensions: int | None = None
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     model: str | None = None
     """The model as the user named it (None: the default); prefix-cache keys carry it."""
@@ -28,6 +40,12 @@ class ModelConfig:
     dtype: str = "float32"
     seed: int = 0
     attention_backend: str = "auto"
+    runner: str = "generate"
+    """generate (sample tokens) or pooling (a pooled hidden state per prompt, no decode)."""
+    convert: str = "none"
+    """What a pooling runner makes of the model: embed, or classify (a score head)."""
+    pooler_config: PoolerConfig | None = None
+    """The pooling runner's pooler, resolved (every field set); None for generate."""
 
     @functools.cached_property
     def hf_config(self):
@@ -44,6 +62,13 @@ class ModelConfig:
     @property
     def name(self) -> str:
         return self.model or self.path
+
+    @property
+    def is_matryoshka(self) -> bool:
+        """Whether embeddings may be truncated to fewer `dimensions` (vLLM reads the same
+        config fields)."""
+        cfg = self.hf_config
+        return bool(getattr(cfg, "is_matryoshka", False) or getattr(cfg, "matryoshka_dimensions", None))
 
 
 @dataclass(frozen=True)

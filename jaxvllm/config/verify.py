@@ -11,6 +11,9 @@ def verify_engine_config(config) -> None:
     if config.quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {config.quantization!r}.")
     c, p, s = config.compilation, config.parallel, config.scheduler
+    if config.model.runner == "pooling" and p.pipeline_parallel_size > 1:
+        raise ValueError("runner='pooling' needs pipeline_parallel_size=1 (the pooler reads the last "
+                         "stage's hidden states in the runner that pools them).")
     if c.check_recompilation and c.skip_warmup:
         raise ValueError("check_recompilation needs the warm-up; do not combine it with skip_warmup.")
     if (p.is_multiprocess or p.pipeline_parallel_size > 1) and s.async_scheduling:

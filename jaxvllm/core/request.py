@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from jaxvllm.outputs import FinishReason
+from jaxvllm.pooling_params import PoolingParams
 from jaxvllm.sampling_params import SamplingParams
 
 
@@ -44,7 +45,7 @@ _FINISHED_REASON_MAP = {
 class Request:
     request_id: str
     prompt_token_ids: list[int]
-    sampling_params: SamplingParams
+    sampling_params: SamplingParams | None  # None for a pooling request
     eos_token_id: int | None
     # Every request samples from its own seed stream; the engine draws one when the
     # user gave none, so seeded and unseeded requests share one code path on device.
@@ -66,6 +67,8 @@ class Request:
     cache_salt: str | None = None
     # Hash of each full block of all_token_ids, filled in lazily by the KVCacheManager.
     block_hashes: list = field(default_factory=list)
+    # A pooling request (runner="pooling"): prefilled, pooled by the worker, never decoded.
+    pooling_params: PoolingParams | None = None
 
     @property
     def num_prompt_tokens(self) -> int:

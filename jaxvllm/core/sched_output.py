@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from jaxvllm.pooling_params import PoolingParams
 from jaxvllm.sampling_params import SamplingParams
 
 
@@ -17,11 +18,12 @@ class NewRequestData:
     prompt_token_ids: list[int]
     # Tokens generated before a preemption; they are recomputed like prompt tokens.
     output_token_ids: list[int]
-    sampling_params: SamplingParams
+    sampling_params: SamplingParams | None
     sampling_seed: int
     eos_token_id: int | None
     block_ids: list[int]
     num_computed_tokens: int
+    pooling_params: PoolingParams | None = None
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
 check_stop: whether a request is done after its latest sampled token, and why (length caps
 first, then EOS and stop tokens once min_tokens is reached).
-owes_prompt_logprobs: whether a request must still compute its whole prompt in one go.
+owes_prompt_logprobs: whether a request must still compute its whole prompt in one go
+(prompt logprobs, or a pooling type that reads every position).
 needs_host_tokens: whether a request's next step needs its last token on the host first.
 num_new_tokens: how many tokens a request takes from a step's budget.
 new_request_data: what the worker learns of a request scheduled for the first time.
@@ -36,7 +37,10 @@ def check_stop(request: Request, max_model_len: int) -> bool:
 
 def owes_prompt_logprobs(request: Request) -> bool:
     """The worker gathers prompt logprobs while it computes the prompt, so such a request
-    must compute all of it in one worker lifetime: no cache hit, no swap mid-prompt."""
+    must compute all of it in one worker lifetime: no cache hit, no swap mid-prompt. So must a
+    pooling request whose pooler reads every position (MEAN, CLS, ALL)."""
+    if request.pooling_params is not None:
+        return bool(request.pooling_params.skip_reading_prefix_cache)
     return request.sampling_params.prompt_logprobs is not None and not request.output_token_ids
 
 
@@ -46,6 +50,8 @@ def needs_host_tokens(request: Request) -> bool:
     async scheduling, steps run synchronously while such a request is in the engine (as vLLM
     first did for structured output)."""
     params = request.sampling_params
+    if params is None:  # a pooling request samples nothing
+        return False
     return (params.structured_outputs is not None
             or any(len(w) > 1 for w in params.bad_words_token_ids))
 
@@ -70,5 +76,6 @@ def new_request_data(request: Request, block_ids: list[int]) -> NewRequestData:
         eos_token_id=request.eos_token_id,
         block_ids=block_ids,
         num_computed_tokens=request.num_computed_tokens,
+        pooling_params=request.pooling_params,
     )
 

@@ -8,6 +8,10 @@ is cut into chunks that fit the budget (chunked prefill), and no more than
 share one step. A waiting request's cached prefix (prefix caching) is not computed again:
 it starts at the hit length.
 
+A pooling request (runner="pooling") is prefilled the same way, chunks included; the step
+that computes its last prompt token returns its pooled output instead of a token, and it
+finishes there, its pages freed at once.
+
 When the pool has no page left for a running request, a request not yet scheduled this
 step is preempted (core/preemption.py: recomputed later, or swapped to host slots).
 
@@ -32,7 +36,7 @@ from jaxvllm.core.sched_output import CachedRequestData, NewRequestData, Schedul
 from jaxvllm.core.stats import SchedulerStats
 from jaxvllm.core.structured_output import StructuredOutputManager
 from jaxvllm.core.swap_space import SwapSpace
-from jaxvllm.outputs import EngineCoreOutput, ModelRunnerOutput
+from jaxvllm.outputs import EngineCoreOutput, FinishReason, ModelRunnerOutput
 
 
 class Scheduler:
@@ -68,7 +72,7 @@ class Scheduler:
 
     # ---- requests in and out -------------------------------------------------------
     def add_request(self, request: Request) -> None:
-        if request.sampling_params.structured_outputs is not None:
+        if request.sampling_params is not None and request.sampling_params.structured_outputs is not None:
             if self.structured_output_manager is None:
                 raise ValueError("structured_outputs needs an engine with a tokenizer.")
             self.structured_output_manager.add_request(request)
@@ -227,6 +231,8 @@ class Scheduler:
         if start < num_prompt:
             self.num_prefill_tokens += min(num_new, num_prompt - start)
         request.num_computed_tokens = start + num_new
+        if request.pooling_params is not None:
+            return  # it pools when its prompt is computed: no token in flight
         if start + num_new >= num_prompt + len(request.output_token_ids) + request.num_output_placeholders:
             request.num_output_placeholders += 1
 
@@ -247,6 +253,8 @@ class Scheduler:
         outputs = []
         if self.in_flight is not None:
             self.in_flight.returned(scheduler_output.num_scheduled_tokens)
+        if runner_output.pooler_output:
+            return self._update_pooled(runner_output)
         logprobs, prompt_logprobs = runner_output.logprobs, runner_output.prompt_logprobs
         grammar, requests, max_model_len = scheduler_output.grammar_bitmask, self.requests, self.max_model_len
         for i, (req_id, sampled) in enumerate(zip(runner_output.req_ids,
@@ -288,6 +296,25 @@ class Scheduler:
                 queued_time=request.scheduled_time - request.arrival_time if first else None,
                 prefill_time=time.time() - request.scheduled_time if first else None,
             ))
+        return outputs
+
+    def _update_pooled(self, runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
+        """Pooling requests whose prompt the step finished: done, their pages freed now."""
+        outputs = []
+        for req_id, pooled in zip(runner_output.req_ids, runner_output.pooler_output):
+            request = self.requests.get(req_id)
+            if pooled is None or request is None:
+                continue  # a partial prefill chunk, or aborted meanwhile
+            if request.status == RequestStatus.RUNNING:
+                self.running.remove(request)
+            else:  # preempted after the step that pooled it
+                self.waiting.remove_request(request)
+            request.status = RequestStatus.FINISHED_STOPPED
+            self._free_request(request)
+            outputs.append(EngineCoreOutput(
+                request_id=req_id, new_token_ids=[], finish_reason=FinishReason.STOP,
+                pooling_output=pooled, queued_time=request.scheduled_time - request.arrival_time,
+                prefill_time=time.time() - request.scheduled_time))
         return outputs
 
     # ---- statistics ----------------------------------------------------------------

@@ -103,6 +103,11 @@ class AsyncLLM:
             if not finished:  # cancelled, closed early, or failed: free its blocks
                 await self._abort_quietly(child_ids)
 
+    async def encode(self, prompt, pooling_params, request_id: str, priority: int = 0):
+        """A pooling request (runner="pooling"): yields its one PoolingRequestOutput."""
+        async for output in self.generate(prompt, pooling_params, request_id, priority):
+            yield output
+
     async def abort(self, request_id: str | list[str]) -> None:
         """Abort requests by id; their generators end with finish_reason "abort"."""
         ids = [request_id] if isinstance(request_id, str) else list(request_id)

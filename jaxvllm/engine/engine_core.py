@@ -95,11 +95,14 @@ class EngineCore:
             raise ValueError(f"prompt_token_ids must lie in [0, {vocab}).")
         if not (is_int(request.priority) and -2**63 <= request.priority < 2**63):
             raise ValueError("priority must be a 64-bit integer.")
+        if (request.pooling_params is not None) != (self.config.model.runner == "pooling"):
+            raise ValueError(f"This engine runs runner={self.config.model.runner!r}: it takes "
+                             f"{'pooling' if self.config.model.runner == 'pooling' else 'sampling'}_params.")
         self.scheduler.add_request(Request(
             request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
             sampling_params=request.sampling_params, eos_token_id=request.eos_token_id,
             sampling_seed=request.sampling_seed, arrival_time=request.arrival_time,
-            priority=request.priority, cache_salt=request.cache_salt))
+            priority=request.priority, cache_salt=request.cache_salt, pooling_params=request.pooling_params))
 
     def abort_requests(self, request_ids) -> None:
         self.scheduler.abort_requests(request_ids)

@@ -12,6 +12,7 @@ from typing import Any
 
 from jaxvllm.core.stats import SchedulerStats
 from jaxvllm.outputs import EngineCoreOutput
+from jaxvllm.pooling_params import PoolingParams
 from jaxvllm.sampling_params import SamplingParams
 
 
@@ -26,12 +27,13 @@ class EngineCoreRequestType(bytes, enum.Enum):
 class EngineCoreRequest:
     request_id: str
     prompt_token_ids: list[int]
-    sampling_params: SamplingParams
+    sampling_params: SamplingParams | None  # None for a pooling request
     eos_token_id: int | None
     sampling_seed: int
     arrival_time: float
     priority: int = 0
     cache_salt: str | None = None
+    pooling_params: PoolingParams | None = None
 
 
 @dataclass

@@ -6,7 +6,8 @@ statistics, and shapes each output by the request's output_kind (cumulative, del
 final only). Children of an n > 1 request are gathered into their parent's output.
 Requests that a stop string ends are reported back so that the caller aborts them in
 the core and their blocks return to the pool. For AsyncLLM each request has a
-RequestOutputCollector that its generator awaits.
+RequestOutputCollector that its generator awaits. A pooling request's one output, its pooled
+data, becomes a PoolingRequestOutput.
 """
 from __future__ import annotations
 
@@ -15,13 +16,16 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from jaxvllm.engine.detokenizer import IncrementalDetokenizer
 from jaxvllm.engine.exceptions import EngineGenerateError, EngineSleepingError
 from jaxvllm.engine.logprobs import LogprobsProcessor
 from jaxvllm.engine.messages import EngineCoreRequest
 from jaxvllm.engine.parallel_sampling import ParentRequest
 from jaxvllm.metrics.stats import IterationStats, RequestStateStats
-from jaxvllm.outputs import CompletionOutput, EngineCoreOutput, FinishReason, RequestOutput
+from jaxvllm.outputs import (CompletionOutput, EngineCoreOutput, FinishReason, PoolingOutput,
+                             PoolingRequestOutput, RequestOutput)
 from jaxvllm.sampling_params import RequestOutputKind
 
 logger = logging.getLogger(__name__)
@@ -73,8 +77,8 @@ class RequestState:
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
-    detokenizer: IncrementalDetokenizer
-    logprobs: LogprobsProcessor
+    detokenizer: IncrementalDetokenizer | None  # None for a pooling request
+    logprobs: LogprobsProcessor | None
     output_kind: RequestOutputKind
     stats: RequestStateStats
     queue: RequestOutputCollector | None = None
@@ -96,6 +100,12 @@ class OutputProcessor:
         if request.request_id in self.request_states:
             raise ValueError(f"Request id {request.request_id!r} is already running.")
         params = request.sampling_params
+        if params is None:  # pooling: no tokens to detokenize, one output at the end
+            self.request_states[request.request_id] = RequestState(
+                request_id=request.request_id, prompt=prompt, prompt_token_ids=request.prompt_token_ids,
+                detokenizer=None, logprobs=None, output_kind=RequestOutputKind.FINAL_ONLY,
+                stats=RequestStateStats(request.arrival_time), queue=queue)
+            return
         self.request_states[request.request_id] = RequestState(
             request_id=request.request_id, prompt=prompt, prompt_token_ids=request.prompt_token_ids,
             detokenizer=IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, params),
@@ -108,7 +118,9 @@ class OutputProcessor:
         so that its generator ends."""
         for req_id in request_ids:
             state = self.request_states.pop(req_id, None)
-            if state is not None and state.queue is not None:
+            if state is not None and state.queue is not None and state.detokenizer is None:
+                state.queue.put(EngineGenerateError("The request was aborted."))  # pooling: no partial output
+            elif state is not None and state.queue is not None:
                 output = self._make_output(state, [], FinishReason.ABORT, None)
                 if output is not None:
                     state.queue.put(output)
@@ -138,6 +150,9 @@ class OutputProcessor:
                 self._fail(state, EngineSleepingError() if out.error == str(EngineSleepingError())
                            else EngineGenerateError(out.error or "The engine failed this request."))
                 continue
+            if state.detokenizer is None:
+                self._process_pooled(state, out, request_outputs)
+                continue
             try:
                 output, abort = self._process_output(state, out, now, iteration_stats)
             except Exception as e:  # e.g. a detokenizer fault: this request's, not the engine's
@@ -156,6 +171,15 @@ class OutputProcessor:
             if out.finished or abort:
                 self.request_states.pop(out.request_id, None)
         return request_outputs, reqs_to_abort
+
+    def _process_pooled(self, state: RequestState, out: EngineCoreOutput, request_outputs: list) -> None:
+        if out.finish_reason == FinishReason.ABORT or out.pooling_output is None:
+            self.request_states.pop(out.request_id, None)
+            return
+        output = PoolingRequestOutput(state.request_id, PoolingOutput(np.asarray(out.pooling_output, np.float32)),
+                                      state.prompt_token_ids, finished=True, prompt=state.prompt)
+        (state.queue.put if state.queue is not None else request_outputs.append)(output)
+        self.request_states.pop(out.request_id, None)
 
     def _process_output(self, state: RequestState, out: EngineCoreOutput, now: float,
                         iteration_stats: IterationStats | None) -> tuple[RequestOutput | None, bool]:

@@ -28,7 +28,7 @@ class ParentRequest:
     @classmethod
     def from_params(cls, request_id: str, params: SamplingParams) -> "ParentRequest | None":
         """The fan-out, shared by every front end: None when n == 1 (no parent needed)."""
-        return cls(request_id, params) if params.n > 1 else None
+        return cls(request_id, params) if getattr(params, "n", 1) > 1 else None  # PoolingParams: n is 1
 
     def child_requests(self) -> list[tuple[str, SamplingParams]]:
         seed = self.params.seed

@@ -1,4 +1,5 @@
-"""Processor: turns a user's prompt and SamplingParams into a validated EngineCoreRequest.
+"""Processor: turns a user's prompt and SamplingParams (or, for a pooling model, PoolingParams)
+into a validated EngineCoreRequest.
 
 Everything that can be rejected is rejected here, before the request reaches the engine
 core, so a bad request never holds KV blocks or disturbs the others.
@@ -6,12 +7,14 @@ core, so a bad request never holds KV blocks or disturbs the others.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import random
 import time
 
 from jaxvllm.config import EngineConfig
 from jaxvllm.engine.grammar_sandbox import GrammarSandbox
 from jaxvllm.engine.messages import EngineCoreRequest
+from jaxvllm.pooling_params import PoolingParams
 from jaxvllm.sampling_params import SamplingParams, is_int
 
 
@@ -27,6 +30,7 @@ def eos_token_id(tokenizer, hf_config) -> int | None:
 class Processor:
     def __init__(self, config: EngineConfig, tokenizer, vocab_size: int, eos_token_id: int | None):
         self.max_model_len = config.scheduler.max_model_len
+        self.model_config = config.model
         self.scheduling_policy = config.scheduler.scheduling_policy
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
@@ -35,7 +39,7 @@ class Processor:
         # Seeds for requests without one: reproducible per engine seed, distinct per request.
         self._seed_rng = random.Random(config.model.seed)
 
-    def process_inputs(self, request_id: str, prompt, params: SamplingParams,
+    def process_inputs(self, request_id: str, prompt, params: SamplingParams | PoolingParams,
                        arrival_time: float | None = None, priority: int = 0
                        ) -> tuple[EngineCoreRequest, str | None]:
         """Returns the request and the prompt text (None when given as token ids)."""
@@ -45,7 +49,16 @@ class Processor:
             raise ValueError(f"Got priority {priority} but the scheduling policy is "
                              f"{self.scheduling_policy!r}; set scheduling_policy='priority'.")
         cache_salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
+        pooling = isinstance(params, PoolingParams)
+        if pooling != (self.model_config.runner == "pooling"):
+            raise ValueError("Pooling (embeddings, classification, scores) needs a model served with "
+                             "runner='pooling' (--runner pooling)" if pooling else
+                             "This model is served with runner='pooling' (--runner pooling): it embeds, "
+                             "classifies and scores, and does not generate.")
         text, token_ids = self._tokenize(prompt)
+        if pooling and params.truncate_prompt_tokens is not None:
+            keep = self.max_model_len - 1 if params.truncate_prompt_tokens == -1 else params.truncate_prompt_tokens
+            token_ids = token_ids[-keep:]
         if not token_ids:
             raise ValueError("The prompt must not be empty.")
         bad = [t for t in token_ids if not is_int(t) or not 0 <= t < self.vocab_size]
@@ -55,14 +68,46 @@ class Processor:
             raise ValueError(f"The prompt (length {len(token_ids)}) is longer than the maximum model "
                              f"length of {self.max_model_len} minus one generated token; shorten it "
                              f"or raise max_model_len.")
-        params = self._check_params(params)
-        seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
+        if pooling:
+            sampling, pooling_params, seed = None, self._check_pooling_params(params), 0
+        else:
+            sampling, pooling_params = self._check_params(params), None
+            seed = sampling.seed if sampling.seed is not None else self._seed_rng.getrandbits(63)
         return EngineCoreRequest(
-            request_id=request_id, prompt_token_ids=token_ids, sampling_params=params,
+            request_id=request_id, prompt_token_ids=token_ids, sampling_params=sampling,
             eos_token_id=self.eos_token_id, sampling_seed=seed,
             arrival_time=arrival_time if arrival_time is not None else time.time(),
-            priority=priority, cache_salt=cache_salt,
+            priority=priority, cache_salt=cache_salt, pooling_params=pooling_params,
         ), text
+
+    def _check_pooling_params(self, params: PoolingParams) -> PoolingParams:
+        """The params with the model's pooler config filled in (the worker reads plain values).
+        Pooling over every position (MEAN, CLS, ALL) computes the whole prompt: no prefix-cache
+        read, since a cached page holds keys and values, not the hidden states it pools."""
+        m, pooler = self.model_config, self.model_config.pooler_config
+        if params.task in ("classify", "score", "token_classify") and m.convert != "classify":
+            raise ValueError(f"task={params.task!r} needs a classification model (convert='classify'); "
+                             f"this one is served with convert={m.convert!r}.")
+        if params.task in ("embed", "token_embed") and m.convert != "embed":
+            raise ValueError(f"task={params.task!r} needs an embedding model (convert='embed'); "
+                             f"this one is served with convert={m.convert!r}.")
+        dims = params.dimensions if params.dimensions is not None else pooler.dimensions
+        if params.dimensions is not None:
+            if m.convert != "embed":
+                raise ValueError("dimensions applies to embedding models only.")
+            if not m.is_matryoshka:
+                raise ValueError(f"dimensions: model {m.name!r} does not support Matryoshka "
+                                 f"representation; changing output dimensions would give poor embeddings.")
+            if dims > m.hf_config.hidden_size:
+                raise ValueError(f"dimensions must be at most the hidden size {m.hf_config.hidden_size}, "
+                                 f"got {dims}.")
+        pooling_type = ("ALL" if params.task in ("token_embed", "token_classify")
+                        else params.pooling_type or pooler.pooling_type)
+        return dataclasses.replace(
+            params, dimensions=dims, pooling_type=pooling_type,
+            normalize=pooler.normalize if params.normalize is None else params.normalize,
+            use_activation=pooler.softmax if params.use_activation is None else params.use_activation,
+            skip_reading_prefix_cache=pooling_type != "LAST")
 
     def _check_params(self, params: SamplingParams) -> SamplingParams:
         """Token ids in the params must exist in the model's vocabulary and a grammar must

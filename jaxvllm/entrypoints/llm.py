@@ -11,13 +11,15 @@ from tqdm.auto import tqdm
 from jaxvllm.beam_search import BeamSearchOutput, beam_search
 from jaxvllm.config import EngineArgs
 from jaxvllm.engine.llm_engine import LLMEngine
+from jaxvllm.entrypoints.llm_pooling import LLMPooling
 from jaxvllm.outputs import RequestOutput
 from jaxvllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 from jaxvllm.vllm_compat import CHAT_REFUSED, GENERATE_REFUSED, LLM_REFUSED, pop_vllm_args, refuse
 
 
-class LLM:
+class LLM(LLMPooling):
     """`LLM(model=None, **engine_args)`: with no model, the default SmolLM2-135M-Instruct.
+    With runner="pooling" it embeds, classifies and scores instead (entrypoints/llm_pooling.py).
 
     Engine arguments carry vLLM's names (max_model_len, max_num_seqs,
     max_num_batched_tokens, block_size, gpu_memory_utilization, ...); vLLM's other
@@ -66,11 +68,15 @@ class LLM:
         priority = [0] * len(prompts) if priority is None else list(priority)
         if len(priority) != len(prompts):
             raise ValueError(f"Got {len(prompts)} prompts but {len(priority)} priorities.")
+        return self._run_requests(prompts, sampling_params, use_tqdm, priority)
+
+    def _run_requests(self, prompts: list, params: list, use_tqdm, priority: list[int] | None = None) -> list:
+        """Add one request per prompt and run the engine until all are finished."""
         request_ids = []
         try:
-            for prompt, params, prio in zip(prompts, sampling_params, priority):
+            for prompt, p, prio in zip(prompts, params, priority or [0] * len(prompts)):
                 request_id = str(next(self._counter))
-                self.llm_engine.add_request(request_id, prompt, params, priority=prio)
+                self.llm_engine.add_request(request_id, prompt, p, priority=prio)
                 request_ids.append(request_id)
             return self._run_engine(request_ids, use_tqdm)
         except BaseException:
@@ -156,7 +162,8 @@ class LLM:
                 if output.finished:
                     finished[output.request_id] = output
                     in_tokens += len(output.prompt_token_ids)
-                    out_tokens += sum(len(o.token_ids) for o in output.outputs)
+                    if isinstance(output, RequestOutput):  # a pooling request generates nothing
+                        out_tokens += sum(len(o.token_ids) for o in output.outputs)
                     elapsed = bar.format_dict["elapsed"] or 1e-9
                     bar.set_postfix_str(f"est. speed input: {in_tokens / elapsed:.2f} toks/s, "
                                         f"output: {out_tokens / elapsed:.2f} toks/s", refresh=False)

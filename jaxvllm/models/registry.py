@@ -18,6 +18,12 @@ _MODELS = {
     "Qwen2MoeForCausalLM": ("qwen2_moe", "Qwen2MoeForCausalLM", "MoeArgs"),
     "Qwen3MoeForCausalLM": ("qwen3_moe", "Qwen3MoeForCausalLM", "MoeArgs"),
 }
+# Checkpoints with a score head instead of the LM head: the family's decoder as a classifier
+# (models/adapters.py), served by the pooling runner.
+_SEQ_CLS = {"LlamaForSequenceClassification": "LlamaForCausalLM",
+            "MistralForSequenceClassification": "MistralForCausalLM",
+            "Qwen2ForSequenceClassification": "Qwen2ForCausalLM",
+            "Qwen3ForSequenceClassification": "Qwen3ForCausalLM"}
 
 # A GGUF's config names no architecture, only its model type.
 _GGUF_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
@@ -26,14 +32,14 @@ _GGUF_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM
 
 
 def supported_architectures() -> list[str]:
-    return sorted(_MODELS)
+    return sorted(_MODELS | _SEQ_CLS)
 
 
 def architecture(hf_config) -> str:
     """The architecture that serves hf_config (a GGUF's config names only its model type)."""
     archs = list(getattr(hf_config, "architectures", None) or [])
     for arch in archs:
-        if arch in _MODELS:
+        if arch in _MODELS or arch in _SEQ_CLS:
             return arch
     if not archs and getattr(hf_config, "model_type", None) in _GGUF_MODEL_TYPES:
         return _GGUF_MODEL_TYPES[hf_config.model_type]
@@ -43,6 +49,11 @@ def architecture(hf_config) -> str:
 
 def get_model_class(hf_config) -> tuple[type, type]:
     """(model class, args class) of hf_config's architecture."""
-    module, model_cls, args_cls = _MODELS[architecture(hf_config)]
+    arch = architecture(hf_config)
+    module, model_cls, args_cls = _MODELS[_SEQ_CLS.get(arch, arch)]
     module = importlib.import_module(f"jaxvllm.models.{module}")
-    return getattr(module, model_cls), getattr(module, args_cls)
+    classes = getattr(module, model_cls), getattr(module, args_cls)
+    if arch in _SEQ_CLS:
+        from jaxvllm.models.adapters import as_seq_cls_model
+        return as_seq_cls_model(*classes)
+    return classes

@@ -24,7 +24,7 @@ class CachedRequestState:
     values (tokens, progress, blocks, sampling parameters) are the batch's rows."""
     req_id: str
     num_prompt_tokens: int
-    sampling_params: SamplingParams
+    sampling_params: SamplingParams  # a pooling request's: neutral (its rows are never read)
     eos_token_id: int | None
     slot: int
     # Fixed for the request's life, so the step loop reads flags instead of params.
@@ -51,6 +51,9 @@ def suppressed_ids(params: SamplingParams, eos_token_id: int | None, num_output_
         if 0 < n <= len(output_tail) and output_tail[-n:] == word[:-1]:
             ids.append(word[-1])
     return ids
+
+
+_NEUTRAL = SamplingParams(temperature=0.0)  # the sampling rows of a pooling request, never read
 
 
 class InputBatch:
@@ -108,7 +111,7 @@ class InputBatch:
         return added
 
     def _add(self, new) -> CachedRequestState:
-        p = new.sampling_params
+        p = new.sampling_params or _NEUTRAL
         slot = self._free_slots.pop()
         state = CachedRequestState(req_id=new.req_id, num_prompt_tokens=len(new.prompt_token_ids),
                                    sampling_params=p, eos_token_id=new.eos_token_id, slot=slot,

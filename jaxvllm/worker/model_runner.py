@@ -128,15 +128,10 @@ class ModelRunner:
         self._replicated = rep = NamedSharding(mesh, P())
         # The layer loop too: a program saved under one loop must not serve a run forcing the other.
         key = fingerprint(config, model.args, mesh.devices.shape, platform.layer_loop.__name__)
-        self._executables_dir = directory = (
+        self._executables_dir = (
             executables_dir() if platform.serialize_executables and jax.process_count() == 1 else None)
-
-        def program(name, fn, fixed_argnums, **jit_kwargs) -> CompiledProgram:
-            def traced(*args, **kwargs):
-                self.num_compilations += 1  # runs at trace time: one trace is one compilation
-                return fn(*args, **kwargs)
-            return CompiledProgram(name, fn, jax.jit(traced, **jit_kwargs), key, directory,
-                                   list(mesh.devices.flat), fixed_argnums)
+        self._program_key, self._devices = key, list(mesh.devices.flat)
+        program = self._program
 
         # fixed_argnums: the weights, the KV cache, the penalty rows and last_sampled never
         # change shape.
@@ -152,6 +147,15 @@ class ModelRunner:
                                         static_argnames=sampler_static, donate_argnums=(4, 6))
         self._set_row = program("set_row", penalties.set_row, (0,), donate_argnums=(0,))
         self._prompt_logprobs = program("prompt_logprobs", prompt_logprobs_fn, (0,))
+
+    def _program(self, name, fn, fixed_argnums, **jit_kwargs) -> CompiledProgram:
+        """A step program, counted at trace time (one trace is one compilation) and saved
+        under the runner's fingerprint (worker/compiled_programs.py)."""
+        def traced(*args, **kwargs):
+            self.num_compilations += 1
+            return fn(*args, **kwargs)
+        return CompiledProgram(name, fn, jax.jit(traced, **jit_kwargs), self._program_key,
+                               self._executables_dir, self._devices, fixed_argnums)
 
     @property
     def params(self):
@@ -221,13 +225,16 @@ class ModelRunner:
                                                           self.last_sampled, sample_rows, **variant)
         batch.num_computed_tokens[rows] += counts
         batch.num_tokens[rows[inputs.commit]] += 1  # its value arrives with get_output
+        self._check_recompilation()
+        on_ready, self.after_first_step = self.after_first_step, None
+        return AsyncModelRunnerOutput(batch, req_ids, rows, inputs.commit, batch.generation[rows], sampled,
+                                      logprobs, num_logprobs, prompt_logprobs, on_ready)
+
+    def _check_recompilation(self) -> None:
         if self.config.compilation.check_recompilation and self.num_compilations > self.num_warmup_compilations:
             raise RuntimeError(
                 f"check_recompilation: {self.num_compilations - self.num_warmup_compilations} "
                 f"program(s) compiled after warm-up (a shape outside the warmed buckets).")
-        on_ready, self.after_first_step = self.after_first_step, None
-        return AsyncModelRunnerOutput(batch, req_ids, rows, inputs.commit, batch.generation[rows], sampled,
-                                      logprobs, num_logprobs, prompt_logprobs, on_ready)
 
     def _prompt_logprobs_of(self, rows, counts, commit, all_hidden, T) -> dict[str, LogprobsLists]:
         if not self.input_batch.owing_prompt_logprobs:

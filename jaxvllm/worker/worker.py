@@ -32,6 +32,7 @@ from jaxvllm.worker import sleep_mode
 from jaxvllm.worker.async_output import AsyncModelRunnerOutput
 from jaxvllm.worker.memory_profiling import MemoryProfile, peak_step_bytes
 from jaxvllm.worker.model_runner import ModelRunner
+from jaxvllm.worker.pooling_runner import PoolingModelRunner
 
 logger = logging.getLogger(__name__)
 SLEEP_TAGS = ("weights", "kv_cache")  # what sleep frees and wake_up(tags) restores (vLLM's)
@@ -175,7 +176,8 @@ class Worker:
         return runner
 
     def _make_runner(self, kv_caches: list[jax.Array], num_swap_blocks: int) -> ModelRunner:
-        return ModelRunner(self.config, self.model, kv_caches[0], self.attend, num_swap_blocks,
+        runner_cls = PoolingModelRunner if self.config.model.runner == "pooling" else ModelRunner
+        return runner_cls(self.config, self.model, kv_caches[0], self.attend, num_swap_blocks,
                            mesh=self.mesh, platform=platforms.current_platform)
 
     @staticmethod

@@ -45,11 +45,13 @@ def write_family_checkpoint(arch: str, path, seed: int = 0, **overrides):
     from jaxvllm.transformers_utils.model_path import default_model_path
     from jaxvllm.transformers_utils.tokenizer import load_tokenizer
 
-    cls, fields = {**FAMILIES, **LLAMA_FAMILIES}[arch]
-    cfg = getattr(transformers, cls)(**{**fields, **overrides})
+    classifier = arch.endswith("ForSequenceClassification")  # the family's decoder, a score head
+    cls, fields = {**FAMILIES, **LLAMA_FAMILIES}[arch.replace("ForSequenceClassification", "ForCausalLM")]
+    cfg = getattr(transformers, cls)(**{**fields, **({"num_labels": 3} if classifier else {}), **overrides})
     cfg.architectures = [arch]
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="eager")
+    auto = transformers.AutoModelForSequenceClassification if classifier else transformers.AutoModelForCausalLM
+    model = auto.from_config(cfg, dtype=torch.float32, attn_implementation="eager")
     gemma = arch.startswith("Gemma")
     with torch.no_grad():
         for name, p in model.named_parameters():

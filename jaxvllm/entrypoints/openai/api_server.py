@@ -30,12 +30,15 @@ from jaxvllm.entrypoints.openai.graceful_shutdown import GracefulServer
 from jaxvllm.entrypoints.openai.middleware import ServerMiddleware
 from jaxvllm.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest,
                                                  DetokenizeRequest, TokenizeRequest)
+from jaxvllm.entrypoints.openai.protocol_pooling import (ClassificationRequest, EmbeddingRequest,
+                                                         PoolingRequest, RerankRequest, ScoreRequest)
 from jaxvllm.entrypoints.openai.protocol_replies import ModelCard, ModelList
 from jaxvllm.entrypoints.openai.request_body import parse_body
 from jaxvllm.entrypoints.openai.server_args import ServerArgs
 from jaxvllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from jaxvllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from jaxvllm.entrypoints.openai.serving_engine import OpenAIServing
+from jaxvllm.entrypoints.openai.serving_pooling import OpenAIServingPooling
 from jaxvllm.entrypoints.openai.serving_responses import add_responses_routes
 from jaxvllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from jaxvllm.entrypoints.openai.sleep_routes import add_sleep_routes
@@ -74,6 +77,14 @@ def build_app(engine, model_name: str, server_args: ServerArgs) -> FastAPI:
     completion = OpenAIServingCompletion(engine, model_name, server_args, metrics)
     chat = OpenAIServingChat(engine, model_name, server_args, metrics, renderer)
     tokenization = OpenAIServingTokenization(engine, model_name, server_args, metrics, renderer)
+    pooling = OpenAIServingPooling(engine, model_name, server_args, metrics, renderer)
+    pooling_runner = engine.vllm_config.model.runner == "pooling"
+
+    def check_generate() -> None:
+        if pooling_runner:
+            raise APIError("This server runs a pooling model (--runner pooling): it embeds, classifies "
+                           "and scores (/v1/embeddings, /pooling, /classify, /score, /rerank) and does "
+                           "not generate.", 400)
 
     docs = {} if not server_args.disable_fastapi_docs else dict(docs_url=None, redoc_url=None,
                                                                  openapi_url=None)
@@ -136,15 +147,45 @@ def build_app(engine, model_name: str, server_args: ServerArgs) -> FastAPI:
 
     @app.post("/v1/completions")
     async def create_completion(raw: Request):
+        check_generate()
         request = await parse_body(raw, CompletionRequest)
         rid = OpenAIServing.request_id(raw, "cmpl")
         return await cancel_on_disconnect(raw, completion.create_completion(request, rid))
 
     @app.post("/v1/chat/completions")
     async def create_chat_completion(raw: Request):
+        check_generate()
         request = await parse_body(raw, ChatCompletionRequest)
         rid = OpenAIServing.request_id(raw, "chatcmpl")
         return await cancel_on_disconnect(raw, chat.create_chat_completion(request, rid))
+
+    async def pooled(raw: Request, body, prefix: str, handler):
+        request = await parse_body(raw, body)
+        return await cancel_on_disconnect(raw, handler(request, OpenAIServing.request_id(raw, prefix)))
+
+    @app.post("/v1/embeddings")
+    async def create_embedding(raw: Request):
+        return await pooled(raw, EmbeddingRequest, "embd", pooling.create_embedding)
+
+    @app.post("/pooling")
+    async def create_pooling(raw: Request):
+        return await pooled(raw, PoolingRequest, "pool",
+                            lambda r, rid: pooling.create_embedding(r, rid, pooling=True))
+
+    @app.post("/classify")
+    async def create_classify(raw: Request):
+        return await pooled(raw, ClassificationRequest, "classify", pooling.create_classify)
+
+    async def create_score(raw: Request):
+        return await pooled(raw, ScoreRequest, "score", pooling.create_score)
+
+    async def create_rerank(raw: Request):  # Jina's (v1) and Cohere's (v2) clients
+        return await pooled(raw, RerankRequest, "rerank", pooling.create_rerank)
+
+    for path in ("/score", "/v1/score"):
+        app.post(path)(create_score)
+    for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
+        app.post(path)(create_rerank)
 
     @app.post("/tokenize")
     async def tokenize(raw: Request):

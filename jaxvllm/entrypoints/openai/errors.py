@@ -77,7 +77,8 @@ def param_of_value_error(message: str, renames: dict[str, str] | None = None) ->
              "repetition_penalty", "logprobs", "prompt_logprobs", "logit_bias", "prompt",
              "prompt_token_ids", "priority", "structured_outputs", "response_format",
              "beam_width", "length_penalty", "allowed_token_ids", "bad_words", "guided_json",
-             "guided_regex", "guided_choice", "guided_grammar", "guided_whitespace_pattern"}
+             "guided_regex", "guided_choice", "guided_grammar", "guided_whitespace_pattern",
+             "dimensions", "truncate_prompt_tokens", "pooling_type", "normalize", "use_activation"}
     if first in known:
         return (renames or {}).get(first, first)
     if first.split(".")[0] in known:  # a nested field such as response_format.json_schema
