@@ -78,15 +78,16 @@ def block_bytes(groups: list[KVCacheGroupSpec]) -> int:
     return max(len(g.layer_names) for g in groups) * groups[0].kv_cache_spec.page_size_bytes
 
 
-def blocks_per_request(groups: list[KVCacheGroupSpec], num_tokens: int) -> int:
-    """Blocks one request of num_tokens holds at most while it decodes: every token's for
-    full attention, the window's (and the block being filled) for a sliding group."""
+def blocks_per_request(groups: list[KVCacheGroupSpec], num_tokens: int, num_step_tokens: int = 1) -> int:
+    """Blocks one request of num_tokens holds at most in a step of num_step_tokens of it
+    (1: decoding): every token's for full attention, for a sliding group the window before
+    the step's tokens and those (vLLM's SlidingWindowSpec.max_memory_usage_bytes)."""
     total = 0
     for g in groups:
         spec = g.kv_cache_spec
         n = -(-num_tokens // spec.block_size)
         if spec.sliding_window is not None:
-            n = min(n, -(-(spec.sliding_window - 1) // spec.block_size) + 1)
+            n = min(n, -(-(spec.sliding_window - 1 + num_step_tokens) // spec.block_size) + 1)
         total += n
     return total
 
@@ -102,10 +103,11 @@ def describe_groups(groups: list[KVCacheGroupSpec]) -> str:
 
 def get_kv_cache_config(specs: dict[str, KVCacheSpec], available_bytes: int | None, *,
                         num_gpu_blocks_override: int | None = None, swap_space_bytes: int = 0,
-                        max_model_len: int) -> KVCacheConfig:
+                        max_model_len: int, max_num_batched_tokens: int = 1) -> KVCacheConfig:
     """The pool for `specs` in `available_bytes` (the worker's budget over its mesh), or
-    exactly num_gpu_blocks_override blocks. Every group shares the block size and the page
-    size: a block is the same bytes whichever group holds it."""
+    exactly num_gpu_blocks_override blocks, at least what one request of max_model_len
+    holds in a step of max_num_batched_tokens. Every group shares the block size and the
+    page size: a block is the same bytes whichever group holds it."""
     groups = group_layers(specs)
     if not groups:
         raise ValueError("The model reports no KV cache layers.")
@@ -124,7 +126,7 @@ def get_kv_cache_config(specs: dict[str, KVCacheSpec], available_bytes: int | No
             raise ValueError(f"The KV cache budget ({available_bytes} bytes) holds fewer than 2 blocks of "
                              f"{per_block} bytes; raise kv_cache_memory_bytes or hbm_utilization.")
     bs = groups[0].kv_cache_spec.block_size
-    need = blocks_per_request(groups, max_model_len)
+    need = blocks_per_request(groups, max_model_len, max_num_batched_tokens)
     if num_blocks - 1 < need:
         raise ValueError(
             f"The KV cache holds {num_blocks - 1} usable blocks of {bs} tokens, fewer than one request "

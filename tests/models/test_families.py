@@ -91,9 +91,9 @@ def test_greedy_matches_transformers_chunked_and_preempted(family):
 # Windows of 16-32 tokens, and pools far smaller than every layer keeping every page would
 # need: sliding groups must free what leaves their window for these runs to finish at all.
 WINDOWED = {  # arch -> (checkpoint overrides, num_gpu_blocks_override)
-    "Gemma2ForCausalLM": (dict(sliding_window=16), 40),  # layers: sliding, full, sliding
-    "Gemma3ForCausalLM": (dict(sliding_window=32), 44),  # sliding, sliding, full
-    "MistralForCausalLM": (dict(sliding_window=24), 12),  # both sliding: one group
+    "Gemma2ForCausalLM": (dict(sliding_window=16), 48),  # layers: sliding, full, sliding
+    "Gemma3ForCausalLM": (dict(sliding_window=32), 50),  # sliding, sliding, full
+    "MistralForCausalLM": (dict(sliding_window=24), 9),  # both sliding: one group
 }
 
 
@@ -110,9 +110,10 @@ def test_sliding_windows_keep_greedy_parity_far_past_the_window(arch, tmp_path):
     prompts = [[int(t) for t in rng.integers(3, 256, n)] for n in (330, 40, 200, 100)]
     n_new = 16
 
-    def reference(p):
+    def reference(p):  # the mask given: a sampled 0 (the pad id) in `later` must not read as padding
         with torch.no_grad():
-            return ref.generate(torch.tensor([p]), do_sample=False, max_new_tokens=n_new, min_new_tokens=n_new,
+            return ref.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                                do_sample=False, max_new_tokens=n_new, min_new_tokens=n_new,
                                 pad_token_id=0)[0, len(p):].tolist()
 
     want = [reference(p) for p in prompts]
