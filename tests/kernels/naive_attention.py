@@ -81,17 +81,21 @@ def assert_matches_naive(got, args, tol, **kw):
     assert not got[end:].any(), "padding tokens must produce zeros"
 
 
-def null_pages_before_window(args, window: int, chunk_tokens: int):
-    """The batch as a sliding-window KV cache group's tables hold it: a sequence's pages
-    wholly before its first query's window (rounded down to a kernel's chunk of chunk_tokens)
-    are the null block 0, which here holds NaN, so a kernel that reads one returns NaN."""
+def pages_before_window_dropped(args, window: int, chunk_tokens: int):
+    """The batch as a sliding-window KV cache group leaves it: a sequence's pages wholly
+    before its first query's window (rounded down to a kernel's chunk of chunk_tokens) were
+    given back and now hold someone else's data, here NaN (an unused page), so a kernel that
+    reads one returns NaN. A sequence's first page stays: the XLA kernel's padding tokens
+    read their K/V from the first sequence's position 0 (in a sliding group's table, the
+    null block, whose padding K/V are finite)."""
     q, cache, layer, kv_lens, page_indices, cu_q_lens, num_seqs = args
     cache, page_indices = np.array(cache), page_indices.copy()
-    cache[:, :, 0] = np.nan
+    dropped = cache.shape[2] - 1  # build() leaves the last pages unused
+    cache[:, :, dropped] = np.nan
     ps = cache.shape[3]
     for s in range(int(num_seqs[0])):
         first_q = int(kv_lens[s] - (cu_q_lens[s + 1] - cu_q_lens[s]))
-        page_indices[s, :max(first_q - window + 1, 0) // chunk_tokens * chunk_tokens // ps] = 0
+        page_indices[s, 1:max(first_q - window + 1, 0) // chunk_tokens * chunk_tokens // ps] = dropped
     return q, jnp.asarray(cache), layer, kv_lens, page_indices, cu_q_lens, num_seqs
 
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 
 from naive_attention import (DECODE, MIXED, PAST_WINDOW, PREFILL, assert_matches_naive, batches,  # noqa: E402
-                             build, naive, null_pages_before_window)
+                             build, naive, pages_before_window_dropped)
 
 from jaxvllm.kernels.cpu import build as native_build  # noqa: E402
 from jaxvllm.kernels.cpu.ragged_paged_attention import ragged_paged_attention  # noqa: E402
@@ -58,7 +58,7 @@ def test_sliding_window_and_soft_cap(seqs, window, cap, ps):
 def test_pages_before_the_window_are_not_read():
     """The pages wholly before a query's window (null in a sliding group's tables, NaN
     here) are never read."""
-    args = null_pages_before_window(build(np.random.default_rng(5), PAST_WINDOW, nq=4, nkv=2, hd=64, ps=8),
+    args = pages_before_window_dropped(build(np.random.default_rng(5), PAST_WINDOW, nq=4, nkv=2, hd=64, ps=8),
                                     window=16, chunk_tokens=8)
     check(args, sliding_window=16)
 
