@@ -60,7 +60,8 @@ class MemoryPlan:
 
     def lines(self) -> list[str]:
         mib = lambda n: f"{n / 2**20:,.1f} MiB"
-        fit = (f"blocks that fit: {self.num_blocks:,} ({(self.num_blocks - 1) * self.block_size:,} tokens; "
+        tokens = "" if self.blocks_per_request else f"{(self.num_blocks - 1) * self.block_size:,} tokens; "
+        fit = (f"blocks that fit: {self.num_blocks:,} ({tokens}"
                f"{self.max_full_length_seqs} requests of {self.max_model_len} tokens)"
                if self.num_blocks >= 2 else "blocks that fit: none (the weights leave no room for a KV cache)")
         lines = [f"weights: {mib(self.weight_bytes)} ({mib(self.matmul_weight_bytes)} in matmuls)",

@@ -49,6 +49,17 @@ def test_prefill_logits_match_transformers(family):
         assert err < 1e-4
 
 
+def test_qwen3_use_sliding_window_slides_the_layers_from_max_window_layers(tmp_path):
+    ref = write_family_checkpoint("Qwen3ForCausalLM", tmp_path, use_sliding_window=True, sliding_window=16,
+                                  max_window_layers=1)
+    model = load_model(tmp_path)
+    assert model.sliding_windows() == [None, 16]
+    token_ids = [int(t) for t in np.random.default_rng(0).integers(3, 256, 40)]
+    with torch.no_grad():
+        theirs = ref(torch.tensor([token_ids])).logits[0].numpy()
+    assert np.abs(run_prefill(model, token_ids) - theirs).max() / np.abs(theirs).max() < 1e-4
+
+
 def test_opt_350m_layout_post_layer_norm(tmp_path):
     """opt-350m's layout: LayerNorms after attention and MLP, no final LayerNorm; its
     decoder named without "model.", as the facebook/opt-* checkpoints name it."""
