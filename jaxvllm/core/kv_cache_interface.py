@@ -129,7 +129,7 @@ def get_kv_cache_config(specs: dict[str, KVCacheSpec], available_bytes: int | No
     need = blocks_per_request(groups, max_model_len, max_num_batched_tokens)
     if num_blocks - 1 < need:
         raise ValueError(
-            f"The KV cache holds {num_blocks - 1} usable blocks of {bs} tokens, fewer than one request "
-            f"of max_model_len ({max_model_len}) needs ({need} over {len(groups)} group(s)); raise the "
-            f"KV cache budget (kv_cache_memory_bytes, num_gpu_blocks_override) or lower max_model_len.")
+            f"The KV cache holds {num_blocks - 1} usable blocks of {bs} tokens, fewer than max_model_len "
+            f"({max_model_len}) needs ({need} blocks over {len(groups)} KV cache group(s)); raise the KV "
+            f"cache budget (kv_cache_memory_bytes, num_gpu_blocks_override) or lower max_model_len.")
     return KVCacheConfig(num_blocks, groups, swap_space_bytes // per_block)

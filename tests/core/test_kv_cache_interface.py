@@ -45,8 +45,8 @@ def test_override_and_limits():
     assert get_kv_cache_config(specs, None, num_gpu_blocks_override=7, max_model_len=64).num_blocks == 7
     with pytest.raises(ValueError, match=r"budget \(1024 bytes\) holds fewer than 2 blocks of 1024 bytes"):
         get_kv_cache_config(specs, 1024, max_model_len=8)
-    with pytest.raises(ValueError, match=r"holds 2 usable blocks of 16 tokens, fewer than one request of "
-                                         r"max_model_len \(64\) needs \(4 over 1 group\(s\)\)"):
+    with pytest.raises(ValueError, match=r"holds 2 usable blocks of 16 tokens, fewer than max_model_len "
+                                         r"\(64\) needs \(4 blocks over 1 KV cache group\(s\)\)"):
         get_kv_cache_config(specs, 3 * 1024, max_model_len=64)
     with pytest.raises(ValueError, match="share one block size"):
         get_kv_cache_config({"a": FULL, "b": KVCacheSpec(32, 1024)}, 10**6, max_model_len=8)
