@@ -5,6 +5,10 @@ anything is allocated:
 
     python -m jaxvllm.memory_plan --shape llama3-8b --quantization int8 --kv-cache-dtype fp8 \\
         --device-memory 16GiB --max-model-len 8192
+
+A model with sliding-window layers (Gemma 2 and 3, Mistral) gets its KV cache groups as the
+engine forms them (core/kv_cache_interface.py), and the requests that fit are counted with
+each sliding group holding its window only, beside the count if every layer kept every page.
 """
 from __future__ import annotations
 
@@ -15,9 +19,11 @@ import re
 import jax.numpy as jnp
 
 from jaxvllm.config import KV_CACHE_DTYPES
+from jaxvllm.core.kv_cache_interface import KVCacheSpec, blocks_per_request, describe_groups, group_layers
 from jaxvllm.layers.kv_cache_dtype import kv_cache_dtype
 from jaxvllm.layers.quantization import QUANTIZATION_METHODS
 from jaxvllm.layers.quantization.config import QuantizationConfig
+from jaxvllm.models.causal_lm import layer_windows
 from jaxvllm.models.weight_spec import EXPERTS, LINEAR, expand
 
 GiB = 2**30
@@ -33,6 +39,9 @@ class MemoryPlan:
     num_blocks: int
     block_size: int
     max_model_len: int
+    groups: str = ""              # the KV cache groups, described
+    blocks_per_request: int = 0   # what one request of max_model_len holds (0: every layer, every page)
+    kv_bytes_per_token_all_layers: int = 0  # for the count without sliding windows
 
     @property
     def weight_bytes(self) -> int:
@@ -41,16 +50,28 @@ class MemoryPlan:
     @property
     def max_full_length_seqs(self) -> int:
         """Requests of max_model_len tokens that fit at once (block 0 is the null block)."""
-        return (self.num_blocks - 1) // -(-self.max_model_len // self.block_size)
+        return (self.num_blocks - 1) // (self.blocks_per_request or -(-self.max_model_len // self.block_size))
+
+    @property
+    def max_full_length_seqs_without_windows(self) -> int:
+        """The same if every layer kept every page (no KV cache groups)."""
+        block = self.kv_bytes_per_token_all_layers * self.block_size
+        return max(self.kv_budget_bytes // block - 1, 0) // -(-self.max_model_len // self.block_size)
 
     def lines(self) -> list[str]:
         mib = lambda n: f"{n / 2**20:,.1f} MiB"
-        fit = (f"blocks that fit: {self.num_blocks:,} ({(self.num_blocks - 1) * self.block_size:,} tokens; "
+        tokens = "" if self.blocks_per_request else f"{(self.num_blocks - 1) * self.block_size:,} tokens; "
+        fit = (f"blocks that fit: {self.num_blocks:,} ({tokens}"
                f"{self.max_full_length_seqs} requests of {self.max_model_len} tokens)"
                if self.num_blocks >= 2 else "blocks that fit: none (the weights leave no room for a KV cache)")
-        return [f"weights: {mib(self.weight_bytes)} ({mib(self.matmul_weight_bytes)} in matmuls)",
-                f"KV cache: {mib(self.kv_budget_bytes)} budget, {self.kv_bytes_per_block:,} bytes per block "
-                f"of {self.block_size} tokens", fit]
+        lines = [f"weights: {mib(self.weight_bytes)} ({mib(self.matmul_weight_bytes)} in matmuls)",
+                 f"KV cache: {mib(self.kv_budget_bytes)} budget, {self.kv_bytes_per_block:,} bytes per block "
+                 f"of {self.block_size} tokens", fit]
+        if self.blocks_per_request:
+            lines.append(f"KV cache groups: {self.groups}; a request of {self.max_model_len} tokens holds "
+                         f"{self.blocks_per_request:,} blocks; without sliding windows "
+                         f"{self.max_full_length_seqs_without_windows} requests would fit")
+        return lines
 
 
 def quant_config_for(quantization: str | None) -> QuantizationConfig:
@@ -82,6 +103,13 @@ def kv_bytes_per_block(args, block_size: int, kv_format) -> int:
     return args.num_layers * 2 * block_size * args.num_kv_heads * args.head_dim * kv_format.dtype.itemsize
 
 
+def kv_cache_groups(args, block_size: int, max_model_len: int):
+    """The KV cache groups the engine would form (pages of 1 byte: only their count matters)."""
+    specs = {f"layers.{i}.self_attn": KVCacheSpec(block_size, 1, w if w is not None and w < max_model_len else None)
+             for i, w in enumerate(layer_windows(args))}
+    return group_layers(specs)
+
+
 def plan(model_cls, args, *, dtype="bfloat16", quantization: str | None = None, kv_cache_dtype_name="auto",
          device_memory: int, hbm_utilization: float = 0.9, block_size: int = 16,
          max_model_len: int = 8192, tensor_parallel_size: int = 1) -> MemoryPlan:
@@ -89,10 +117,16 @@ def plan(model_cls, args, *, dtype="bfloat16", quantization: str | None = None, 
     it less the weights, as the worker sizes it (activations are not counted)."""
     tp = tensor_parallel_size
     matmul, other = weight_bytes(model_cls, args, quant_config_for(quantization), dtype)
-    block = kv_bytes_per_block(args, block_size, kv_cache_dtype(kv_cache_dtype_name, dtype))
+    all_layers = kv_bytes_per_block(args, block_size, kv_cache_dtype(kv_cache_dtype_name, dtype))
+    groups = kv_cache_groups(args, block_size, max_model_len)
+    block = all_layers * max(len(g.layer_names) for g in groups) // args.num_layers
     matmul, other, block = -(-matmul // tp), -(-other // tp), -(-block // tp)
     budget = int(device_memory * hbm_utilization) - matmul - other
-    return MemoryPlan(matmul, other, block, max(budget, 0), max(budget // block, 0), block_size, max_model_len)
+    hybrid = len(groups) > 1 or groups[0].kv_cache_spec.sliding_window is not None
+    return MemoryPlan(matmul, other, block, max(budget, 0), max(budget // block, 0), block_size, max_model_len,
+                      groups=describe_groups(groups),
+                      blocks_per_request=blocks_per_request(groups, max_model_len) if hybrid else 0,
+                      kv_bytes_per_token_all_layers=-(-all_layers // tp) // block_size)
 
 
 def parse_bytes(text: str) -> int:
@@ -104,6 +138,7 @@ def parse_bytes(text: str) -> int:
 
 
 def main(argv=None) -> None:
+    from jaxvllm.models.gemma import GemmaArgs, GemmaForCausalLM
     from jaxvllm.models.llama import LlamaForCausalLM
     from jaxvllm.models.shapes import SHAPES
 
@@ -119,7 +154,8 @@ def main(argv=None) -> None:
     p.add_argument("--max-model-len", type=int, default=8192)
     p.add_argument("--tensor-parallel-size", type=int, default=1)
     ns = p.parse_args(argv)
-    result = plan(LlamaForCausalLM, SHAPES[ns.shape], dtype=ns.dtype, quantization=ns.quantization,
+    args = SHAPES[ns.shape]
+    result = plan(GemmaForCausalLM if isinstance(args, GemmaArgs) else LlamaForCausalLM, args, dtype=ns.dtype, quantization=ns.quantization,
                   kv_cache_dtype_name=ns.kv_cache_dtype, device_memory=ns.device_memory,
                   hbm_utilization=ns.hbm_utilization, block_size=ns.block_size,
                   max_model_len=ns.max_model_len, tensor_parallel_size=ns.tensor_parallel_size)

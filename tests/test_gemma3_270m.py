@@ -47,11 +47,16 @@ def test_greedy_matches_transformers(gguf_path):
     import transformers
     from jaxvllm import LLM, SamplingParams
 
-    llm = LLM(str(gguf_path), max_num_seqs=4, max_num_batched_tokens=64, max_model_len=128,
-              num_gpu_blocks_override=32, skip_warmup=True)
+    # max_model_len past the 512-token window: the sliding layers are five KV cache groups
+    # holding their window only, beside the global layers' group (3 layers a block each).
+    llm = LLM(str(gguf_path), max_num_seqs=4, max_num_batched_tokens=64, max_model_len=1024,
+              num_gpu_blocks_override=300, skip_warmup=True)
+    assert len(llm.llm_engine.engine_core.scheduler.kv_cache_manager.sliding_managers) == 5
     tokenizer = llm.get_tokenizer()
     prompts = [tokenizer.encode(p) for p in PROMPTS]
     assert all(p[0] == tokenizer.bos_token_id for p in prompts)
+    # A prompt longer than the window: this module's own source, cut at 600 tokens.
+    prompts.append(tokenizer.encode(Path(__file__).read_text())[:600])
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                            SamplingParams(temperature=0, max_tokens=N_NEW, ignore_eos=True))
     ours = [list(o.outputs[0].token_ids) for o in outputs]
@@ -62,6 +67,6 @@ def test_greedy_matches_transformers(gguf_path):
     with torch.no_grad():
         theirs = [ref.generate(torch.tensor([p]), do_sample=False, max_new_tokens=N_NEW, min_new_tokens=N_NEW,
                                pad_token_id=0)[0, len(p):].tolist() for p in prompts]
-    for prompt, o, t in zip(PROMPTS, ours, theirs):
+    for prompt, o, t in zip(PROMPTS + ["(600 tokens of source)"], ours, theirs):
         print(f"{prompt!r} -> {tokenizer.decode(o)!r}")
     assert ours == theirs

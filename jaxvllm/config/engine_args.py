@@ -69,6 +69,9 @@ class EngineArgs:
     """Share the KV pages of common prompt prefixes between requests."""
     long_prefill_token_threshold: int = 0
     """Most prompt tokens one request takes per step; 0: bounded by the step's budget only."""
+    disable_hybrid_kv_cache_manager: bool = False
+    """Keep every page of sliding-window layers too (one block table for all layers), as
+    before KV cache groups; for comparisons."""
     scheduling_policy: str = "fcfs"
     """fcfs, or priority (lower `priority` first)."""
     preemption_mode: str = "recompute"
@@ -172,6 +175,7 @@ class EngineArgs:
             max_model_len=max_model_len,
             min_token_bucket=platform.min_token_bucket,
             long_prefill_token_threshold=self.long_prefill_token_threshold,
+            disable_hybrid_kv_cache_manager=self.disable_hybrid_kv_cache_manager,
             scheduling_policy=self.scheduling_policy,
             preemption_mode=self.preemption_mode,
             async_scheduling=(self.async_scheduling if self.async_scheduling is not None

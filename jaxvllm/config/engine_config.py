@@ -89,6 +89,7 @@ class SchedulerConfig:
     max_model_len: int = 2048
     min_token_bucket: int = 16
     long_prefill_token_threshold: int = 0
+    disable_hybrid_kv_cache_manager: bool = False  # sliding layers keep every page (one group)
     scheduling_policy: str = "fcfs"
     preemption_mode: str = "recompute"
     async_scheduling: bool = False

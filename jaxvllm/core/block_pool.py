@@ -4,8 +4,9 @@ Block ids index the page axis of the device KV array. Block 0 is the null block:
 never handed out, and padding tokens write their K/V into it so that padded slots can
 never touch a page that a request owns.
 
-With prefix caching, a full block is registered under its `BlockHash` and keeps that hash
-and its content after it is freed, until it is popped for reuse. Free blocks are taken
+With prefix caching, a full block is registered under its `BlockHash` and its KV cache
+group (each group's pages of the same tokens are different blocks), and keeps both and its
+content after it is freed, until it is popped for reuse. Free blocks are taken
 from the head of the free queue, so the least recently freed one is evicted first; a hit
 on a free cached block takes it back out of the queue.
 """
@@ -33,19 +34,22 @@ class BlockPool:
         """Blocks nobody holds, cached or not: all of them can be handed out."""
         return self.free_block_queue.num_free_blocks
 
-    def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
-        blocks = self.cached_block_hash_to_block.get(block_hash)
-        return next(iter(blocks.values())) if blocks else None
+    def get_cached_block(self, block_hash: BlockHash, group_id: int = 0) -> KVCacheBlock | None:
+        for block in self.cached_block_hash_to_block.get(block_hash, {}).values():
+            if block.group_id == group_id:
+                return block
+        return None
 
     def cache_full_blocks(self, blocks: list[KVCacheBlock], block_hashes: list[BlockHash],
-                          num_cached_blocks: int, num_full_blocks: int) -> None:
+                          num_cached_blocks: int, num_full_blocks: int, group_id: int = 0) -> None:
         """Register blocks[num_cached_blocks:num_full_blocks], which now hold full blocks
-        of tokens (or will, once this step's forward has written them)."""
+        of tokens (or will, once this step's forward has written them); a sliding group's
+        null entries (out of its window) are skipped."""
         for i in range(num_cached_blocks, num_full_blocks):
             block = blocks[i]
-            if block.block_hash is not None:  # a prefix hit: already registered
+            if block.block_hash is not None or block is self.null_block:  # a prefix hit: registered
                 continue
-            block.block_hash = block_hashes[i]
+            block.block_hash, block.group_id = block_hashes[i], group_id
             self.cached_block_hash_to_block.setdefault(block.block_hash, {})[block.block_id] = block
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
@@ -71,15 +75,20 @@ class BlockPool:
     def touch(self, blocks: list[KVCacheBlock]) -> None:
         """Take a reference on prefix-hit blocks; a free one leaves the free queue."""
         for block in blocks:
+            if block is self.null_block:  # a sliding group's hit starts with them
+                continue
             if block.ref_cnt == 0:
                 self.free_block_queue.remove(block)
             block.ref_cnt += 1
 
     def free_blocks(self, ordered_blocks) -> None:
         """Drop one reference from each block; blocks nobody holds go to the free queue's
-        tail in the given order, so earlier ones are evicted first."""
+        tail in the given order, so earlier ones are evicted first. The null block (a sliding
+        group's entries out of its window) is skipped."""
         for block in ordered_blocks:
-            if block.ref_cnt <= 0 or block is self.null_block:
+            if block is self.null_block:
+                continue
+            if block.ref_cnt <= 0:
                 raise RuntimeError(f"Block {block.block_id} freed more often than allocated.")
             block.ref_cnt -= 1
             if block.ref_cnt == 0:

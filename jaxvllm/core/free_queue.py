@@ -27,6 +27,7 @@ class KVCacheBlock:
     ref_cnt: int = 0
     # Set while the block holds a full, cached block of tokens; cleared on eviction.
     block_hash: BlockHash | None = None
+    group_id: int = 0  # the KV cache group whose pages it holds while cached
     prev_free_block: KVCacheBlock | None = None
     next_free_block: KVCacheBlock | None = None
 

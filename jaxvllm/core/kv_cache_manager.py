@@ -1,27 +1,31 @@
-"""KVCacheManager: which pages each request owns, allocated as its tokens arrive, and
-which of a new request's pages can be taken from the prefix cache instead of computed."""
+"""KVCacheManager: which pages each request owns, per KV cache group, allocated as its tokens
+arrive, and which of a new request's pages can be taken from the prefix cache instead of
+computed (vLLM's KVCacheManager over its KVCacheCoordinator).
+
+Each group (full attention, a sliding window: core/kv_cache_interface.py) keeps its own
+block table per request (core/single_type_kv_cache_manager.py), all from one BlockPool; the
+tables have equal lengths, a sliding group's holding the null block before its window. A
+prefix hit is as long as every group can serve.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from jaxvllm.core.block_pool import BlockHash, BlockPool, KVCacheBlock
+from jaxvllm.core.kv_cache_interface import KVCacheSpec
 from jaxvllm.core.request import Request
+from jaxvllm.core.single_type_kv_cache_manager import cdiv, make_manager
 
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+__all__ = ["KVCacheBlocks", "KVCacheManager", "PrefixCacheStats", "cdiv"]
 
 
 @dataclass
 class KVCacheBlocks:
-    """Blocks in block-table order: an allocation's new blocks, or a prefix-cache hit."""
-    blocks: list[KVCacheBlock]
+    """Blocks per group in block-table order: an allocation's new blocks, or a prefix hit."""
+    blocks: tuple[list[KVCacheBlock], ...]
 
-    def get_block_ids(self) -> list[int]:
-        return [b.block_id for b in self.blocks]
-
-
-_NO_NEW_BLOCKS = KVCacheBlocks([])
+    def get_block_ids(self) -> tuple[list[int], ...]:
+        return tuple([b.block_id for b in group] for group in self.blocks)
 
 
 @dataclass
@@ -39,16 +43,26 @@ class PrefixCacheStats:
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, max_model_len: int,
-                 enable_caching: bool = False, model_name: str = ""):
+                 enable_caching: bool = False, model_name: str = "",
+                 kv_cache_specs: list[KVCacheSpec] | None = None):
+        """kv_cache_specs: each group's spec (default: one full-attention group)."""
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
         self.model_name = model_name
         self.block_pool = BlockPool(num_blocks, enable_caching)
-        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        specs = kv_cache_specs or [KVCacheSpec(block_size, 0)]
+        self.managers = [make_manager(spec, self.block_pool, g) for g, spec in enumerate(specs)]
+        self.num_groups = len(self.managers)
+        self.sliding_managers = [m for m in self.managers if hasattr(m, "sliding_window")]
+        self._no_new_blocks = KVCacheBlocks(tuple([] for _ in self.managers))
         # How many of a request's blocks are registered in the prefix cache already.
         self.num_cached_block: dict[str, int] = {}
         self.prefix_cache_stats = PrefixCacheStats()
+
+    @property
+    def empty_kv_cache_blocks(self) -> KVCacheBlocks:
+        return self._no_new_blocks
 
     @property
     def usage(self) -> float:
@@ -75,18 +89,22 @@ class KVCacheManager:
         return hashes
 
     def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
-        """The longest cached prefix of full blocks and its length in tokens. Never the
-        whole sequence: its last token is always computed, to produce logits."""
+        """The longest cached prefix of full blocks that every group can serve, and its
+        length in tokens (vLLM's HybridKVCacheCoordinator: each group's hit bounds the
+        next search, until all agree). Never the whole sequence: its last token is always
+        computed, to produce logits."""
         if not self.enable_caching:
-            return KVCacheBlocks([]), 0
+            return self._no_new_blocks, 0
         max_blocks = (request.num_tokens - 1) // self.block_size
-        hits = []
-        for block_hash in self._update_block_hashes(request, max_blocks)[:max_blocks]:
-            block = self.block_pool.get_cached_block(block_hash)
-            if block is None:
-                break
-            hits.append(block)
-        return KVCacheBlocks(hits), len(hits) * self.block_size
+        hashes = self._update_block_hashes(request, max_blocks)
+        length = max_blocks * self.block_size
+        hits = [None] * self.num_groups
+        while True:
+            for g, manager in enumerate(self.managers):
+                hits[g] = manager.find_longest_cache_hit(hashes, length)
+                length = len(hits[g]) * self.block_size
+            if all(len(h) * self.block_size == length for h in hits):
+                return KVCacheBlocks(tuple(hits)), length
 
     def reset_prefix_cache(self) -> bool:
         return self.block_pool.reset_prefix_cache()
@@ -104,57 +122,72 @@ class KVCacheManager:
         if num_new_tokens <= 0:
             raise ValueError(f"num_new_tokens must be positive, got {num_new_tokens}.")
         req_id = request.request_id
-        blocks = self.req_to_blocks.get(req_id)
-        if blocks is None:
-            blocks = self.req_to_blocks[req_id] = []
+        for manager in self.sliding_managers:
+            manager.remove_skipped_blocks(req_id, request.num_computed_tokens)
+        tables = [m.req_to_blocks.setdefault(req_id, []) for m in self.managers]
         num_tokens = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
-        num_needed = -(-num_tokens // self.block_size) - len(blocks)
+        num_required = -(-num_tokens // self.block_size)
+        computed = new_computed_blocks.blocks if new_computed_blocks is not None else None
+        # Equal in every group, but where a swapped request resumes: its sliding groups
+        # start with null entries up to their window.
+        if computed is None:
+            needs = [num_required - len(t) for t in tables]
+            skips = [0] * len(tables)
+            if not tables[0] and request.num_computed_tokens and self.sliding_managers:
+                skips = [m.num_skipped_blocks(request.num_computed_tokens) for m in self.managers]
+                needs = [n - k for n, k in zip(needs, skips)]
+        else:
+            needs = [num_required - len(t) - len(c) for t, c in zip(tables, computed)]
         num_full = 0
         if self.enable_caching:
             # Only tokens whose ids are known can key the cache (async scheduling computes
             # one whose id is still on the device).
             num_full = min(num_tokens, request.num_tokens) // self.block_size
-        if (new_computed_blocks is None and num_needed <= 0 and (
+        if (computed is None and max(needs) <= 0 and (
                 not self.enable_caching or num_full <= self.num_cached_block.get(req_id, 0))):
-            return _NO_NEW_BLOCKS  # most decode steps: the last block still has room
-        if new_computed_blocks is None:
-            # The hot path (a running request's next tokens): usually no new block at all.
-            if num_needed > self.block_pool.get_num_free_blocks():
-                return None
-            new_blocks = self.block_pool.get_new_blocks(num_needed) if num_needed > 0 else []
-            blocks.extend(new_blocks)
-        else:
-            computed = new_computed_blocks.blocks
-            num_needed -= len(computed)
+            return self._no_new_blocks  # most decode steps: the last block still has room
+        num_free = self.block_pool.get_num_free_blocks()
+        if computed is not None:
             # Hit blocks nobody holds sit in the free queue: they cannot also be handed out new.
-            num_free = self.block_pool.get_num_free_blocks() - sum(1 for b in computed if b.ref_cnt == 0)
-            if num_needed > num_free:
-                return None
+            num_free -= sum(1 for group in computed for b in group if b.ref_cnt == 0)
+        if sum(n for n in needs if n > 0) > num_free:
+            return None
+        if computed is not None:
             stats = self.prefix_cache_stats
             stats.requests += 1
             stats.queries += request.num_tokens - request.num_computed_tokens
             stats.hits += num_new_computed_tokens
-            self.block_pool.touch(computed)
-            blocks.extend(computed)
-            new_blocks = self.block_pool.get_new_blocks(max(num_needed, 0))
-            blocks.extend(new_blocks)
+            for table, group in zip(tables, computed):
+                self.block_pool.touch(group)
+                table.extend(group)
+        else:
+            null = self.block_pool.null_block
+            for table, k in zip(tables, skips):
+                table.extend([null] * k)
+        new_blocks = tuple(self.block_pool.get_new_blocks(n) if n > 0 else [] for n in needs)
+        for table, new in zip(tables, new_blocks):
+            table.extend(new)
         if self.enable_caching:
             num_cached = self.num_cached_block.get(req_id, 0)
             if num_full > num_cached:
                 hashes = self._update_block_hashes(request, num_full)
-                self.block_pool.cache_full_blocks(blocks, hashes, num_cached, num_full)
+                for g, table in enumerate(tables):
+                    self.block_pool.cache_full_blocks(table, hashes, num_cached, num_full, g)
                 self.num_cached_block[req_id] = num_full
         return KVCacheBlocks(new_blocks)
 
     def free(self, request: Request) -> None:
-        """Return every block of the request to the pool at once.
-
-        Tail blocks go back first so that a request's later (less shared) blocks are
-        evicted before its prefix.
-        """
-        blocks = self.req_to_blocks.pop(request.request_id, [])
+        """Return every block of the request to the pool at once, group by group (each
+        group's tail first, so later, less shared blocks are evicted before a prefix)."""
+        for manager in self.managers:
+            manager.free(request.request_id)
         self.num_cached_block.pop(request.request_id, None)
-        self.block_pool.free_blocks(reversed(blocks))
 
-    def get_block_ids(self, request_id: str) -> list[int]:
-        return [b.block_id for b in self.req_to_blocks.get(request_id, [])]
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        """The request's block table of each group (0: the null block, out of a window)."""
+        return tuple([b.block_id for b in m.req_to_blocks.get(request_id, [])] for m in self.managers)
+
+    def num_blocks_held(self, request_id: str) -> int:
+        """Blocks the request holds over all groups (null entries excluded)."""
+        null = self.block_pool.null_block
+        return sum(b is not null for m in self.managers for b in m.req_to_blocks.get(request_id, []))

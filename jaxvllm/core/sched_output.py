@@ -21,7 +21,7 @@ class NewRequestData:
     sampling_params: SamplingParams | None
     sampling_seed: int
     eos_token_id: int | None
-    block_ids: list[int]
+    block_ids: tuple[list[int], ...]  # one table per KV cache group (0: out of a window)
     num_computed_tokens: int
     pooling_params: PoolingParams | None = None
 
@@ -31,7 +31,7 @@ class CachedRequestData:
     """Requests the worker already holds: it appends its own sampled tokens, so only
     the blocks added this step and the progress counter are sent."""
     req_ids: list[str] = field(default_factory=list)
-    new_block_ids: list[list[int]] = field(default_factory=list)
+    new_block_ids: list[tuple[list[int], ...]] = field(default_factory=list)  # per request, per group
     num_computed_tokens: list[int] = field(default_factory=list)
 
 

@@ -66,7 +66,7 @@ def num_new_tokens(request: Request, token_budget: int, num_computed: int, max_m
     return max(0, num_new)
 
 
-def new_request_data(request: Request, block_ids: list[int]) -> NewRequestData:
+def new_request_data(request: Request, block_ids: tuple[list[int], ...]) -> NewRequestData:
     return NewRequestData(
         req_id=request.request_id,
         prompt_token_ids=request.prompt_token_ids,

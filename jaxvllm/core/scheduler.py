@@ -26,7 +26,7 @@ import time
 from jaxvllm.config.engine_config import CacheConfig, SchedulerConfig
 from jaxvllm.core.in_flight import InFlightBatches
 from jaxvllm.core.kv_cache_interface import KVCacheConfig
-from jaxvllm.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
+from jaxvllm.core.kv_cache_manager import KVCacheManager
 from jaxvllm.core.preemption import pick_victim, preempt
 from jaxvllm.core.request import Request, RequestStatus
 from jaxvllm.core.request_queue import create_request_queue
@@ -52,8 +52,10 @@ class Scheduler:
         self.max_model_len = s.max_model_len
         self.long_prefill_token_threshold = s.long_prefill_token_threshold
         self.policy = s.scheduling_policy
-        self.kv_cache_manager = KVCacheManager(kv_cache_config.num_blocks, kv_cache_config.block_size,
-                                               s.max_model_len, cache_config.enable_prefix_caching, model_name)
+        self.kv_cache_manager = KVCacheManager(
+            kv_cache_config.num_blocks, kv_cache_config.block_size, s.max_model_len,
+            cache_config.enable_prefix_caching, model_name,
+            [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups])
         self.swap_space = (SwapSpace(kv_cache_config.num_swap_blocks) if s.preemption_mode == "swap"
                            else None)
         self.structured_output_manager = structured_output_manager
@@ -176,7 +178,7 @@ class Scheduler:
             if request.request_id in in_flight:
                 break  # preempted while in flight: it resumes once its token is back
             if request.status == RequestStatus.SWAPPED or owes_prompt_logprobs(request):
-                hit, num_hit = KVCacheBlocks([]), 0  # prompt logprobs need every position computed
+                hit, num_hit = self.kv_cache_manager.empty_kv_cache_blocks, 0  # prompt logprobs need every position computed
             else:
                 hit, num_hit = self.kv_cache_manager.get_computed_blocks(request)
             num_new = num_new_tokens(request, token_budget, request.num_computed_tokens + num_hit,
@@ -189,7 +191,8 @@ class Scheduler:
                 break
             self.waiting.pop_request()
             if request.status == RequestStatus.SWAPPED:
-                swap_in.extend(self.swap_space.swap_in(request.request_id, blocks.get_block_ids()))
+                swap_in.extend(self.swap_space.swap_in(request.request_id,
+                                                       self.kv_cache_manager.get_block_ids(request.request_id)))
             request.num_computed_tokens += num_hit
             request.status = RequestStatus.RUNNING
             request.scheduled_time = request.scheduled_time or time.time()

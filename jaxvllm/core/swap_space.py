@@ -17,22 +17,25 @@ class SwapSpace:
     def get_num_free_slots(self) -> int:
         return len(self._free)
 
-    def swap_out(self, req_id: str, block_ids: list[int]) -> list[tuple[int, int]] | None:
-        """Slots for the request's blocks, as (device block id, host slot) pairs, or None
-        when the space is short (nothing is taken then)."""
-        if len(block_ids) > len(self._free):
+    def swap_out(self, req_id: str, block_ids: tuple[list[int], ...]) -> list[tuple[int, int]] | None:
+        """Slots for the request's blocks (its table per KV cache group; null entries, 0,
+        hold nothing), as (device block id, host slot) pairs, or None when the space is
+        short (nothing is taken then)."""
+        held = [(g, i, b) for g, table in enumerate(block_ids) for i, b in enumerate(table) if b]
+        if len(held) > len(self._free):
             return None
-        slots = [self._free.pop() for _ in block_ids]
+        slots = [(g, i, self._free.pop()) for g, i, _ in held]
         self.req_to_slots[req_id] = slots
-        return list(zip(block_ids, slots))
+        return [(b, slot) for (_, _, b), (_, _, slot) in zip(held, slots)]
 
-    def swap_in(self, req_id: str, block_ids: list[int]) -> list[tuple[int, int]]:
+    def swap_in(self, req_id: str, block_ids: tuple[list[int], ...]) -> list[tuple[int, int]]:
         """Release the request's slots, paired as (host slot, device block id) with the
-        first of its freshly allocated blocks."""
+        blocks at the same places of its fresh tables; a block a sliding window has passed
+        meanwhile (null now) is not copied back."""
         slots = self.req_to_slots.pop(req_id)
-        self._free.extend(reversed(slots))
-        return list(zip(slots, block_ids))
+        self._free.extend(slot for _, _, slot in reversed(slots))
+        return [(slot, block_ids[g][i]) for g, i, slot in slots if i < len(block_ids[g]) and block_ids[g][i]]
 
     def free(self, req_id: str) -> None:
         """Drop a swapped request's slots without copying back (it was aborted)."""
-        self._free.extend(reversed(self.req_to_slots.pop(req_id, [])))
+        self._free.extend(slot for _, _, slot in reversed(self.req_to_slots.pop(req_id, [])))

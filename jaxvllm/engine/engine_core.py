@@ -71,7 +71,8 @@ class EngineCore:
         swap_bytes = int(c.swap_space * 2**30) if self.config.scheduler.preemption_mode == "swap" else 0
         kv_cache_config = get_kv_cache_config(specs, available, num_gpu_blocks_override=c.num_gpu_blocks_override,
                                               swap_space_bytes=swap_bytes,
-                                              max_model_len=self.config.scheduler.max_model_len)
+                                              max_model_len=self.config.scheduler.max_model_len,
+                                              max_num_batched_tokens=self.config.scheduler.max_num_batched_tokens)
         # Multi-host: the other processes replay this one's schedule on the global mesh.
         self.broadcaster = (SchedulerOutputBroadcaster(self.config.parallel)
                             if self.config.parallel.nnodes > 1 else None)

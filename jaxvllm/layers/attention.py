@@ -29,6 +29,8 @@ from jaxvllm.platforms import Platform
 class AttentionMetadata:
     """Padded per-step arrays; only their shapes are compiled, never their values."""
     positions: jax.Array      # i32[num_tokens]
+    # Per KV cache group (in_kv_cache_groups picks a layer's): [groups, ...]; the kernels
+    # see one group's.
     slot_mapping: jax.Array   # i32[num_tokens]: page * block_size + offset; padding -> null block
     kv_lens: jax.Array        # i32[max_num_seqs]: context length after this step
     page_indices: jax.Array   # i32[max_num_seqs, max_pages_per_seq]: block tables
@@ -75,6 +77,25 @@ def get_attention(backend: str, platform: Platform, mesh: Mesh | None = None,
                           out_specs=(heads, KV_CACHE_SPEC), check_vma=False)
         return f(q, k, v, kv_cache, layer, md, sliding_window)
     return attend
+
+
+def in_kv_cache_groups(attend: Callable, layer_groups: tuple[int, ...] | None = None,
+                       layer_slots: tuple[int, ...] | None = None) -> Callable:
+    """The attention a model calls, over a cache whose layers keep their pages in KV cache
+    groups (core/kv_cache_interface.py): layer i reads and writes its group's block tables
+    (md's [groups, ...] arrays) in its slot of the cache. None: one group, slot = layer.
+    An int layer (the unrolled loop) picks both statically, a traced one by indexing."""
+    def grouped(q, k, v, kv_cache, layer, md: AttentionMetadata, *args, **kwargs):
+        if layer_groups is None:
+            group, slot = 0, layer
+        elif isinstance(layer, int):
+            group, slot = layer_groups[layer], layer_slots[layer]
+        else:
+            group = jnp.asarray(layer_groups, jnp.int32)[layer]
+            slot = jnp.asarray(layer_slots, jnp.int32)[layer]
+        md = md.replace(slot_mapping=md.slot_mapping[group], page_indices=md.page_indices[group])
+        return attend(q, k, v, kv_cache, slot, md, *args, **kwargs)
+    return grouped
 
 
 def write_kv(kv_cache: jax.Array, layer: jax.Array, k: jax.Array, v: jax.Array,

@@ -72,6 +72,11 @@ class CausalLM(nnx.Module):
         h, kv_cache = self.forward_layers(self.embed(input_ids), kv_cache, md, attend, layer_loop)
         return self.final_norm(h), kv_cache
 
+    def sliding_windows(self) -> list[int | None]:
+        """Each layer's window as its attention applies it (None: full attention); the KV
+        cache keeps a sliding layer's window only (core/single_type_kv_cache_manager.py)."""
+        return layer_windows(self.args)
+
     def embed(self, input_ids: jax.Array) -> jax.Array:
         return constrain(self.embed_tokens.get_value()[input_ids], None, None)
 
@@ -123,5 +128,12 @@ class CausalLM(nnx.Module):
 
 
 @functools.cache
+def layer_windows(args) -> list[int | None]:
+    """Each layer's sliding window from a family's args (sliding_window, and sliding_layers
+    where only some layers slide), None for full attention."""
+    window, sliding = getattr(args, "sliding_window", None), getattr(args, "sliding_layers", ())
+    return [window if s else None for s in sliding] if sliding else [window] * args.num_layers
+
+
 def _expanded(cls, args, first_layer: int) -> dict[str, Weight]:
     return expand(cls.weight_spec(args), range(first_layer, first_layer + args.num_layers))

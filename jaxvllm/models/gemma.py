@@ -32,7 +32,6 @@ class GemmaArgs(LlamaArgs):
     query_pre_attn_scalar: float = 256.0
     attn_logit_softcapping: float | None = None
     final_logit_softcapping: float | None = None
-    sliding_layers: tuple[bool, ...] = ()    # per layer: attends over sliding_window only
     local_rope_theta: float | None = None    # Gemma 3: the sliding layers' rope base
     qk_norm: bool = False                    # Gemma 3
 
@@ -64,10 +63,6 @@ class GemmaArgs(LlamaArgs):
             local_rope_theta=None if local is None else float(local["rope_theta"]),
             qk_norm=cfg.model_type == "gemma3_text")
 
-    def for_layers(self, layers: range) -> "GemmaArgs":
-        return dataclasses.replace(super().for_layers(layers),
-                                   sliding_layers=self.sliding_layers[layers.start:layers.stop])
-
 
 def attention_inputs(a: GemmaArgs, layer: tuple[int, dict], h: jax.Array, *, cos_sins: tuple,
                      num_tokens: jax.Array):
@@ -98,16 +93,6 @@ def mlp_block(a: GemmaArgs, layer: tuple[int, dict], h: jax.Array, o: jax.Array,
     up = constrain(jax.nn.gelu(gate_up[:, 0], approximate=True) * gate_up[:, 1], None, M)
     out = constrain(w["down_proj"](up, num_tokens), None, None)
     return h + gemma_rms_norm(out, w["post_feedforward_layernorm"], eps)
-
-
-def sliding_windows(a: GemmaArgs) -> int | jax.Array | None:
-    """The layers' sliding windows as the kernels take them: one value when all layers agree,
-    else i32[layers] (0: global) that the layer loop indexes by layer, so that one attention
-    serves sliding and global layers alike."""
-    windows = [a.sliding_window if s else 0 for s in a.sliding_layers]
-    if len(set(windows)) == 1:
-        return windows[0] or None
-    return jnp.asarray(windows, jnp.int32)
 
 
 def soft_cap(x: jax.Array, cap: float | None) -> jax.Array:
@@ -144,7 +129,7 @@ class GemmaForCausalLM(CausalLM):
         num_tokens = md.cu_q_lens[md.num_seqs[0]]
         qkv = functools.partial(attention_inputs, a, cos_sins=cos_sins, num_tokens=num_tokens)
         mlp = functools.partial(mlp_block, a, num_tokens=num_tokens)
-        windows = sliding_windows(a)
+        windows = llama.sliding_windows(a)
 
         def attend_layer(q, k, v, kv_cache, layer):
             window = windows[layer] if isinstance(windows, jax.Array) else windows

@@ -40,6 +40,7 @@ class LlamaArgs:
     attention_bias: bool
     max_position_embeddings: int
     sliding_window: int | None = None  # Mistral v0.1: attend to the last N positions only
+    sliding_layers: tuple[bool, ...] = ()  # per layer: attends over sliding_window only (empty: all)
 
     @classmethod
     def from_hf_config(cls, cfg) -> "LlamaArgs":
@@ -68,7 +69,20 @@ class LlamaArgs:
 
     def for_layers(self, layers: range) -> "LlamaArgs":
         """The args of a model of only these decoder layers (a pipeline stage's)."""
-        return dataclasses.replace(self, num_layers=len(layers))
+        return dataclasses.replace(self, num_layers=len(layers),
+                                   sliding_layers=self.sliding_layers[layers.start:layers.stop])
+
+
+def sliding_windows(a: LlamaArgs) -> int | jax.Array | None:
+    """The layers' sliding windows as the kernels take them: one value when all layers agree,
+    else i32[layers] (0: global) that the layer loop indexes by layer, so that one attention
+    serves sliding and global layers alike."""
+    if not a.sliding_layers:
+        return a.sliding_window
+    windows = [a.sliding_window if s else 0 for s in a.sliding_layers]
+    if len(set(windows)) == 1:
+        return windows[0] or None
+    return jnp.asarray(windows, jnp.int32)
 
 
 def attention_inputs(a: LlamaArgs, w: dict, h: jax.Array, *, cos_sin: tuple[jax.Array, jax.Array],
@@ -196,8 +210,11 @@ class LlamaForCausalLM(CausalLM):
         qkv = functools.partial(self.attention_inputs, a, cos_sin=rotary_cos_sin(md.positions, inv_freq),
                                 num_tokens=num_tokens)
 
+        windows = sliding_windows(a)
+
         def attend_layer(q, k, v, kv_cache, layer):
-            return attend(q, k, v, kv_cache, layer, md, a.head_dim ** -0.5, a.sliding_window)
+            window = windows[layer] if isinstance(windows, jax.Array) else windows
+            return attend(q, k, v, kv_cache, layer, md, a.head_dim ** -0.5, window)
 
         return layer_loop(self.layer_weights(), qkv, attend_layer, self.mlp(num_tokens), h, kv_cache)
 

@@ -18,11 +18,13 @@ from jaxvllm.models.weight_spec import Weight, vector
 class Qwen3Args(LlamaArgs):
     @classmethod
     def from_hf_config(cls, cfg) -> "Qwen3Args":
-        if getattr(cfg, "use_sliding_window", False):
-            raise ValueError("Qwen3 with use_sliding_window=True (per-layer windows) is not supported.")
         if getattr(cfg, "attention_bias", False):
             raise ValueError("Qwen3 with attention_bias=True is not supported.")
-        return super().from_hf_config(cfg)
+        args = super().from_hf_config(cfg)
+        if args.sliding_window is None:
+            return args
+        # use_sliding_window: layers from max_window_layers on slide (transformers' layer_types).
+        return dataclasses.replace(args, sliding_layers=tuple(t == "sliding_attention" for t in cfg.layer_types))
 
 
 def attention_inputs(a: LlamaArgs, w: dict, h: jax.Array, *, cos_sin: tuple[jax.Array, jax.Array],

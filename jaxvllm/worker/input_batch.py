@@ -57,7 +57,7 @@ _NEUTRAL = SamplingParams(temperature=0.0)  # the sampling rows of a pooling req
 
 
 class InputBatch:
-    def __init__(self, max_num_seqs: int, max_model_len: int, max_pages_per_seq: int):
+    def __init__(self, max_num_seqs: int, max_model_len: int, max_pages_per_seq: int, num_kv_cache_groups: int = 1):
         S = max_num_seqs
         self.requests: dict[str, CachedRequestState] = {}
         self.slot_of: dict[str, int] = {}  # requests[r].slot, for gathers by map (no Python loop)
@@ -71,8 +71,10 @@ class InputBatch:
         self.num_host_tokens = np.zeros(S, np.int32)  # tokens whose value token_ids holds
         self.num_prompt_tokens = np.zeros(S, np.int32)
         self.num_computed_tokens = np.zeros(S, np.int32)
-        self.block_table = np.zeros((S, max_pages_per_seq), np.int32)
-        self.num_blocks = np.zeros(S, np.int32)
+        # One block table per KV cache group (vLLM's MultiGroupBlockTable); entries a sliding
+        # window has passed keep their old id, which the kernels' window never reads.
+        self.block_table = np.zeros((num_kv_cache_groups, S, max_pages_per_seq), np.int32)
+        self.num_blocks = np.zeros((num_kv_cache_groups, S), np.int32)
         # Sampling parameters (sampling_inputs.py gathers them per step).
         self.temperature = np.zeros(S, np.float32)
         self.top_k = np.zeros(S, np.int32)
@@ -103,11 +105,12 @@ class InputBatch:
         if cached.req_ids:
             slots = list(map(self.slot_of.__getitem__, cached.req_ids))
             self.num_computed_tokens[slots] = cached.num_computed_tokens
-            for slot, new_blocks in zip(slots, cached.new_block_ids):
-                if new_blocks:  # most decode steps add none
-                    n = self.num_blocks[slot]
-                    self.block_table[slot, n:n + len(new_blocks)] = new_blocks
-                    self.num_blocks[slot] = n + len(new_blocks)
+            for slot, new_block_ids in zip(slots, cached.new_block_ids):
+                for g, new_blocks in enumerate(new_block_ids):
+                    if new_blocks:  # most decode steps add none
+                        n = self.num_blocks[g, slot]
+                        self.block_table[g, slot, n:n + len(new_blocks)] = new_blocks
+                        self.num_blocks[g, slot] = n + len(new_blocks)
         return added
 
     def _add(self, new) -> CachedRequestState:
@@ -128,8 +131,9 @@ class InputBatch:
         self.num_tokens[slot] = self.num_host_tokens[slot] = n
         self.num_prompt_tokens[slot] = num_prompt
         self.num_computed_tokens[slot] = new.num_computed_tokens
-        self.block_table[slot, :len(new.block_ids)] = new.block_ids
-        self.num_blocks[slot] = len(new.block_ids)
+        for g, block_ids in enumerate(new.block_ids):
+            self.block_table[g, slot, :len(block_ids)] = block_ids
+            self.num_blocks[g, slot] = len(block_ids)
         self.temperature[slot] = 0.0 if p.sampling_type_greedy else p.temperature
         self.top_k[slot], self.top_p[slot], self.min_p[slot] = p.top_k, p.top_p, p.min_p
         self.seed[slot] = (new.sampling_seed >> 32, new.sampling_seed & 0xFFFFFFFF)

@@ -25,7 +25,9 @@ from flax import nnx
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec as P
 
 from jaxvllm.config import EngineConfig
+from jaxvllm.core.kv_cache_interface import KVCacheGroupSpec
 from jaxvllm.core.sched_output import SchedulerOutput
+from jaxvllm.layers.attention import in_kv_cache_groups
 from jaxvllm.outputs import LogprobsLists, ModelRunnerOutput
 from jaxvllm.platforms import Platform
 from jaxvllm.worker import penalties
@@ -50,11 +52,22 @@ def with_tokens_in_flight(input_ids: jax.Array, prev_rows: jax.Array, last_sampl
     return jnp.where(prev_rows < S, last_sampled[jnp.minimum(prev_rows, S - 1)], input_ids)
 
 
+def layer_groups_and_slots(groups: list[KVCacheGroupSpec] | None, num_layers: int):
+    """Each layer's KV cache group and slot (None, None: one group, slot = layer)."""
+    if not groups or len(groups) == 1:
+        return None, None
+    where = {int(name.split(".")[1]): (g, i) for g, group in enumerate(groups)
+             for i, name in enumerate(group.layer_names)}
+    return tuple(where[i][0] for i in range(num_layers)), tuple(where[i][1] for i in range(num_layers))
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig, model: nnx.Module, kv_cache: jax.Array, attend,
                  num_swap_blocks: int = 0, *, mesh: Mesh, platform: Platform,
-                 abstract_mesh: AbstractMesh | None = None, abstract: bool = False):
-        """abstract_mesh: the mesh the step is traced against (default: `mesh`'s); an abstract
+                 abstract_mesh: AbstractMesh | None = None, abstract: bool = False,
+                 kv_cache_groups: list[KVCacheGroupSpec] | None = None):
+        """kv_cache_groups: the pool's groups (core/kv_cache_interface.py); None: one group of
+        every layer, as the cache's slots. abstract_mesh: the mesh the step is traced against (default: `mesh`'s); an abstract
         TPU's stands in to lower the step for a TPU elsewhere (benchmarks/lower_step.py).
         abstract: allocate nothing, the runner's own device state being shape structs too, to
         compile its programs for devices that cannot run them (jaxvllm/aot_compile.py)."""
@@ -71,7 +84,10 @@ class ModelRunner:
         self.hidden_size = model.args.hidden_size
         self.hidden_dtype = jax.numpy.dtype(config.dtype)
         self.kv_cache = kv_cache
-        self.input_batch = InputBatch(self.max_num_seqs, sched.max_model_len, self.max_pages_per_seq)
+        self.num_kv_cache_groups = len(kv_cache_groups) if kv_cache_groups else 1
+        attend = in_kv_cache_groups(attend, *layer_groups_and_slots(kv_cache_groups, model.args.num_layers))
+        self.input_batch = InputBatch(self.max_num_seqs, sched.max_model_len, self.max_pages_per_seq,
+                                      self.num_kv_cache_groups)
         # Replicated over the mesh, like the hidden states the sampler reads beside it.
         # Made by one jitted program (three eager zeros compiled three: ~0.5 s of start-up).
         init_penalties = jax.jit(penalties.init_state, static_argnums=(0, 1), out_shardings=NamedSharding(mesh, P()))

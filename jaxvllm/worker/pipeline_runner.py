@@ -20,7 +20,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxvllm.config import EngineConfig
-from jaxvllm.layers.attention import AttentionMetadata
+from jaxvllm.layers.attention import AttentionMetadata, in_kv_cache_groups
 from jaxvllm.platforms import Platform
 from jaxvllm.worker.compiled_programs import CompiledProgram, fingerprint
 from jaxvllm.worker.model_runner import ModelRunner, with_tokens_in_flight
@@ -103,7 +103,8 @@ class PipelineModelRunner(ModelRunner):
         super().__init__(config, stages[-1], kv_caches[-1], attends[-1], mesh=meshes[-1],
                          platform=platform)
         self.kv_cache = tuple(kv_caches)
-        self._forward = PipelineForward(config, stages, kv_caches, attends, meshes, platform,
+        self._forward = PipelineForward(config, stages, kv_caches, [in_kv_cache_groups(a) for a in attends],
+                                        meshes, platform,
                                         self._count_compilation, self._executables_dir)
 
     @property

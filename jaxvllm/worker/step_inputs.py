@@ -48,12 +48,14 @@ def build_step_inputs(batch: InputBatch, rows: np.ndarray, counts: np.ndarray, T
     prev_rows[:total] = np.where(pos >= batch.num_host_tokens[tok_rows], tok_rows, S)
     positions = np.zeros(T, np.int32)
     positions[:total] = pos
-    slot_mapping = np.arange(T, dtype=np.int32) % block_size  # padding writes into the null block 0
-    slot_mapping[:total] = batch.block_table[tok_rows, pos // block_size] * block_size + pos % block_size
+    # Per KV cache group: where each token's K/V goes, and each request's block table.
+    G = batch.block_table.shape[0]
+    slot_mapping = np.tile(np.arange(T, dtype=np.int32) % block_size, (G, 1))  # padding -> the null block 0
+    slot_mapping[:, :total] = batch.block_table[:, tok_rows, pos // block_size] * block_size + pos % block_size
     kv_lens = np.zeros(M, np.int32)
     kv_lens[:N] = computed + counts
-    page_indices = np.zeros((M, batch.block_table.shape[1]), np.int32)
-    page_indices[:N] = batch.block_table[rows]
+    page_indices = np.zeros((G, M, batch.block_table.shape[2]), np.int32)
+    page_indices[:, :N] = batch.block_table[:, rows]
     cu_q_lens = np.full(M + 1, total, np.int32)
     cu_q_lens[0] = 0
     cu_q_lens[1:N + 1] = cu

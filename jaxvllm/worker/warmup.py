@@ -52,8 +52,10 @@ def warmup_jobs(runner) -> list[tuple[CompiledProgram, tuple, dict]]:
     for T in r.token_buckets:
         M = metadata_rows(T, S)
         md = AttentionMetadata(
-            positions=np.zeros(T, np.int32), slot_mapping=np.arange(T, dtype=np.int32) % r.block_size,
-            kv_lens=np.zeros(M, np.int32), page_indices=np.zeros((M, r.max_pages_per_seq), np.int32),
+            positions=np.zeros(T, np.int32),
+            slot_mapping=np.tile(np.arange(T, dtype=np.int32) % r.block_size, (r.num_kv_cache_groups, 1)),
+            kv_lens=np.zeros(M, np.int32),
+            page_indices=np.zeros((r.num_kv_cache_groups, M, r.max_pages_per_seq), np.int32),
             cu_q_lens=np.zeros(M + 1, np.int32), num_seqs=np.zeros(1, np.int32))
         all_hidden = jax.ShapeDtypeStruct((T, r.hidden_size), r.hidden_dtype, sharding=rep)
         jobs.append((r._forward, (r.param_leaves, r.kv_cache, np.zeros(T, np.int32),

@@ -16,7 +16,8 @@ from jax.sharding import Mesh
 
 from jaxvllm import platforms
 from jaxvllm.config import EngineConfig
-from jaxvllm.core.kv_cache_interface import KVCacheConfig, KVCacheSpec, block_bytes, group_layers
+from jaxvllm.core.kv_cache_interface import (KVCacheConfig, KVCacheSpec, block_bytes, blocks_per_request,
+                                             describe_groups, group_layers)
 from jaxvllm.core.sched_output import SchedulerOutput
 from jaxvllm.distributed.mesh import make_mesh
 from jaxvllm.distributed.partition import kv_cache_sharding
@@ -97,11 +98,17 @@ class Worker:
                                                          a.num_kv_heads, a.head_dim)
 
     def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
-        """Every attention layer's pages (vLLM's get_kv_cache_spec): full attention today,
-        its sliding layers included, since the pool keeps every layer's pages."""
+        """Every attention layer's pages (vLLM's get_kv_cache_spec): a sliding layer's spec
+        carries its window (the scheduler keeps only that much of it), unless the window
+        spans max_model_len anyway, or the layers are split into pipeline stages (each
+        stage's cache holds its own layers: they keep every page), or
+        disable_hybrid_kv_cache_manager asks for the old way."""
         page = math.prod(self._kv_cache_shape(1, 1)) * self.kv_dtype.storage.itemsize
-        spec = KVCacheSpec(self.config.cache.block_size, page)
-        return {f"layers.{i}.self_attn": spec for layers in self.layer_ranges for i in layers}
+        bs, max_len = self.config.cache.block_size, self.config.scheduler.max_model_len
+        windows = (self.model.sliding_windows() if len(self.layer_ranges) == 1
+                   and not self.config.scheduler.disable_hybrid_kv_cache_manager else [None] * self.args.num_layers)
+        return {f"layers.{i}.self_attn": KVCacheSpec(bs, page, w if w is not None and w < max_len else None)
+                for layers in self.layer_ranges for i in layers for w in [windows[i]]}
 
     @property
     def block_bytes(self) -> int:
@@ -146,12 +153,15 @@ class Worker:
         """Allocate the pool the engine chose (each stage its layers' part of every block),
         then build and warm the runner."""
         num_blocks, bs = kv_cache_config.num_blocks, self.config.cache.block_size
+        self.kv_cache_config = kv_cache_config
+        # One stage: a slot per layer of a group; stages hold their own layers (one group).
+        slots = [kv_cache_config.num_slots] if len(self.layer_ranges) == 1 else map(len, self.layer_ranges)
         # Created in place, each device allocating only its KV heads; kept to create them
         # again at wake-up without compiling.
-        self._new_kv_caches = [jax.jit(lambda shape=self._kv_cache_shape(len(layers), num_blocks):
+        self._new_kv_caches = [jax.jit(lambda shape=self._kv_cache_shape(n, num_blocks):
                                        jnp.zeros(shape, self.kv_dtype.storage),
                                        out_shardings=kv_cache_sharding(mesh))
-                               for mesh, layers in zip(self.meshes, self.layer_ranges)]
+                               for mesh, n in zip(self.meshes, slots)]
         kv_caches = [new() for new in self._new_kv_caches]
         weights = sum(s.data.nbytes for x in jax.tree.leaves(nnx.state(self.model))
                       for s in x.addressable_shards if s.device == self.device)
@@ -159,6 +169,10 @@ class Worker:
                     "%d blocks of %d tokens, %d bytes each.", weights / 2**20, self.config.quantization,
                     sum(c.nbytes for c in kv_caches) / self.mesh.size / 2**20, self.config.cache.kv_cache_dtype,
                     num_blocks, bs, kv_cache_config.block_bytes // self.mesh.size)
+        logger.info("KV cache groups (a block is a page of %d layers): %s; a request of max_model_len "
+                    "(%d) holds at most %d blocks.", kv_cache_config.num_slots,
+                    describe_groups(kv_cache_config.kv_cache_groups), self.config.scheduler.max_model_len,
+                    blocks_per_request(kv_cache_config.kv_cache_groups, self.config.scheduler.max_model_len))
         if kv_cache_config.num_swap_blocks:
             logger.info("Swap space: %d host blocks (%.1f MiB).", kv_cache_config.num_swap_blocks,
                         kv_cache_config.num_swap_blocks * kv_cache_config.block_bytes / 2**20)
@@ -178,7 +192,8 @@ class Worker:
     def _make_runner(self, kv_caches: list[jax.Array], num_swap_blocks: int) -> ModelRunner:
         runner_cls = PoolingModelRunner if self.config.model.runner == "pooling" else ModelRunner
         return runner_cls(self.config, self.model, kv_caches[0], self.attend, num_swap_blocks,
-                           mesh=self.mesh, platform=platforms.current_platform)
+                          mesh=self.mesh, platform=platforms.current_platform,
+                          kv_cache_groups=self.kv_cache_config.kv_cache_groups)
 
     @staticmethod
     def _advise_huge_pages(ranges) -> None:

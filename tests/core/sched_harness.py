@@ -8,9 +8,10 @@ request r is a function of (r, p). So outputs must not depend on batching, chunk
 preemption, and a plain reference loop gives the expected tokens and finish reason.
 
 The fake worker also simulates the paged KV cache: each slot it computes holds a key of
-the whole prefix up to that position, swap-outs and swap-ins copy block contents, and
-before sampling it checks every slot the request attends to. A prefix-cache hit on the
-wrong block, a block reused while still needed, or a botched swap shows up as a wrong key.
+the whole prefix up to that position (and the KV cache group), swap-outs and swap-ins copy
+block contents, and before sampling it checks every slot the request attends to (in a
+sliding-window group, only the window). A prefix-cache hit on the wrong block, a block
+reused while still needed, or a botched swap shows up as a wrong key.
 """
 from __future__ import annotations
 
@@ -36,16 +37,27 @@ STOP, LENGTH = FinishReason.STOP, FinishReason.LENGTH
 def make_scheduler(*, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int, num_blocks: int,
                    block_size: int, enable_prefix_caching: bool = False, long_prefill_token_threshold: int = 0,
                    scheduling_policy: str = "fcfs", preemption_mode: str = "recompute",
-                   num_swap_blocks: int = 0, **kw) -> Scheduler:
+                   num_swap_blocks: int = 0, sliding_windows: tuple = (None,), **kw) -> Scheduler:
     """A Scheduler from its config sections, built from the flat settings the tests vary;
-    `kw`: model_name, structured_output_manager, max_concurrent_batches."""
+    sliding_windows: a KV cache group per entry (None: full attention); `kw`: model_name,
+    structured_output_manager, max_concurrent_batches."""
     return Scheduler(
         SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                         max_model_len=max_model_len, long_prefill_token_threshold=long_prefill_token_threshold,
                         scheduling_policy=scheduling_policy, preemption_mode=preemption_mode),
         CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching),
-        KVCacheConfig(num_blocks, [KVCacheGroupSpec(["layers.0.self_attn"], KVCacheSpec(block_size, 1))],
-                      num_swap_blocks), **kw)
+        KVCacheConfig(num_blocks, [KVCacheGroupSpec([f"layers.{g}.self_attn"], KVCacheSpec(block_size, 1, w))
+                                   for g, w in enumerate(sliding_windows)], num_swap_blocks), **kw)
+
+
+def held(block_ids: tuple[list[int], ...]) -> list[int]:
+    """The blocks a request's tables hold over all groups (null entries left out)."""
+    return [b for table in block_ids for b in table if b]
+
+
+def window_start(window: int | None, num_computed: int) -> int:
+    """The first position the query at num_computed attends to."""
+    return 0 if window is None else max(num_computed - window + 1, 0)
 
 
 def hashed_tokens(seed: int):
@@ -60,7 +72,7 @@ def hashed_tokens(seed: int):
 class WorkerReq:
     token_ids: list[int]
     num_computed_tokens: int
-    block_ids: list[int]
+    block_ids: list[list[int]]  # per KV cache group
 
     def key(self, pos: int) -> int:
         """What the KV slot at `pos` holds: a function of every token up to it."""
@@ -70,8 +82,9 @@ class WorkerReq:
 class FakeWorker:
     """Holds what a model runner would hold, and checks every message it receives."""
 
-    def __init__(self, block_size: int, token_fn):
+    def __init__(self, block_size: int, token_fn, sliding_windows: tuple = (None,)):
         self.block_size = block_size
+        self.windows = sliding_windows
         self.token_fn = token_fn
         self.reqs: dict[str, WorkerReq] = {}
         self.kv: dict[int, list] = defaultdict(lambda: [None] * block_size)
@@ -93,10 +106,13 @@ class FakeWorker:
             self.kv[block_id] = list(self.host.pop(slot))
         for new in so.scheduled_new_reqs:
             assert new.req_id not in self.reqs, f"{new.req_id} sent as new twice"
-            assert 0 not in new.block_ids
+            assert len(new.block_ids) == len(self.windows)
+            for window, table in zip(self.windows, new.block_ids):
+                # Null entries: a sliding group's, before its window (a swapped request resumes).
+                assert 0 not in table[window_start(window, new.num_computed_tokens) // self.block_size:]
             tokens = list(new.prompt_token_ids) + list(new.output_token_ids)
             assert 0 <= new.num_computed_tokens < len(tokens)
-            self.reqs[new.req_id] = WorkerReq(tokens, new.num_computed_tokens, list(new.block_ids))
+            self.reqs[new.req_id] = WorkerReq(tokens, new.num_computed_tokens, [list(t) for t in new.block_ids])
         cached = so.scheduled_cached_reqs
         assert len(cached.req_ids) == len(cached.new_block_ids) == len(cached.num_computed_tokens)
         for req_id, new_blocks, num_computed in zip(cached.req_ids, cached.new_block_ids,
@@ -104,8 +120,10 @@ class FakeWorker:
             assert req_id in self.reqs, f"{req_id} sent as cached but the worker does not hold it"
             state = self.reqs[req_id]
             assert num_computed == state.num_computed_tokens
-            assert 0 not in new_blocks
-            state.block_ids.extend(new_blocks)
+            assert len(new_blocks) == len(self.windows)
+            for table, added in zip(state.block_ids, new_blocks):
+                assert 0 not in added
+                table.extend(added)
         new_ids = [n.req_id for n in so.scheduled_new_reqs]
         assert len(set(new_ids) | set(cached.req_ids)) == len(new_ids) + len(cached.req_ids)
         assert set(so.num_scheduled_tokens) == set(new_ids) | set(cached.req_ids)
@@ -116,16 +134,19 @@ class FakeWorker:
             state = self.reqs[req_id]
             end = state.num_computed_tokens + n
             assert end <= len(state.token_ids), "scheduled tokens the worker does not have"
-            assert len(state.block_ids) * bs >= end, "block table too short"
-            for pos in range(state.num_computed_tokens, end):
-                self.kv[state.block_ids[pos // bs]][pos % bs] = state.key(pos)
+            for g, table in enumerate(state.block_ids):
+                assert len(table) * bs >= end, "block table too short"
+                for pos in range(state.num_computed_tokens, end):
+                    assert table[pos // bs] != 0, "K/V written into the null block"
+                    self.kv[table[pos // bs]][pos % bs] = (g, state.key(pos))
         req_ids, sampled = [], []
         for req_id, n in so.num_scheduled_tokens.items():
             state = self.reqs[req_id]
             end = state.num_computed_tokens + n
-            for pos in range(end):
-                assert self.kv[state.block_ids[pos // bs]][pos % bs] == state.key(pos), \
-                    f"{req_id} attends to a wrong KV entry at position {pos}"
+            for g, (window, table) in enumerate(zip(self.windows, state.block_ids)):
+                for pos in range(window_start(window, state.num_computed_tokens), end):
+                    assert self.kv[table[pos // bs]][pos % bs] == (g, state.key(pos)), \
+                        f"{req_id} attends to a wrong KV entry at position {pos} (group {g})"
             state.num_computed_tokens = end
             req_ids.append(req_id)
             if end == len(state.token_ids):
@@ -195,7 +216,7 @@ def run(specs: list[Spec], *, max_num_seqs: int, max_num_batched_tokens: int, ma
     sched = make_scheduler(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                            max_model_len=max_model_len, num_blocks=num_blocks, block_size=block_size,
                            **sched_kw)
-    worker = FakeWorker(block_size, token_fn)
+    worker = FakeWorker(block_size, token_fn, sched_kw.get("sliding_windows", (None,)))
     pool = sched.kv_cache_manager.block_pool
     ids = [f"req-{i}" for i in range(len(specs))]
     requests: dict[str, Request] = {}
@@ -218,7 +239,7 @@ def run(specs: list[Spec], *, max_num_seqs: int, max_num_batched_tokens: int, ma
                 aborted.add(req_id)
                 assert req.status == RequestStatus.FINISHED_ABORTED
                 assert req_id not in sched.requests
-                assert sched.kv_cache_manager.get_block_ids(req_id) == []
+                assert held(sched.kv_cache_manager.get_block_ids(req_id)) == []
                 assert sched.swap_space is None or req_id not in sched.swap_space.req_to_slots
             else:
                 assert req.status == status_before  # aborting a finished request changes nothing
@@ -250,7 +271,9 @@ def run(specs: list[Spec], *, max_num_seqs: int, max_num_batched_tokens: int, ma
 
         ro = worker.execute_model(so)
         for rid in so.num_scheduled_tokens:  # the worker's block tables match the scheduler's
-            assert worker.reqs[rid].block_ids == sched.kv_cache_manager.get_block_ids(rid)
+            for mine, theirs in zip(worker.reqs[rid].block_ids, sched.kv_cache_manager.get_block_ids(rid)):
+                # Where a window has passed, the worker keeps an old id the kernels never read.
+                assert len(mine) == len(theirs) and all(b in (0, m) for m, b in zip(mine, theirs))
         sampled = dict(zip(ro.req_ids, ro.sampled_token_ids))
         abort(step, mid_step=True)  # tokens sampled for these must be dropped
         engine_outputs = sched.update_from_output(so, ro)
@@ -283,7 +306,7 @@ def run(specs: list[Spec], *, max_num_seqs: int, max_num_batched_tokens: int, ma
     assert worker.reqs == {}, "finished requests never reported to the worker"
     assert sched.schedule().finished_req_ids == set()
     assert pool.get_num_free_blocks() == num_blocks - 1
-    assert sched.kv_cache_manager.req_to_blocks == {}
+    assert all(m.req_to_blocks == {} for m in sched.kv_cache_manager.managers)
     assert sched.requests == {} and not sched.running and not sched.waiting
     assert all(b.ref_cnt == 0 for b in pool.blocks[1:])
     if sched.swap_space is not None:
@@ -310,18 +333,25 @@ def check_state(sched: Scheduler, requests: dict[str, Request]) -> None:
     for rid, req in requests.items():
         if req.is_finished():
             assert rid not in sched.requests
-            assert mgr.get_block_ids(rid) == []
+            assert held(mgr.get_block_ids(rid)) == []
             continue
         assert sched.requests[rid] is req
-        blocks = mgr.get_block_ids(rid)
+        tables = mgr.get_block_ids(rid)
+        blocks = held(tables)
         if rid in running:
             assert req.status == RequestStatus.RUNNING
-            # The table covers the computed tokens, and holds nothing beyond them.
-            assert len(blocks) == cdiv(req.num_computed_tokens, bs)
+            for table in tables:
+                # The table covers the computed tokens, and holds nothing beyond them; null
+                # entries only lead a sliding group's table.
+                assert len(table) == cdiv(req.num_computed_tokens, bs)
+                assert table == [0] * table.count(0) + table[table.count(0):]
+            for manager, table in zip(mgr.managers, tables):
+                if not hasattr(manager, "sliding_window"):
+                    assert 0 not in table
         elif req.status == RequestStatus.SWAPPED:
             assert blocks == [] and req.num_computed_tokens > 0
-            slots = sched.swap_space.req_to_slots[rid]
-            assert len(slots) == cdiv(req.num_computed_tokens, bs)
+            slots = [slot for _, _, slot in sched.swap_space.req_to_slots[rid]]
+            assert 0 < len(slots) <= len(tables) * cdiv(req.num_computed_tokens, bs)
             swapped_slots.extend(slots)
         else:
             assert req.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
@@ -383,7 +413,7 @@ def check_schedule(sched, so, requests, running_before, waiting_before, computed
         start[new.req_id] = new.num_computed_tokens
     swapped_in = {b for _, b in so.blocks_to_swap_in}
     assert len(swapped_in) == len(so.blocks_to_swap_in)
-    assert swapped_in <= {b for new in so.scheduled_new_reqs for b in new.block_ids}
+    assert swapped_in <= {b for new in so.scheduled_new_reqs for b in held(new.block_ids)}
     assert not (so.blocks_to_swap_in and so.preempted_req_ids)
     if so.blocks_to_swap_out:
         result.saw_swap = True

@@ -26,21 +26,21 @@ def test_block_table_grows_by_ceil_division():
     req = make_request("a")
     # 5 tokens -> 2 blocks.
     new = mgr.allocate_slots(req, 5)
-    assert len(new.blocks) == 2
-    assert mgr.get_block_ids("a") == new.get_block_ids()
+    assert len(new.blocks[0]) == 2
+    assert mgr.get_block_ids("a")[0] == new.get_block_ids()[0]
     req.num_computed_tokens = 5
     # 3 more tokens fill the second block exactly: nothing new.
     new = mgr.allocate_slots(req, 3)
-    assert new.blocks == [] and new.get_block_ids() == []
+    assert new.blocks[0] == [] and new.get_block_ids()[0] == []
     req.num_computed_tokens = 8
     # One more token opens a third block.
     new = mgr.allocate_slots(req, 1)
-    assert len(new.blocks) == 1
+    assert len(new.blocks[0]) == 1
     req.num_computed_tokens = 9
     # 12 more (21 total) -> 6 blocks, 3 new.
     new = mgr.allocate_slots(req, 12)
-    assert len(new.blocks) == 3
-    ids = mgr.get_block_ids("a")
+    assert len(new.blocks[0]) == 3
+    ids = mgr.get_block_ids("a")[0]
     assert len(ids) == cdiv(21, 4) == 6
     assert len(set(ids)) == 6 and 0 not in ids
     assert mgr.block_pool.get_num_free_blocks() == 19 - 6
@@ -50,17 +50,17 @@ def test_block_table_grows_by_ceil_division():
 def test_new_blocks_are_appended_in_block_table_order():
     mgr = KVCacheManager(num_blocks=10, block_size=2, max_model_len=16)
     req = make_request("a")
-    first = mgr.allocate_slots(req, 3).get_block_ids()
+    first = mgr.allocate_slots(req, 3).get_block_ids()[0]
     req.num_computed_tokens = 3
-    second = mgr.allocate_slots(req, 4).get_block_ids()
-    assert mgr.get_block_ids("a") == first + second
+    second = mgr.allocate_slots(req, 4).get_block_ids()[0]
+    assert mgr.get_block_ids("a")[0] == first + second
 
 
 def test_requests_get_disjoint_blocks():
     mgr = KVCacheManager(num_blocks=9, block_size=4, max_model_len=32)
     a, b = make_request("a"), make_request("b")
-    ia = mgr.allocate_slots(a, 13).get_block_ids()
-    ib = mgr.allocate_slots(b, 16).get_block_ids()
+    ia = mgr.allocate_slots(a, 13).get_block_ids()[0]
+    ib = mgr.allocate_slots(b, 16).get_block_ids()[0]
     assert len(ia) == 4 and len(ib) == 4
     assert set(ia).isdisjoint(ib)
     assert 0 not in ia + ib
@@ -69,19 +69,19 @@ def test_requests_get_disjoint_blocks():
 def test_short_pool_returns_none_and_allocates_nothing():
     mgr = KVCacheManager(num_blocks=5, block_size=4, max_model_len=64)  # 4 usable blocks
     a, b = make_request("a"), make_request("b")
-    assert len(mgr.allocate_slots(a, 6).blocks) == 2
+    assert len(mgr.allocate_slots(a, 6).blocks[0]) == 2
     a.num_computed_tokens = 6
-    before_a = mgr.get_block_ids("a")
+    before_a = mgr.get_block_ids("a")[0]
     # b needs 3 blocks, only 2 are free.
     assert mgr.allocate_slots(b, 9) is None
-    assert mgr.get_block_ids("b") == []
+    assert mgr.get_block_ids("b")[0] == []
     assert mgr.block_pool.get_num_free_blocks() == 2
     # a growing past the pool fails without touching its table.
     assert mgr.allocate_slots(a, 11) is None  # 17 tokens -> 5 blocks > 4
-    assert mgr.get_block_ids("a") == before_a
+    assert mgr.get_block_ids("a")[0] == before_a
     assert mgr.block_pool.get_num_free_blocks() == 2
     # Exactly what is left still fits.
-    assert len(mgr.allocate_slots(b, 8).blocks) == 2
+    assert len(mgr.allocate_slots(b, 8).blocks[0]) == 2
     assert mgr.block_pool.get_num_free_blocks() == 0
 
 
@@ -98,11 +98,11 @@ def test_free_returns_every_block():
     a, b = make_request("a"), make_request("b")
     mgr.allocate_slots(a, 10)
     mgr.allocate_slots(b, 7)
-    ids_a = mgr.get_block_ids("a")
+    ids_a = mgr.get_block_ids("a")[0]
     assert mgr.block_pool.get_num_free_blocks() == 11 - 4 - 3
     mgr.free(a)
-    assert mgr.get_block_ids("a") == []
-    assert "a" not in mgr.req_to_blocks
+    assert mgr.get_block_ids("a")[0] == []
+    assert "a" not in mgr.managers[0].req_to_blocks
     assert mgr.block_pool.get_num_free_blocks() == 11 - 3
     assert all(mgr.block_pool.blocks[i].ref_cnt == 0 for i in ids_a)
     mgr.free(b)
@@ -119,7 +119,7 @@ def test_free_after_failed_allocation():
     a = make_request("a")
     assert mgr.allocate_slots(a, 5) is None
     mgr.free(a)
-    assert mgr.req_to_blocks == {}
+    assert mgr.managers[0].req_to_blocks == {}
     assert mgr.block_pool.get_num_free_blocks() == 2
 
 
@@ -137,23 +137,23 @@ def test_random_allocations_match_a_model(num_blocks, block_size, seed, num_ops)
             req.num_computed_tokens = 0
         else:
             n = rng.randint(1, 3 * block_size + 1)
-            have = len(mgr.get_block_ids(req.request_id))
+            have = len(mgr.get_block_ids(req.request_id)[0])
             need = cdiv(req.num_computed_tokens + n, block_size) - have
             free_before = mgr.block_pool.get_num_free_blocks()
-            table_before = mgr.get_block_ids(req.request_id)
+            table_before = mgr.get_block_ids(req.request_id)[0]
             new = mgr.allocate_slots(req, n)
             if need > free_before:
                 assert new is None
                 assert mgr.block_pool.get_num_free_blocks() == free_before
-                assert mgr.get_block_ids(req.request_id) == table_before
+                assert mgr.get_block_ids(req.request_id)[0] == table_before
             else:
-                assert len(new.blocks) == need
-                assert mgr.get_block_ids(req.request_id) == table_before + new.get_block_ids()
+                assert len(new.blocks[0]) == need
+                assert mgr.get_block_ids(req.request_id)[0] == table_before + new.get_block_ids()[0]
                 req.num_computed_tokens += n
-        owned = [i for r in reqs for i in mgr.get_block_ids(r.request_id)]
+        owned = [i for r in reqs for i in mgr.get_block_ids(r.request_id)[0]]
         assert 0 not in owned and len(owned) == len(set(owned))
         for r in reqs:
-            assert len(mgr.get_block_ids(r.request_id)) == cdiv(r.num_computed_tokens, block_size)
+            assert len(mgr.get_block_ids(r.request_id)[0]) == cdiv(r.num_computed_tokens, block_size)
         assert mgr.block_pool.get_num_free_blocks() == num_blocks - 1 - len(owned)
     for r in reqs:
         mgr.free(r)
@@ -186,8 +186,8 @@ def test_computed_blocks_are_the_longest_cached_prefix_but_never_all():
     assert admit(mgr, a)[1] == 0
     b = prompt_request("b", list(range(8)) + [99, 98, 97])
     hit, num_hit = admit(mgr, b)
-    assert num_hit == 8 and hit.get_block_ids() == mgr.get_block_ids("a")[:2]
-    assert all(mgr.block_pool.blocks[i].ref_cnt == 2 for i in hit.get_block_ids())
+    assert num_hit == 8 and hit.get_block_ids()[0] == mgr.get_block_ids("a")[0][:2]
+    assert all(mgr.block_pool.blocks[i].ref_cnt == 2 for i in hit.get_block_ids()[0])
     # Identical prompt of exactly three blocks: the last token is recomputed, so two hit.
     assert admit(mgr, prompt_request("c", range(12)))[1] == 8
     s = mgr.prefix_cache_stats
@@ -218,7 +218,7 @@ def test_hit_on_free_cached_blocks_counts_against_the_pool():
     hit, num_hit = mgr.get_computed_blocks(b)
     assert num_hit == 8
     assert mgr.allocate_slots(b, b.num_tokens - 8, hit, 8) is None
-    assert mgr.block_pool.get_num_free_blocks() == 4 and mgr.get_block_ids("b") == []
+    assert mgr.block_pool.get_num_free_blocks() == 4 and mgr.get_block_ids("b")[0] == []
 
 
 @settings(max_examples=100, deadline=None)
@@ -237,13 +237,13 @@ def test_random_shared_prefixes_keep_refcounts_equal_to_holders(block_size, seed
             if req.num_computed_tokens:
                 live[req.request_id] = req
                 # Hit blocks hold exactly the request's tokens.
-                for i, blk in enumerate(hit.blocks):
+                for i, blk in enumerate(hit.blocks[0]):
                     assert blk.block_hash.token_ids == tuple(req.all_token_ids[i * block_size:(i + 1) * block_size])
             else:
                 mgr.free(req)
         holders = {}
         for rid in live:
-            ids = mgr.get_block_ids(rid)
+            ids = mgr.get_block_ids(rid)[0]
             assert len(ids) == len(set(ids)) == cdiv(live[rid].num_tokens, block_size)
             for i in ids:
                 holders[i] = holders.get(i, 0) + 1

@@ -67,12 +67,12 @@ def test_chunked_prefill_splits_a_long_prompt():
     assert log[1].scheduled_cached_reqs.req_ids == ["req-0"]
     assert log[1].scheduled_cached_reqs.num_computed_tokens == [8]
     assert log[2].scheduled_cached_reqs.num_computed_tokens == [16]
-    assert len(log[0].scheduled_new_reqs[0].block_ids) == 2  # 8 tokens in blocks of 4
-    assert [len(b) for b in log[1].scheduled_cached_reqs.new_block_ids] == [2]
-    assert [len(b) for b in log[2].scheduled_cached_reqs.new_block_ids] == [1]
+    assert len(log[0].scheduled_new_reqs[0].block_ids[0]) == 2  # 8 tokens in blocks of 4
+    assert [len(b[0]) for b in log[1].scheduled_cached_reqs.new_block_ids] == [2]
+    assert [len(b[0]) for b in log[2].scheduled_cached_reqs.new_block_ids] == [1]
     # The first decode (position 20) opens a sixth block; the next (21) fits in it.
-    assert [len(b) for b in log[3].scheduled_cached_reqs.new_block_ids] == [1]
-    assert log[4].scheduled_cached_reqs.new_block_ids == [[]]
+    assert [len(b[0]) for b in log[3].scheduled_cached_reqs.new_block_ids] == [1]
+    assert log[4].scheduled_cached_reqs.new_block_ids == [([],)]
     assert res.saw_chunked_prefill
     assert res.outputs["req-0"] == [token_fn("req-0", p) for p in (20, 21, 22)]
     assert res.finish["req-0"] == (FinishReason.LENGTH, None)
@@ -143,7 +143,7 @@ def test_preemption_frees_blocks_and_requeues_at_front():
     assert reqs[2].status == RequestStatus.PREEMPTED and reqs[2].num_computed_tokens == 0
     assert reqs[2].output_token_ids  # keeps its sampled token
     assert list(sched.waiting) == [reqs[2]]
-    assert sched.kv_cache_manager.get_block_ids("r2") == []
+    assert sched.kv_cache_manager.get_block_ids("r2") == ([],)
     assert sched.num_preemptions == 1 and reqs[2].num_preemptions == 1
 
 

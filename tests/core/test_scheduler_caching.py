@@ -63,7 +63,7 @@ def test_requests_admitted_in_one_step_share_the_prefix_being_computed():
               block_size=4, token_fn=hashed_tokens(1), enable_prefix_caching=True)
     first = res.sched_outputs[0]
     assert [n.num_computed_tokens for n in first.scheduled_new_reqs] == [0, 8, 8]
-    assert first.scheduled_new_reqs[1].block_ids[:2] == first.scheduled_new_reqs[0].block_ids[:2]
+    assert first.scheduled_new_reqs[1].block_ids[0][:2] == first.scheduled_new_reqs[0].block_ids[0][:2]
 
 
 def test_the_last_token_is_always_recomputed():

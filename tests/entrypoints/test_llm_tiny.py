@@ -38,7 +38,7 @@ def assert_pool_full(llm):
     core = llm.llm_engine.engine_core
     pool = core.scheduler.kv_cache_manager.block_pool
     assert pool.get_num_free_blocks() == pool.num_blocks - 1
-    assert not core.scheduler.kv_cache_manager.req_to_blocks
+    assert not any(m.req_to_blocks for m in core.scheduler.kv_cache_manager.managers)
     assert not core.scheduler.requests
 
 

@@ -81,6 +81,28 @@ def assert_matches_naive(got, args, tol, **kw):
     assert not got[end:].any(), "padding tokens must produce zeros"
 
 
+def pages_before_window_dropped(args, window: int, chunk_tokens: int):
+    """The batch as a sliding-window KV cache group leaves it: a sequence's pages wholly
+    before its first query's window (rounded down to a kernel's chunk of chunk_tokens) were
+    given back and now hold someone else's data, here NaN (an unused page), so a kernel that
+    reads one returns NaN. A sequence's first page stays: the XLA kernel's padding tokens
+    read their K/V from the first sequence's position 0 (in a sliding group's table, the
+    null block, whose padding K/V are finite)."""
+    q, cache, layer, kv_lens, page_indices, cu_q_lens, num_seqs = args
+    cache, page_indices = np.array(cache), page_indices.copy()
+    dropped = cache.shape[2] - 1  # build() leaves the last pages unused
+    cache[:, :, dropped] = np.nan
+    ps = cache.shape[3]
+    for s in range(int(num_seqs[0])):
+        first_q = int(kv_lens[s] - (cu_q_lens[s + 1] - cu_q_lens[s]))
+        page_indices[s, 1:max(first_q - window + 1, 0) // chunk_tokens * chunk_tokens // ps] = dropped
+    return q, jnp.asarray(cache), layer, kv_lens, page_indices, cu_q_lens, num_seqs
+
+
+# A decode and a prefill chunk far past a 16-token window, each alone in its tiles.
+PAST_WINDOW = [(1, 200), (10, 200)]
+
+
 # ps=4, (decode_)pages_per_chunk=2 -> 8-token chunks: lengths 4/8/16 end on a page (and chunk)
 # boundary, 5/9/17 are one past, 17 spans three chunks.
 DECODE = [(1, 1), (1, 4), (1, 5), (1, 8), (1, 9), (1, 17)]

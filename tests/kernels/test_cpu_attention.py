@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from naive_attention import (DECODE, MIXED, PREFILL, assert_matches_naive, batches,  # noqa: E402
-                                     build, naive)
+from naive_attention import (DECODE, MIXED, PAST_WINDOW, PREFILL, assert_matches_naive, batches,  # noqa: E402
+                             build, naive, pages_before_window_dropped)
 
 from jaxvllm.kernels.cpu import build as native_build  # noqa: E402
 from jaxvllm.kernels.cpu.ragged_paged_attention import ragged_paged_attention  # noqa: E402
@@ -53,6 +53,14 @@ def test_sliding_window_and_soft_cap(seqs, window, cap, ps):
     args = build(np.random.default_rng(7), seqs, nq=4, nkv=2, hd=64, ps=ps)
     args = (args[0] * 3,) + args[1:]  # larger scores so the cap bites
     check(args, sliding_window=window, soft_cap=cap)
+
+
+def test_pages_before_the_window_are_not_read():
+    """The pages wholly before a query's window (null in a sliding group's tables, NaN
+    here) are never read."""
+    args = pages_before_window_dropped(build(np.random.default_rng(5), PAST_WINDOW, nq=4, nkv=2, hd=64, ps=8),
+                                    window=16, chunk_tokens=8)
+    check(args, sliding_window=16)
 
 
 @settings(max_examples=12, derandomize=True, deadline=None)

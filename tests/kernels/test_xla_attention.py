@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxvllm.kernels.xla.ragged_paged_attention import ragged_paged_attention
-from naive_attention import DECODE, MIXED, PREFILL, assert_matches_naive, batches, build
+from naive_attention import (DECODE, MIXED, PAST_WINDOW, PREFILL, assert_matches_naive, batches, build,
+                             pages_before_window_dropped)
 
 
 def check(args, tol=1e-5, **kw):
@@ -48,6 +49,14 @@ def test_sliding_window_and_soft_cap(window, cap):
     args = build(np.random.default_rng(7), MIXED, nq=4, nkv=2, hd=64)
     args = (args[0] * 3,) + args[1:]  # larger scores so the cap bites
     check(args, sliding_window=window, soft_cap=cap, pages_per_chunk=2)
+
+
+def test_pages_before_the_window_are_not_read():
+    """Decode and prefill parts start at the first chunk of pages the window reaches: the
+    pages before it (given back by a sliding group, NaN here) are never read."""
+    args = pages_before_window_dropped(build(np.random.default_rng(5), PAST_WINDOW, nq=4, nkv=2, hd=64),
+                                    window=16, chunk_tokens=2 * 4)
+    check(args, sliding_window=16, pages_per_chunk=2, decode_pages_per_chunk=2)
 
 
 def test_bfloat16():

@@ -108,6 +108,18 @@ def test_memory_plan_cli_for_llama3_8b_on_16gib(capsys):
     assert "blocks that fit: none" in capsys.readouterr().out
 
 
+def test_memory_plan_counts_what_sliding_window_groups_hold():
+    """Gemma 3 (5 sliding layers at window 1,024 to 1 global): at 32k tokens a request holds
+    its whole length in the global group only, so the pool holds over 4x the requests."""
+    from jaxvllm.models.gemma import GemmaForCausalLM
+    from jaxvllm.models.shapes import GEMMA3_27B
+    p = plan(GemmaForCausalLM, GEMMA3_27B, quantization="int8", device_memory=16 * GiB, max_model_len=32768,
+             tensor_parallel_size=4)
+    assert p.groups == "sliding window 1024: 52 layers in 6 groups, full attention: 10 layers in 1 group"
+    assert p.blocks_per_request == 2048 + 6 * (64 + 1)
+    assert p.max_full_length_seqs >= 4 * p.max_full_length_seqs_without_windows > 0
+
+
 def test_engine_allocates_quantized_weights_and_cache(tiny_model_dir):
     budget = 1 << 20
     llm = LLM(str(tiny_model_dir), quantization="int8", kv_cache_dtype="fp8", kv_cache_memory_bytes=budget,

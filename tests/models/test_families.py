@@ -49,6 +49,17 @@ def test_prefill_logits_match_transformers(family):
         assert err < 1e-4
 
 
+def test_qwen3_use_sliding_window_slides_the_layers_from_max_window_layers(tmp_path):
+    ref = write_family_checkpoint("Qwen3ForCausalLM", tmp_path, use_sliding_window=True, sliding_window=16,
+                                  max_window_layers=1)
+    model = load_model(tmp_path)
+    assert model.sliding_windows() == [None, 16]
+    token_ids = [int(t) for t in np.random.default_rng(0).integers(3, 256, 40)]
+    with torch.no_grad():
+        theirs = ref(torch.tensor([token_ids])).logits[0].numpy()
+    assert np.abs(run_prefill(model, token_ids) - theirs).max() / np.abs(theirs).max() < 1e-4
+
+
 def test_opt_350m_layout_post_layer_norm(tmp_path):
     """opt-350m's layout: LayerNorms after attention and MLP, no final LayerNorm; its
     decoder named without "model.", as the facebook/opt-* checkpoints name it."""
@@ -69,14 +80,16 @@ N_NEW = 32
 
 def test_greedy_matches_transformers_chunked_and_preempted(family):
     """One engine both chunks prefills (a 32-token budget: the 70-token prompt takes three
-    steps) and preempts (9 usable pages of 16 for three requests needing 14)."""
+    steps) and preempts (9 usable pages of 16 for three requests needing 14; Gemma's
+    3 layers are 3 KV cache groups of 1 layer, its sliding ones holding 12-token windows:
+    19 usable blocks of one layer's page for requests needing about 33)."""
     from jaxvllm import LLM, SamplingParams
     arch, path, ref = family
     with torch.no_grad():
         want = [ref.generate(torch.tensor([p]), do_sample=False, max_new_tokens=N_NEW, min_new_tokens=N_NEW,
                              pad_token_id=0)[0, len(p):].tolist() for p in PROMPTS]
     llm = LLM(str(path), max_num_seqs=4, max_num_batched_tokens=32, max_model_len=128,
-              num_gpu_blocks_override=10, skip_warmup=True)
+              num_gpu_blocks_override=20 if arch.startswith("Gemma") else 10, skip_warmup=True)
     outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS],
                            SamplingParams(temperature=0, max_tokens=N_NEW, min_tokens=N_NEW), use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outputs] == want
@@ -84,6 +97,60 @@ def test_greedy_matches_transformers_chunked_and_preempted(family):
     assert core.scheduler.num_preemptions > 0
     pool = core.scheduler.kv_cache_manager.block_pool
     assert pool.get_num_free_blocks() == pool.num_blocks - 1
+
+
+# Windows of 16-32 tokens, and pools far smaller than every layer keeping every page would
+# need: sliding groups must free what leaves their window for these runs to finish at all.
+WINDOWED = {  # arch -> (checkpoint overrides, num_gpu_blocks_override)
+    "Gemma2ForCausalLM": (dict(sliding_window=16), 48),  # layers: sliding, full, sliding
+    "Gemma3ForCausalLM": (dict(sliding_window=32), 50),  # sliding, sliding, full
+    "MistralForCausalLM": (dict(sliding_window=24), 9),  # both sliding: one group
+}
+
+
+@pytest.mark.parametrize("arch", sorted(WINDOWED))
+def test_sliding_windows_keep_greedy_parity_far_past_the_window(arch, tmp_path):
+    """Prompts of 40-330 tokens, chunked (a 64-token budget) and preempted (the pool holds
+    about half of what the three requests need at once); then a prompt continuing a finished
+    one, whose prefix hit must be served by every group (a sliding group from the window's
+    blocks it kept). Greedy tokens equal transformers', every block is back after each run."""
+    from jaxvllm import LLM, SamplingParams
+    overrides, num_blocks = WINDOWED[arch]
+    ref = write_family_checkpoint(arch, tmp_path, **overrides)
+    rng = np.random.default_rng(7)
+    prompts = [[int(t) for t in rng.integers(3, 256, n)] for n in (330, 40, 200, 100)]
+    n_new = 16
+
+    def reference(p):  # the mask given: a sampled 0 (the pad id) in `later` must not read as padding
+        with torch.no_grad():
+            return ref.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                                do_sample=False, max_new_tokens=n_new, min_new_tokens=n_new,
+                                pad_token_id=0)[0, len(p):].tolist()
+
+    want = [reference(p) for p in prompts]
+    later = prompts[3] + want[3] + [int(t) for t in rng.integers(3, 256, 20)]
+    want.append(reference(later))
+    llm = LLM(str(tmp_path), max_num_seqs=4, max_num_batched_tokens=64, max_model_len=512,
+              num_gpu_blocks_override=num_blocks, enable_prefix_caching=True, skip_warmup=True)
+    scheduler = llm.llm_engine.engine_core.scheduler
+    manager, pool = scheduler.kv_cache_manager, scheduler.kv_cache_manager.block_pool
+    assert manager.sliding_managers and all(m.sliding_window == overrides["sliding_window"]
+                                            for m in manager.sliding_managers)
+    params = SamplingParams(temperature=0, max_tokens=n_new, min_tokens=n_new)
+
+    def generate(batch):
+        out = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
+        assert pool.get_num_free_blocks() == pool.num_blocks - 1
+        return [o.outputs[0].token_ids for o in out]
+
+    got = generate(prompts[:3])
+    assert scheduler.num_preemptions > 0
+    got += generate(prompts[3:])
+    hits = manager.prefix_cache_stats.hits
+    got += generate([later])
+    # 115 tokens of prompts[3] were computed: 7 full blocks, the window's last ones kept.
+    assert manager.prefix_cache_stats.hits - hits == 112
+    assert got == want
 
 
 # A tensor each family adds to Llama's, dropped or given a wrong shape.

@@ -127,7 +127,7 @@ def suppressed_after(outputs, bad_words, min_tokens=0):
     params = SamplingParams(min_tokens=min_tokens, stop_token_ids=[9], max_tokens=50)
     params._bad_words_token_ids = bad_words
     batch = InputBatch(max_num_seqs=2, max_model_len=16, max_pages_per_seq=1)
-    batch.update_states(SchedulerOutput([NewRequestData("r", [5, 6], outputs, params, 0, 2, [1], 0)],
+    batch.update_states(SchedulerOutput([NewRequestData("r", [5, 6], outputs, params, 0, 2, ([1],), 0)],
                                         CachedRequestData(), {}, 0, set(), set()))
     return batch.suppressed_ids(batch.requests["r"])
 

@@ -25,6 +25,7 @@ so that a gathered page costs about what reading it twice does:
    tokens taken longest context first, a short chunk of pages at a time: a block's tokens
    share one trip count, few pages past a token's end are gathered, and each chunk's
    gathered pages are small enough to stay in the core's cache while they are used.
+Parts 2 and 3 start at the first chunk a sliding window reaches.
 All trip counts are dynamic, so padding and absent work cost nothing. Pages are gathered
 as whole rows of the cache viewed as [layers * 2 * pages, page_size * kv_heads * head_dim],
 the one gather XLA on CPU runs at memory speed, and never as a copy of the layer's slice.
@@ -109,6 +110,13 @@ def ragged_paged_attention(
         if sliding_window is None:
             return True
         return (sliding_window <= 0) | (kv_pos > q_pos - sliding_window)
+
+    def first_chunk(q_first_pos, size):
+        """The first chunk of `size` context tokens the window of a query at q_first_pos
+        reaches: the pages before it are never read (a sliding group's are not even held)."""
+        if sliding_window is None:
+            return 0
+        return jnp.where(sliding_window > 0, jnp.maximum(q_first_pos - sliding_window + 1, 0) // size, 0)
 
     def gather(pages, which):
         """K or V of `pages` (any shape [..., n]) -> [..., n * page_size, kv_heads, head_dim]."""
@@ -196,7 +204,8 @@ def ragged_paged_attention(
                 return online_softmax(part, qb @ k, mask, gather(pages, 1).transpose(1, 0, 2))
 
             part = tuple(jax.lax.dynamic_slice_in_dim(x, r0 * group, qb_rows * group, axis=1) for x in carry)
-            part = jax.lax.fori_loop(0, (cached + chunk - 1) // chunk, kv_chunk, part)
+            part = jax.lax.fori_loop(first_chunk(kv_lens[s] - (end - r0), chunk), (cached + chunk - 1) // chunk,
+                                     kv_chunk, part)
             return tuple(jax.lax.dynamic_update_slice_in_dim(x, y, r0 * group, axis=1)
                          for x, y in zip(carry, part))
         return jax.lax.fori_loop(0, num_q_blocks, q_block, carry)
@@ -229,7 +238,10 @@ def ragged_paged_attention(
         part = tuple(jnp.full((block, num_kv_heads, group) + x.shape[3:], v, jnp.float32)
                      for x, v in zip(dec, (_MASK_VALUE, 0.0, 0.0)))
         step = functools.partial(decode_chunk, tokens, cached, q_tok[tokens])
-        part = jax.lax.fori_loop(0, (cached[0] + dchunk - 1) // dchunk, step, part)
+        # A decode token's position is its cached length; the block's earliest one bounds it.
+        live = cached > 0
+        earliest = jnp.where(live.any(), jnp.min(jnp.where(live, cached, jnp.iinfo(jnp.int32).max)), 0)
+        part = jax.lax.fori_loop(first_chunk(earliest, dchunk), (cached[0] + dchunk - 1) // dchunk, step, part)
         return tuple(jax.lax.dynamic_update_slice_in_dim(x, y, b * block, axis=0) for x, y in zip(dec, part))
 
     dec = tuple(jnp.full((num_tokens + block, num_kv_heads, group) + shape, v, jnp.float32)
