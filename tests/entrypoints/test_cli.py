@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -81,7 +82,10 @@ def test_every_engine_flag_has_help_and_default():
 ])
 def test_serve_reports_bad_arguments_in_one_line(tiny_model_dir, args, message):
     model = [] if not args[0].startswith("--") else [str(tiny_model_dir)]
-    proc = subprocess.run([sys.executable, "-m", "jaxvllm.entrypoints.cli", "serve", *model, *args],
+    with socket.socket() as s:  # a free port: 8000 may be another test's server
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    proc = subprocess.run([sys.executable, "-m", "jaxvllm.entrypoints.cli", "serve", *model, *args, "--port", port],
                           capture_output=True, text=True, timeout=300,
                           env=os.environ | {"HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 2, proc.stderr
