@@ -162,8 +162,6 @@ def test_a_hub_id_resolves_from_the_local_cache_offline(tiny_model_dir, tmp_path
 
 
 def test_serve_on_a_busy_port_fails_before_the_engine_loads(tiny_model_dir):
-    import socket
-
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
