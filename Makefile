@@ -29,7 +29,7 @@ run: setup
 	  --chat --max-tokens 64
 
 test: setup-test
-	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=25 tests
+	$(PY) -m pytest -q --durations=25 tests
 
 clean:
 	rm -rf $(VENV)

@@ -137,35 +137,3 @@ def write_tiny_moe(path, arch: str, *, seed=0, **extra):
     model.save_pretrained(path)
     return cfg
 
-
-# `make test` runs the suite on two pytest-xdist workers (`-n 2 --dist loadgroup`). A module is
-# one group, so its module-scoped engines are built once, on one worker; modules that share a
-# session-scoped resource (a served engine, transformers' copy of the default model) are one
-# group, so that it is built once too. The longest groups start first, so that the two
-# workers finish together instead of one waiting out a long group picked up last.
-SHARED_GROUPS = {  # a session-scoped resource (fixture or helper a module uses) -> its group
-    "hf_default_model": "hf_default_model",
-    "tiny_server": "openai_servers", "default_server": "openai_servers", "shared_server": "openai_servers",
-}
-LONGEST_FIRST = [
-    "hf_default_model", "openai_servers", "tests/entrypoints/test_readme_scripts.py",
-    "tests/test_notebooks.py", "tests/scripts/test_device_check.py", "tests/platforms/test_tpu_compile.py",
-    "tests/test_gemma3_270m.py", "tests/distributed/test_pipeline_parallel.py",
-    "tests/distributed/test_tensor_parallel.py", "tests/worker/test_compiled_programs.py",
-    "tests/distributed/test_families_tp.py", "tests/engine/test_data_parallel.py",
-    "tests/entrypoints/openai/test_openai_shutdown.py", "tests/distributed/test_expert_parallel.py",
-]
-
-
-def pytest_collection_modifyitems(config, items):
-    groups: dict[str, str] = {}
-    for item in items:
-        module = item.nodeid.split("::")[0]
-        names = set(getattr(item, "fixturenames", ())) | set(vars(item.module)) if item.module else set()
-        shared = next((g for name, g in SHARED_GROUPS.items() if name in names), None)
-        groups[module] = shared or groups.get(module) or module
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(groups[item.nodeid.split("::")[0]], len(rank)))  # stable
-    for item in items:
-        if not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group(groups[item.nodeid.split("::")[0]]))
