@@ -76,4 +76,6 @@ def family_args(arch: str, shape: LlamaArgs, sliding_window: int = SLIDING_WINDO
     return model_cls, args_cls.from_hf_config(cfg)
 
 
-ARCHITECTURES = supported_architectures()
+# The generating families; a *ForSequenceClassification is its causal LM's body and step with a
+# score head in place of the LM head.
+ARCHITECTURES = [a for a in supported_architectures() if not a.endswith("ForSequenceClassification")]
