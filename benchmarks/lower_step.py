@@ -30,14 +30,15 @@ from jaxvllm.layers.attention import get_attention  # noqa: E402
 from jaxvllm.models.llama import LlamaArgs, LlamaForCausalLM  # noqa: E402
 from jaxvllm.models.model_loader import shard_abstract  # noqa: E402
 from jaxvllm.platforms import get_platform  # noqa: E402
-from jaxvllm.worker.model_runner import ModelRunner  # noqa: E402
+from jaxvllm.worker.spec_decode.spec_runner import runner_class  # noqa: E402
 
 # The custom call each Pallas kernel lowers to (the kernel travels inside it as MLIR).
 KERNEL_TARGETS = {"tpu": "tpu_custom_call", "cuda": "__gpu$xla.gpu.triton"}
 TPU_KIND = "TPU v5 lite"  # the chip generation the Mosaic lowering tiles for
 NUM_BLOCKS = 4096
 TOKENS = REQUESTS = 64  # the buckets lowered: a decode step of 64 sequences
-SAMPLERS = ("sample", "sample_extended")
+SAMPLERS = ("sample", "sample_extended", "verify")  # verify: speculative decoding's
+FORWARDS = ("forward", "forward_lora")  # forward_lora: with enable_lora, steps with adapters
 
 
 def step_runner(platform_name: str, args: LlamaArgs, tensor_parallel_size: int = 1,
@@ -69,22 +70,25 @@ def step_runner(platform_name: str, args: LlamaArgs, tensor_parallel_size: int =
         abstract_mesh = AbstractMesh((tensor_parallel_size,), (MODEL_AXIS,), abstract_device=device)
         chip = jax.sharding.use_abstract_mesh(abstract_mesh)
     attend = get_attention(config.model.attention_backend, platform, abstract_mesh or mesh)
-    runner = ModelRunner(config, model, kv_cache, attend, mesh=mesh, platform=platform,
-                         abstract_mesh=abstract_mesh)
+    runner = runner_class(config)(config, model, kv_cache, attend, mesh=mesh, platform=platform,
+                                  abstract_mesh=abstract_mesh)
     return runner, kv_cache, chip
 
 
 def lower_step(platform_name: str, args: LlamaArgs, tensor_parallel_size: int = 1,
-               model_cls=LlamaForCausalLM, programs=("forward",) + SAMPLERS) -> tuple[dict[str, str], jax.ShapeDtypeStruct]:
+               model_cls=LlamaForCausalLM, programs=("forward",) + SAMPLERS,
+               **engine_args) -> tuple[dict[str, str], jax.ShapeDtypeStruct]:
     """{program: StableHLO text} of the forward for TOKENS tokens and of every sampler
     variant for REQUESTS rows (those of `programs`), lowered for `platform_name` (`tpu` or
-    `cuda`); and the KV cache's abstract array (step_runner's)."""
-    runner, kv_cache, chip = step_runner(platform_name, args, tensor_parallel_size, model_cls)
+    `cuda`); and the KV cache's abstract array (step_runner's). engine_args: more of
+    EngineArgs (speculative_config: the forward and `verify` of speculative decoding;
+    enable_lora=True: also `forward_lora`, the step with its adapters)."""
+    runner, kv_cache, chip = step_runner(platform_name, args, tensor_parallel_size, model_cls, **engine_args)
     texts = {}
     for program, job_args, static in runner.warmup_jobs():
         if program.name not in programs:
             continue
-        if program.name == "forward" and job_args[2].shape[0] == TOKENS or (
+        if program.name in FORWARDS and job_args[2].shape[0] == TOKENS or (
                 program.name in SAMPLERS and job_args[2].temperature.shape[0] == REQUESTS):
             name = program.name + "".join(f" {k}={v}" for k, v in static.items())
             with chip:
@@ -122,5 +126,5 @@ def program_rows(platform_name: str, texts: dict[str, str], kv_cache) -> list[di
     target = KERNEL_TARGETS[platform_name]
     return [dict(program=name, case=text.count("stablehlo.case"), loops=text.count("stablehlo.while"),
                  kernels=kernel_calls(text, target),
-                 kv_donated=donated(text, kv_cache) if name == "forward" else None)
+                 kv_donated=donated(text, kv_cache) if name in FORWARDS else None)
             for name, text in texts.items()]

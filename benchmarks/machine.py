@@ -9,6 +9,7 @@ therefore times every matmul the platform may use and keeps the fastest.
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 
 import jax
@@ -149,6 +150,16 @@ def probe_matmul_flops(n: int = 1024, repeats: int = 9) -> float:
     `matmul_flops` keeps the best, because this is meant to see a slow moment)."""
     a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
     return 2 * n**3 / statistics.median(_times(jax.jit(jnp.matmul), a, a, repeats=repeats))
+
+
+def wait_for_huge_pages(timeout: float = 300) -> float:
+    """Seconds waited for the worker's background collapse onto huge pages (platforms/
+    huge_pages.py: seconds of CPU per GiB on a VM, a core taken from the steps beside it), so
+    that timed runs measure the engine serving. Bounded: it is advice, and may starve."""
+    start = time.perf_counter()
+    for thread in [t for t in threading.enumerate() if t.name == "huge-pages"]:
+        thread.join(timeout=max(0.0, timeout - (time.perf_counter() - start)))
+    return time.perf_counter() - start
 
 
 def anon_huge_pages_bytes() -> int | None:

@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from machine import (anon_huge_pages_bytes, cpu_times, decode_matmul_peak, llama_flops_per_token,  # noqa: E402
-                     memory_bandwidth, peak_matmul, probe_matmul_flops, round_conditions)
+                     memory_bandwidth, peak_matmul, probe_matmul_flops, round_conditions, wait_for_huge_pages)
 from model_shapes import RANDOM_SHAPES  # noqa: E402
 from workload import Workload, make_random_workload, make_workload  # noqa: E402
 
@@ -86,6 +86,7 @@ class JaxvllmRun:
         for program in self.runner.programs if self.runner else ():
             program.wait_until_loaded()
         self.load_wait_s = time.perf_counter() - start - self.engine_s - self.first_call_s
+        self.huge_pages_wait_s = wait_for_huge_pages()  # likewise the weights' huge pages
 
     def timed(self) -> dict:
         self.llm.reset_prefix_cache()  # every prompt is computed, in every round
@@ -104,7 +105,7 @@ class JaxvllmRun:
         decode = measure_decode(llm, llm.llm_engine.config.scheduler.max_num_seqs * ns.data_parallel_size)
         return {"compiles_after_warmup": compiles, "data_parallel_size": ns.data_parallel_size,
                 "engine_start_s": self.engine_s, "first_call_s": self.first_call_s,
-                "background_load_wait_s": self.load_wait_s,
+                "background_load_wait_s": self.load_wait_s, "huge_pages_wait_s": self.huge_pages_wait_s,
                 "dtype": llm.llm_engine.config.dtype,
                 "max_num_seqs": llm.llm_engine.config.scheduler.max_num_seqs, **decode}
 

@@ -1,5 +1,6 @@
 """jaxvllm: vLLM's architecture on JAX/XLA."""
 from jaxvllm.inputs import TextPrompt, TokensPrompt
+from jaxvllm.lora.request import LoRARequest
 from jaxvllm.sampling_params import (BeamSearchParams, RequestOutputKind, SamplingParams,
                                      StructuredOutputsParams)
 from jaxvllm.outputs import (ClassificationOutput, ClassificationRequestOutput, CompletionOutput,
@@ -12,7 +13,7 @@ __all__ = ["LLM", "AsyncLLM", "EngineArgs", "SamplingParams", "StructuredOutputs
            "BeamSearchParams", "RequestOutputKind", "RequestOutput", "CompletionOutput", "Logprob",
            "TextPrompt", "TokensPrompt", "PoolingParams", "PoolingOutput", "PoolingRequestOutput",
            "EmbeddingOutput", "EmbeddingRequestOutput", "ClassificationOutput", "ClassificationRequestOutput",
-           "ScoringOutput", "ScoringRequestOutput"]
+           "ScoringOutput", "ScoringRequestOutput", "LoRARequest"]
 
 
 def __getattr__(name):

@@ -46,7 +46,7 @@ def _abstract_model(config, hf_config, mesh, platform):
 
 def _program_name(runner, program, args, static) -> str:
     bucket = (f" R={int(args[3])}" if program in (runner._sample, runner._sample_extended)
-              else f" T={len(args[2])}" if program.name in ("forward", "prompt_logprobs") else "")
+              else f" T={len(args[2])}" if program.name in ("forward", "forward_lora", "prompt_logprobs") else "")
     return program.name + bucket + "".join(f" {k}={v}" for k, v in static.items())
 
 
@@ -101,7 +101,7 @@ def compile_for_target(model: str, target: str, *, programs: tuple[str, ...] | N
     from jaxvllm.transformers_utils.config import load_hf_config
     from jaxvllm.transformers_utils.model_path import resolve_model
     from jaxvllm.worker.memory_profiling import MemoryProfile, peak_step_bytes
-    from jaxvllm.worker.model_runner import ModelRunner
+    from jaxvllm.worker.spec_decode.spec_runner import runner_class
 
     path = model if os.path.isfile(os.path.join(model, "config.json")) else resolve_model(model)
     hf_config = load_hf_config(path)
@@ -122,7 +122,7 @@ def compile_for_target(model: str, target: str, *, programs: tuple[str, ...] | N
     def runner_for(num_blocks: int):
         shape = platform.kv_cache_shape(a.num_layers, num_blocks, bs, a.num_kv_heads, a.head_dim)
         kv = jax.ShapeDtypeStruct(shape, kv_format.storage, sharding=kv_cache_sharding(mesh))
-        return ModelRunner(config, abstract_model, kv, attend, mesh=mesh, platform=platform, abstract=True)
+        return runner_class(config)(config, abstract_model, kv, attend, mesh=mesh, platform=platform, abstract=True)
 
     weights = _per_device_bytes(nnx.state(abstract_model))
     block_bytes = math.prod(platform.kv_cache_shape(a.num_layers, 1, bs, a.num_kv_heads, a.head_dim)) \

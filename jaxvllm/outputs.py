@@ -46,6 +46,9 @@ class ModelRunnerOutput:
     # The pooling runner's: per request, its pooled output (a vector, or one per token, as
     # lists: they cross processes as msgpack) once its prompt is computed, else None.
     pooler_output: list[list | None] = field(default_factory=list)
+    # Speculative decoding (else None): per request, the proposer's drafts for its next step;
+    # sampled_token_ids then holds each request's accepted drafts and one token after them.
+    spec_token_ids: list[list[int]] | None = None
 
 
 @dataclass(slots=True)  # one per request per step: kept cheap to build

@@ -25,13 +25,11 @@ IGNORED = {
     "disable_custom_all_reduce": "XLA chooses the collectives",
     "compilation_config": "XLA compiles the whole step; its flags are the platform's",
 }
-_NO_LORA = "LoRA adapters are not supported yet"
 _NO_MM = "multimodal inputs are not supported"
 _NO_OFFLOAD = "weights cannot be offloaded to host memory"
-_NO_SPEC = "speculative decoding is not supported yet"
+_NO_SPEC = "use speculative_config={'method': 'ngram', 'num_speculative_tokens': k}"
 # name: (neutral values, what to say when another value is given)
 REFUSED = {  # LLM(...) and engine arguments (also the CLI's flags of the same names)
-    "enable_lora": ((False,), _NO_LORA),
     "cpu_offload_gb": ((0,), _NO_OFFLOAD),
 }
 LLM_REFUSED = REFUSED | {
@@ -83,8 +81,11 @@ STRUCTURED_REFUSED = {
     "structural_tag": ((), "structural tags are not supported"),
     "disable_fallback": ((False, True), ""),  # one backend: there is nothing to fall back to
 }
+POOLING_REFUSED = {  # LLM.encode / embed / classify / score
+    "lora_request": ((), "pooling models serve no LoRA adapters"),
+    "tokenization_kwargs": (({},), "prompts are tokenized with the tokenizer's defaults"),
+}
 GENERATE_REFUSED = {
-    "lora_request": ((), _NO_LORA),
     "tokenization_kwargs": (({},), "prompts are tokenized with the tokenizer's defaults"),
     "mm_processor_kwargs": (({},), _NO_MM),
 }

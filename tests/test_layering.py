@@ -45,6 +45,7 @@ def violations(layer: str, forbidden: tuple[str, ...]) -> list[str]:
     ("executor", ("jaxvllm.engine",)),  # the engine drives executors, not the reverse
     ("engine", ("jaxvllm.models",)),  # config and tokenizer come from transformers_utils
     ("transformers_utils", ("jax", "flax")),  # the front end loads them
+    ("lora", ("jax", "flax")),  # the front end checks adapters
 ])
 def test_layer_imports(layer, forbidden):
     assert violations(layer, forbidden) == []

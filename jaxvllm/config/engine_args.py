@@ -12,9 +12,10 @@ from dataclasses import dataclass, fields
 import yaml
 
 from jaxvllm.config.engine_config import (CacheConfig, CompilationConfig, EngineConfig, LoadConfig,
-                                          ModelConfig, ParallelConfig, QuantizationConfig,
+                                          LoRAConfig, ModelConfig, ParallelConfig, QuantizationConfig,
                                           SchedulerConfig)
 from jaxvllm.config.pooler import resolve_runner
+from jaxvllm.config.speculative import parse_speculative_config
 from jaxvllm.layers.quantization.compressed_tensors import resolve_quantization
 from jaxvllm.platforms import get_platform
 
@@ -120,6 +121,18 @@ class EngineArgs:
     async_scheduling: bool | None = None
     """Schedule the next step while the device runs this one (sampled tokens read one step
     later); None: the platform's default. Needs the uni executor on one host, one stage."""
+    speculative_config: str | None = None
+    """Speculative decoding as JSON or a dict, e.g. '{"method": "ngram",
+    "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}'; steps then
+    run synchronously (no async scheduling)."""
+    enable_lora: bool = False
+    """Serve LoRA adapters (PEFT directories) per request, several in one batch."""
+    max_loras: int = 1
+    """Most distinct LoRA adapters in one step (device slots)."""
+    max_lora_rank: int = 16
+    """Largest LoRA rank an adapter may have (the device stacks' rank)."""
+    max_cpu_loras: int | None = None
+    """LoRA adapters kept read in host memory (default: max_loras)."""
 
     @classmethod
     def from_file(cls, path: str, **overrides) -> "EngineArgs":
@@ -169,6 +182,7 @@ class EngineArgs:
             swap_space=self.swap_space,
             kv_cache_dtype=self.kv_cache_dtype,
         )
+        speculative = parse_speculative_config(self.speculative_config)
         sched = SchedulerConfig(
             max_num_seqs=self.max_num_seqs or platform.default_max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens or platform.default_max_num_batched_tokens,
@@ -180,7 +194,7 @@ class EngineArgs:
             preemption_mode=self.preemption_mode,
             async_scheduling=(self.async_scheduling if self.async_scheduling is not None
                               else platform.default_async_scheduling and not parallel.is_multiprocess
-                              and self.pipeline_parallel_size == 1),
+                              and self.pipeline_parallel_size == 1 and speculative is None),
         )
         runner, convert, pooler = resolve_runner(self.runner, self.convert, self.pooler_config, hf_config)
         model = ModelConfig(model=self.model, path=model_path or self.model or "", dtype=dtype, seed=self.seed,
@@ -192,7 +206,10 @@ class EngineArgs:
             quant_config=QuantizationConfig(resolve_quantization(self.quantization, hf_config)),
             compilation=CompilationConfig(skip_warmup=self.skip_warmup,
                                           check_recompilation=self.check_recompilation),
-            profile_dir=self.profile_dir)
+            speculative=speculative, profile_dir=self.profile_dir,
+            lora=(LoRAConfig(self.max_loras, self.max_lora_rank,
+                             self.max_loras if self.max_cpu_loras is None else self.max_cpu_loras)
+                  if self.enable_lora else None))
         config.verify()
         return config
 

@@ -134,6 +134,29 @@ class CompilationConfig:
 
 
 @dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding (vLLM's `speculative_config`): a proposer drafts up to
+    `num_speculative_tokens` tokens per request per step, the target model verifies them in
+    one forward and the rejection sampler keeps the target's distribution (worker/spec_decode).
+    ngram: prompt lookup, the longest suffix n-gram of prompt_lookup_min..max tokens that
+    appeared earlier in the request proposes the tokens that followed it (vLLM's defaults:
+    one bound unset takes the other's value, both unset are 5)."""
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    prompt_lookup_min: int = 5
+    prompt_lookup_max: int = 5
+
+
+@dataclass(frozen=True)
+class LoRAConfig:
+    """Multi-LoRA serving (vLLM's LoRAConfig): adapters in max_loras device slots of rank up
+    to max_lora_rank, max_cpu_loras kept read on the host."""
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int = 1
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -142,7 +165,9 @@ class EngineConfig:
     load: LoadConfig = field(default_factory=LoadConfig)
     quant_config: QuantizationConfig = field(default_factory=QuantizationConfig)
     compilation: CompilationConfig = field(default_factory=CompilationConfig)
+    speculative: SpeculativeConfig | None = None
     profile_dir: str | None = None
+    lora: LoRAConfig | None = None  # None: enable_lora off (the step is the plain one)
 
     @property
     def dtype(self) -> str:

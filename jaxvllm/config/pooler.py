@@ -5,9 +5,9 @@ the pooler config's unset fields take the convert's defaults."""
 from __future__ import annotations
 
 import dataclasses
-import json
 
 from jaxvllm.config.engine_config import PoolerConfig
+from jaxvllm.config.json_section import section_fields
 from jaxvllm.pooling_params import POOLING_TYPES
 
 RUNNERS = ("auto", "generate", "pooling")
@@ -22,20 +22,8 @@ def is_classifier(architectures) -> bool:
 
 def parse_pooler_config(value) -> PoolerConfig | None:
     """A PoolerConfig, a dict of its fields, or their JSON (the CLI's --pooler-config)."""
-    if value is None or isinstance(value, PoolerConfig):
-        return value
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"pooler_config must be JSON, got {value!r} ({e.msg}).") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"pooler_config must be a dict of {[f.name for f in dataclasses.fields(PoolerConfig)]}, "
-                         f"got {type(value).__name__}.")
-    known = {f.name for f in dataclasses.fields(PoolerConfig)}
-    if unknown := sorted(set(value) - known):
-        raise ValueError(f"pooler_config has unknown fields {unknown}; known: {sorted(known)}.")
-    return PoolerConfig(**value)
+    value = section_fields(value, PoolerConfig, "pooler_config")
+    return value if value is None or isinstance(value, PoolerConfig) else PoolerConfig(**value)
 
 
 def resolve_runner(runner: str, convert: str, pooler_config, hf_config) -> tuple[str, str, PoolerConfig | None]:

@@ -10,12 +10,16 @@ def verify_engine_config(config) -> None:
     from jaxvllm.config.engine_config import QUANTIZATIONS
     if config.quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {config.quantization!r}.")
+    from jaxvllm.config.speculative import verify_speculative
+    verify_speculative(config)
     c, p, s = config.compilation, config.parallel, config.scheduler
     if config.model.runner == "pooling" and p.pipeline_parallel_size > 1:
         raise ValueError("runner='pooling' needs pipeline_parallel_size=1 (the pooler reads the last "
                          "stage's hidden states in the runner that pools them).")
     if c.check_recompilation and c.skip_warmup:
         raise ValueError("check_recompilation needs the warm-up; do not combine it with skip_warmup.")
+    if config.lora is not None:
+        _verify_lora(config)
     if (p.is_multiprocess or p.pipeline_parallel_size > 1) and s.async_scheduling:
         raise ValueError("async_scheduling needs distributed_executor_backend='uni', nnodes=1 and "
                          "pipeline_parallel_size=1 (the step's tokens stay on this process's devices).")
@@ -25,6 +29,23 @@ def verify_engine_config(config) -> None:
     if p.pipeline_parallel_size > 1 and s.preemption_mode == "swap":
         raise ValueError("preemption_mode='swap' is not supported with pipeline_parallel_size > 1 "
                          "(each stage holds its own KV cache); use 'recompute'.")
+
+
+def _verify_lora(config) -> None:
+    lora = config.lora
+    if lora.max_loras < 1:
+        raise ValueError(f"max_loras must be at least 1, got {lora.max_loras}.")
+    if lora.max_lora_rank < 1:
+        raise ValueError(f"max_lora_rank must be at least 1, got {lora.max_lora_rank}.")
+    if lora.max_cpu_loras < lora.max_loras:
+        raise ValueError(f"max_cpu_loras ({lora.max_cpu_loras}) must be at least max_loras ({lora.max_loras}).")
+    if config.model.runner == "pooling":
+        raise ValueError("enable_lora needs runner='generate' (pooling models serve no adapters).")
+    if config.parallel.pipeline_parallel_size > 1:
+        raise ValueError("enable_lora needs pipeline_parallel_size=1.")
+    if config.speculative is not None:
+        raise ValueError("enable_lora does not combine with speculative_config yet (the verify step "
+                         "runs the base model's projections only).")
 
 
 def _verify_parallel(p) -> None:

@@ -71,8 +71,9 @@ class KVCacheManager:
     # ---- prefix caching ------------------------------------------------------------
     def _update_block_hashes(self, request: Request, num_full_blocks: int) -> list[BlockHash]:
         """Extend the request's chained block hashes to its first `num_full_blocks` blocks.
-        The first block carries the model and the cache salt as extra keys, and every later
-        hash chains on it, so neither two models nor two salts ever share a block."""
+        The first block carries the model, the cache salt and the LoRA adapter as extra keys,
+        and every later hash chains on it, so neither two models, two salts nor two adapters
+        ever share a block."""
         hashes, bs = request.block_hashes, self.block_size
         prompt, outputs = request.prompt_token_ids, request.output_token_ids
         num_prompt = len(prompt)
@@ -84,7 +85,8 @@ class KVCacheManager:
             else:
                 block_tokens = tuple(prompt[start:end]) + tuple(outputs[max(0, start - num_prompt):end - num_prompt])
             parent = hashes[-1].hash_value if hashes else None
-            extra = (self.model_name, request.cache_salt) if i == 0 else None
+            lora = request.lora_request
+            extra = (self.model_name, request.cache_salt, lora and lora.lora_int_id) if i == 0 else None
             hashes.append(BlockHash(hash((parent, block_tokens, extra)), block_tokens, extra))
         return hashes
 

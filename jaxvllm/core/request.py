@@ -5,6 +5,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from jaxvllm.lora.request import LoRARequest
 from jaxvllm.outputs import FinishReason
 from jaxvllm.pooling_params import PoolingParams
 from jaxvllm.sampling_params import SamplingParams
@@ -69,6 +70,11 @@ class Request:
     block_hashes: list = field(default_factory=list)
     # A pooling request (runner="pooling"): prefilled, pooled by the worker, never decoded.
     pooling_params: PoolingParams | None = None
+    # Speculative decoding: tokens the proposer drafted to follow output_token_ids, verified
+    # in the next step that schedules the request (then cleared).
+    spec_token_ids: list[int] = field(default_factory=list)
+    # The LoRA adapter it runs with (None: the base model); also a prefix-cache key.
+    lora_request: LoRARequest | None = None
 
     @property
     def num_prompt_tokens(self) -> int:

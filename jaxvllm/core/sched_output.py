@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from jaxvllm.lora.request import LoRARequest
 from jaxvllm.pooling_params import PoolingParams
 from jaxvllm.sampling_params import SamplingParams
 
@@ -24,6 +25,7 @@ class NewRequestData:
     block_ids: tuple[list[int], ...]  # one table per KV cache group (0: out of a window)
     num_computed_tokens: int
     pooling_params: PoolingParams | None = None
+    lora_request: LoRARequest | None = None
 
 
 @dataclass
@@ -53,4 +55,7 @@ class SchedulerOutput:
     # Structured output: allowed-token bitmask words (int32) of each constrained request
     # that samples this step (core/structured_output.py).
     grammar_bitmask: dict[str, list[int]] = field(default_factory=dict)
+    # Speculative decoding: each request's draft tokens scheduled this step (vLLM's name);
+    # they follow its last token in num_scheduled_tokens, and the verify step scores them.
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
 

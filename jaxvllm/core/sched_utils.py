@@ -77,5 +77,6 @@ def new_request_data(request: Request, block_ids: tuple[list[int], ...]) -> NewR
         block_ids=block_ids,
         num_computed_tokens=request.num_computed_tokens,
         pooling_params=request.pooling_params,
+        lora_request=request.lora_request,
     )
 

@@ -32,6 +32,7 @@ from jaxvllm.core.request import Request, RequestStatus
 from jaxvllm.core.request_queue import create_request_queue
 from jaxvllm.core.sched_utils import (check_stop, needs_host_tokens, new_request_data, num_new_tokens,
                                       owes_prompt_logprobs)
+from jaxvllm.core.spec_decode import SpecDecodingStats, accept_tokens
 from jaxvllm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
 from jaxvllm.core.stats import SchedulerStats
 from jaxvllm.core.structured_output import StructuredOutputManager
@@ -43,7 +44,10 @@ class Scheduler:
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
                  kv_cache_config: KVCacheConfig, *, model_name: str = "",
                  structured_output_manager: StructuredOutputManager | None = None,
-                 max_concurrent_batches: int = 1):
+                 max_concurrent_batches: int = 1, num_spec_tokens: int = 0, max_loras: int = 0):
+        """num_spec_tokens: speculative decoding's most drafts per request (0: off); the
+        drafts themselves come back with each step's tokens (ModelRunnerOutput). max_loras:
+        most distinct LoRA adapters in one step (the worker's device slots); 0: none served."""
         s = scheduler_config
         if s.preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {s.preemption_mode!r}.")
@@ -51,6 +55,7 @@ class Scheduler:
         self.max_num_batched_tokens = s.max_num_batched_tokens
         self.max_model_len = s.max_model_len
         self.long_prefill_token_threshold = s.long_prefill_token_threshold
+        self.max_loras = max_loras
         self.policy = s.scheduling_policy
         self.kv_cache_manager = KVCacheManager(
             kv_cache_config.num_blocks, kv_cache_config.block_size, s.max_model_len,
@@ -71,6 +76,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_swap_outs = 0
         self.num_prefill_tokens = 0
+        self.spec_decoding_stats = SpecDecodingStats(num_accepted_tokens_per_pos=[0] * num_spec_tokens)
 
     # ---- requests in and out -------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -131,19 +137,28 @@ class Scheduler:
         preempted: set[str] = set()
         swap_out: list[tuple[int, int]] = []
         swap_in: list[tuple[int, int]] = []
+        spec_tokens: dict[str, list[int]] = {}
 
         in_flight, max_reqs = ((self.in_flight.req_ids, self.in_flight.max_batch_reqs) if self.in_flight is not None
                                else ((), self.max_num_seqs))
+        loras: set[int] = set()  # the adapters of this step's requests
         index = 0
         while index < len(self.running) and token_budget > 0 and len(num_scheduled) < max_reqs:
             request = self.running[index]
             if request.request_id in in_flight:
                 index += 1
                 continue
+            if not self._lora_fits(request, loras):
+                index += 1  # it waits for a step whose adapters leave it a slot
+                continue
             num_computed = request.num_computed_tokens
             num_new = request.num_tokens + request.num_output_placeholders - num_computed
+            drafts = None
             if num_new == 1:  # a decode: the common case, kept cheap
                 num_new = int(num_computed < self.max_model_len - 1)
+                drafts = request.spec_token_ids
+                if drafts and num_new:  # speculative decoding: its drafts are verified with it
+                    num_new = min(1 + len(drafts), token_budget, self.max_model_len - 1 - num_computed)
             else:
                 num_new = num_new_tokens(request, token_budget, num_computed, self.max_model_len,
                                          self.long_prefill_token_threshold)
@@ -162,6 +177,10 @@ class Scheduler:
             num_scheduled[request.request_id] = num_new
             token_budget -= num_new
             index += 1
+            if drafts:
+                if num_new > 1:
+                    spec_tokens[request.request_id] = drafts[:num_new - 1]
+                request.spec_token_ids = []
             if request.request_id in self._worker_known:
                 cached.req_ids.append(request.request_id)
                 cached.new_block_ids.append(blocks.get_block_ids())
@@ -175,7 +194,7 @@ class Scheduler:
         while (not preempted and self.waiting and token_budget > 0
                and len(self.running) < self.max_num_seqs and len(num_scheduled) < max_reqs):
             request = self.waiting.peek_request()
-            if request.request_id in in_flight:
+            if request.request_id in in_flight or not self._lora_fits(request, loras):
                 break  # preempted while in flight: it resumes once its token is back
             if request.status == RequestStatus.SWAPPED or owes_prompt_logprobs(request):
                 hit, num_hit = self.kv_cache_manager.empty_kv_cache_blocks, 0  # prompt logprobs need every position computed
@@ -213,6 +232,7 @@ class Scheduler:
             preempted_req_ids=preempted,
             blocks_to_swap_out=swap_out,
             blocks_to_swap_in=swap_in,
+            scheduled_spec_decode_tokens=spec_tokens,
         )
         self._finished_req_ids = set()
         if self.in_flight is not None:
@@ -225,6 +245,17 @@ class Scheduler:
                 [r for r in num_scheduled if r in manager.matchers
                  and requests[r].num_computed_tokens >= requests[r].num_tokens])
         return output
+
+    def _lora_fits(self, request: Request, loras: set[int]) -> bool:
+        """Whether the request's adapter fits this step (at most max_loras distinct ones);
+        if so it is counted in."""
+        if request.lora_request is None:
+            return True
+        lora_id = request.lora_request.lora_int_id
+        if lora_id not in loras and len(loras) >= self.max_loras:
+            return False
+        loras.add(lora_id)
+        return True
 
     def _advance(self, request: Request, num_new: int) -> None:
         """The step computes num_new more of the request's tokens; when they reach its end it
@@ -243,6 +274,7 @@ class Scheduler:
         """Preempt the request (core/preemption.py) back to the waiting queue; returns its
         swap-out pairs."""
         pairs = preempt(request, self.kv_cache_manager, self.swap_space)
+        request.spec_token_ids = []
         if pairs is not None:
             self.num_swap_outs += 1
         self.num_preemptions += 1
@@ -260,6 +292,7 @@ class Scheduler:
             return self._update_pooled(runner_output)
         logprobs, prompt_logprobs = runner_output.logprobs, runner_output.prompt_logprobs
         grammar, requests, max_model_len = scheduler_output.grammar_bitmask, self.requests, self.max_model_len
+        next_drafts = runner_output.spec_token_ids  # None unless speculative decoding
         for i, (req_id, sampled) in enumerate(zip(runner_output.req_ids,
                                                   runner_output.sampled_token_ids)):
             if not sampled:
@@ -267,11 +300,15 @@ class Scheduler:
             request = requests.get(req_id)
             if request is None:
                 continue  # finished meanwhile: a token sampled a step late is dropped
-            request.output_token_ids.extend(sampled)
+            running = request.status == RequestStatus.RUNNING
+            if next_drafts is None:
+                request.output_token_ids.extend(sampled)
+            else:  # several tokens, each checked for a stop (core/spec_decode.py)
+                sampled = accept_tokens(request, sampled, len(scheduler_output.scheduled_spec_decode_tokens.get(
+                    req_id, ())), next_drafts[i], max_model_len, self.spec_decoding_stats)
             first = len(request.output_token_ids) == len(sampled)
             if request.num_output_placeholders:  # 0 after a preemption while it was in flight
                 request.num_output_placeholders -= 1
-            running = request.status == RequestStatus.RUNNING
             if grammar and req_id in grammar:
                 request.error = self.structured_output_manager.accept_token(req_id, sampled[-1])
                 if request.error is not None:
@@ -327,7 +364,7 @@ class Scheduler:
 
     def make_stats(self) -> SchedulerStats:
         num_swapped = len(self.swap_space.req_to_slots) if self.swap_space is not None else 0
-        prefix = self.kv_cache_manager.prefix_cache_stats
+        prefix, spec = self.kv_cache_manager.prefix_cache_stats, self.spec_decoding_stats
         return SchedulerStats(
             num_running_reqs=len(self.running), num_waiting_reqs=len(self.waiting) - num_swapped,
             num_swapped_reqs=num_swapped, kv_cache_usage=self.kv_cache_usage,
@@ -335,4 +372,7 @@ class Scheduler:
             num_preemptions=self.num_preemptions, num_swap_outs=self.num_swap_outs,
             num_prefill_tokens=self.num_prefill_tokens,
             num_free_blocks=self.kv_cache_manager.block_pool.get_num_free_blocks(),
-            num_total_blocks=self.kv_cache_manager.block_pool.num_blocks - 1)
+            num_total_blocks=self.kv_cache_manager.block_pool.num_blocks - 1,
+            spec_decode_num_drafts=spec.num_drafts, spec_decode_num_draft_tokens=spec.num_draft_tokens,
+            spec_decode_num_accepted_tokens=spec.num_accepted_tokens,
+            spec_decode_num_accepted_tokens_per_pos=list(spec.num_accepted_tokens_per_pos))

@@ -62,7 +62,7 @@ class AsyncLLM:
 
     # ---- requests -----------------------------------------------------------------
     async def generate(self, prompt, sampling_params: SamplingParams, request_id: str,
-                       priority: int = 0) -> AsyncIterator[RequestOutput]:
+                       priority: int = 0, lora_request=None) -> AsyncIterator[RequestOutput]:
         """Yields the request's outputs until it finishes; ValueError for invalid input
         (before anything is queued), EngineDeadError if the engine process dies.
         With n > 1 the request fans out into n children (parallel_sampling.py) whose
@@ -77,7 +77,8 @@ class AsyncLLM:
                     else [(request_id, sampling_params)])
         # Tokenizing and compiling a grammar can take long for large inputs: not on the loop.
         processed = await asyncio.to_thread(lambda: [
-            self.processor.process_inputs(child_id, prompt, params, priority=priority)
+            self.processor.process_inputs(child_id, prompt, params, priority=priority,
+                                          lora_request=lora_request)
             for child_id, params in children])
         requests, child_ids = [], []
         self.sleep_state.check_admits()  # /sleep may have begun while this was tokenized

@@ -55,11 +55,16 @@ def _start_cores(client_cls, args: EngineArgs) -> list:
     return clients
 
 
+def _total(values: list):
+    """Counts summed over the cores; per-position counts position by position."""
+    return [sum(v) for v in zip(*values)] if isinstance(values[0], list) else sum(values)
+
+
 def combine_utility_results(method: str, results: list):
     """One answer for a utility called on every live core."""
     if method == "get_stats":
         stats = [SchedulerStats(**r) if isinstance(r, dict) else r for r in results]
-        total = SchedulerStats(**{f: sum(getattr(s, f) for s in stats)
+        total = SchedulerStats(**{f: _total([getattr(s, f) for s in stats])
                                   for f in vars(stats[0]) if f != "kv_cache_usage"})
         total.kv_cache_usage = sum(s.kv_cache_usage for s in stats) / len(stats)
         return dataclasses.asdict(total)

@@ -46,7 +46,9 @@ class EngineCore:
             config.scheduler, config.cache, kv_cache_config, model_name=config.model.name,
             structured_output_manager=StructuredOutputManager(lambda: load_tokenizer(config.model.path),
                                                               hf_config.vocab_size),
-            max_concurrent_batches=self.model_executor.max_concurrent_batches)
+            max_concurrent_batches=self.model_executor.max_concurrent_batches,
+            num_spec_tokens=config.speculative.num_speculative_tokens if config.speculative else 0,
+            max_loras=config.lora.max_loras if config.lora is not None else 0)
         self.vocab_size = hf_config.vocab_size
         # Async scheduling: the step dispatched last, whose tokens are read after the next
         # one is dispatched.
@@ -99,11 +101,14 @@ class EngineCore:
         if (request.pooling_params is not None) != (self.config.model.runner == "pooling"):
             raise ValueError(f"This engine runs runner={self.config.model.runner!r}: it takes "
                              f"{'pooling' if self.config.model.runner == 'pooling' else 'sampling'}_params.")
+        if request.lora_request is not None and self.config.lora is None:
+            raise ValueError("lora_request needs an engine started with enable_lora=True.")
         self.scheduler.add_request(Request(
             request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
             sampling_params=request.sampling_params, eos_token_id=request.eos_token_id,
             sampling_seed=request.sampling_seed, arrival_time=request.arrival_time,
-            priority=request.priority, cache_salt=request.cache_salt, pooling_params=request.pooling_params))
+            priority=request.priority, cache_salt=request.cache_salt, pooling_params=request.pooling_params,
+            lora_request=request.lora_request))
 
     def abort_requests(self, request_ids) -> None:
         self.scheduler.abort_requests(request_ids)

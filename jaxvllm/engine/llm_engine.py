@@ -68,19 +68,20 @@ class LLMEngine:
         return self.engine_core_client.engine_core
 
     def add_request(self, request_id: str, prompt, params: SamplingParams,
-                    arrival_time: float | None = None, priority: int = 0) -> None:
+                    arrival_time: float | None = None, priority: int = 0, lora_request=None) -> None:
         """With params.n > 1 the request fans out into n children (parallel_sampling.py),
         whose outputs come back as one RequestOutput under `request_id`."""
         parent = ParentRequest.from_params(request_id, params)
         if parent is None:
-            self._add_request(request_id, prompt, params, arrival_time, priority)
+            self._add_request(request_id, prompt, params, arrival_time, priority, lora_request=lora_request)
             return
         if request_id in self._children:
             raise ValueError(f"Request id {request_id!r} is already running.")
         added = []
         try:
             for index, (child_id, child_params) in enumerate(parent.child_requests()):
-                self._add_request(child_id, prompt, child_params, arrival_time, priority, parent, index)
+                self._add_request(child_id, prompt, child_params, arrival_time, priority, parent, index,
+                                  lora_request)
                 added.append(child_id)
         except Exception:
             self.abort_request(added)
@@ -88,10 +89,10 @@ class LLMEngine:
         self._children[request_id] = added
 
     def _add_request(self, request_id, prompt, params, arrival_time, priority, parent=None,
-                     parent_index=0) -> None:
+                     parent_index=0, lora_request=None) -> None:
         self.sleep_state.check_admits()
         request, prompt_text = self.processor.process_inputs(request_id, prompt, params, arrival_time,
-                                                             priority)
+                                                             priority, lora_request)
         self.output_processor.add_request(request, prompt_text, parent=parent, parent_index=parent_index)
         try:
             self.engine_core_client.add_request(request)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jaxvllm.core.stats import SchedulerStats
+from jaxvllm.lora.request import LoRARequest
 from jaxvllm.outputs import EngineCoreOutput
 from jaxvllm.pooling_params import PoolingParams
 from jaxvllm.sampling_params import SamplingParams
@@ -34,6 +35,7 @@ class EngineCoreRequest:
     priority: int = 0
     cache_salt: str | None = None
     pooling_params: PoolingParams | None = None
+    lora_request: LoRARequest | None = None
 
 
 @dataclass

@@ -12,8 +12,11 @@ import random
 import time
 
 from jaxvllm.config import EngineConfig
+from jaxvllm.config.speculative import verify_request
 from jaxvllm.engine.grammar_sandbox import GrammarSandbox
 from jaxvllm.engine.messages import EngineCoreRequest
+from jaxvllm.lora.peft_helper import read_adapter
+from jaxvllm.lora.request import LoRARequest
 from jaxvllm.pooling_params import PoolingParams
 from jaxvllm.sampling_params import SamplingParams, is_int
 
@@ -32,17 +35,22 @@ class Processor:
         self.max_model_len = config.scheduler.max_model_len
         self.model_config = config.model
         self.scheduling_policy = config.scheduler.scheduling_policy
+        self.speculative = config.speculative is not None
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
         self.grammar_sandbox = GrammarSandbox()  # its process starts with the first grammar
         # Seeds for requests without one: reproducible per engine seed, distinct per request.
         self._seed_rng = random.Random(config.model.seed)
+        self.lora_config = config.lora
+        self._loras: dict[int, LoRARequest] = {}  # adapters checked already, by lora_int_id
 
     def process_inputs(self, request_id: str, prompt, params: SamplingParams | PoolingParams,
-                       arrival_time: float | None = None, priority: int = 0
-                       ) -> tuple[EngineCoreRequest, str | None]:
+                       arrival_time: float | None = None, priority: int = 0,
+                       lora_request: LoRARequest | None = None) -> tuple[EngineCoreRequest, str | None]:
         """Returns the request and the prompt text (None when given as token ids)."""
+        if lora_request is not None:
+            self.check_lora(lora_request)
         if not (is_int(priority) and -2**63 <= priority < 2**63):
             raise ValueError(f"priority must be a 64-bit integer, got {priority!r}.")
         if priority != 0 and self.scheduling_policy != "priority":
@@ -72,13 +80,31 @@ class Processor:
             sampling, pooling_params, seed = None, self._check_pooling_params(params), 0
         else:
             sampling, pooling_params = self._check_params(params), None
+            if self.speculative:
+                verify_request(sampling)
             seed = sampling.seed if sampling.seed is not None else self._seed_rng.getrandbits(63)
         return EngineCoreRequest(
             request_id=request_id, prompt_token_ids=token_ids, sampling_params=sampling,
             eos_token_id=self.eos_token_id, sampling_seed=seed,
             arrival_time=arrival_time if arrival_time is not None else time.time(),
             priority=priority, cache_salt=cache_salt, pooling_params=pooling_params,
+            lora_request=lora_request,
         ), text
+
+    def check_lora(self, lora: LoRARequest) -> None:
+        """The adapter's files and config, read once per lora_int_id (peft_helper.read_adapter);
+        one id names one adapter for the engine's life, as in vLLM."""
+        if not isinstance(lora, LoRARequest):
+            raise ValueError(f"lora_request must be a LoRARequest, got {type(lora).__name__}.")
+        if self.lora_config is None:
+            raise ValueError("lora_request needs an engine started with enable_lora=True.")
+        known = self._loras.get(lora.lora_int_id)
+        if known is None:
+            read_adapter(lora.lora_path, self.lora_config.max_lora_rank, lora.lora_name)
+            self._loras[lora.lora_int_id] = lora
+        elif (known.lora_name, known.lora_path) != (lora.lora_name, lora.lora_path):
+            raise ValueError(f"lora_int_id {lora.lora_int_id} already names adapter {known.lora_name!r} "
+                             f"({known.lora_path}); give {lora.lora_name!r} another id.")
 
     def _check_pooling_params(self, params: PoolingParams) -> PoolingParams:
         """The params with the model's pooler config filled in (the worker reads plain values).

@@ -48,9 +48,11 @@ class LLM(LLMPooling):
         """prompts: a string, a list of strings, a list of token ids, a list of token-id
         lists, or vLLM-style dicts with `prompt` / `prompt_token_ids` (and `cache_salt`).
         priority: one per prompt, lower first, with scheduling_policy="priority".
-        use_tqdm: a bool, or a tqdm-like class to show progress with (as in vLLM)."""
-        refuse({"lora_request": lora_request, "tokenization_kwargs": tokenization_kwargs,
-                "mm_processor_kwargs": mm_processor_kwargs}, GENERATE_REFUSED, "LLM.generate")
+        use_tqdm: a bool, or a tqdm-like class to show progress with (as in vLLM).
+        lora_request: a LoRARequest for every prompt, or a list of one (or None) per prompt
+        (with enable_lora=True)."""
+        refuse({"tokenization_kwargs": tokenization_kwargs, "mm_processor_kwargs": mm_processor_kwargs},
+               GENERATE_REFUSED, "LLM.generate")
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts
                                                 and isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -68,15 +70,20 @@ class LLM(LLMPooling):
         priority = [0] * len(prompts) if priority is None else list(priority)
         if len(priority) != len(prompts):
             raise ValueError(f"Got {len(prompts)} prompts but {len(priority)} priorities.")
-        return self._run_requests(prompts, sampling_params, use_tqdm, priority)
+        loras = list(lora_request) if isinstance(lora_request, (list, tuple)) else [lora_request] * len(prompts)
+        if len(loras) != len(prompts):
+            raise ValueError(f"Got {len(prompts)} prompts but {len(loras)} lora_requests.")
+        return self._run_requests(prompts, sampling_params, use_tqdm, priority, loras)
 
-    def _run_requests(self, prompts: list, params: list, use_tqdm, priority: list[int] | None = None) -> list:
+    def _run_requests(self, prompts: list, params: list, use_tqdm, priority: list[int] | None = None,
+                      loras: list | None = None) -> list:
         """Add one request per prompt and run the engine until all are finished."""
         request_ids = []
         try:
-            for prompt, p, prio in zip(prompts, params, priority or [0] * len(prompts)):
+            for prompt, p, prio, lora in zip(prompts, params, priority or [0] * len(prompts),
+                                             loras or [None] * len(prompts)):
                 request_id = str(next(self._counter))
-                self.llm_engine.add_request(request_id, prompt, p, priority=prio)
+                self.llm_engine.add_request(request_id, prompt, p, priority=prio, lora_request=lora)
                 request_ids.append(request_id)
             return self._run_engine(request_ids, use_tqdm)
         except BaseException:
@@ -134,8 +141,7 @@ class LLM(LLMPooling):
         """messages: one conversation (a list of {"role", "content"} dicts) or a list of them.
         Each output's `prompt` is the conversation as the chat template rendered it
         (`chat_template`, else LLM(chat_template=...), else the model's own)."""
-        refuse({"lora_request": lora_request, "tokenization_kwargs": tokenization_kwargs,
-                "mm_processor_kwargs": mm_processor_kwargs,
+        refuse({"tokenization_kwargs": tokenization_kwargs, "mm_processor_kwargs": mm_processor_kwargs,
                 "chat_template_content_format": chat_template_content_format},
                CHAT_REFUSED, "LLM.chat")
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
@@ -150,7 +156,7 @@ class LLM(LLMPooling):
                 continue_final_message=continue_final_message, **extra)
             prompts.append({"prompt": text,
                             "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)})
-        return self.generate(prompts, sampling_params, use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm, lora_request=lora_request)
 
     def _run_engine(self, request_ids: list[str], use_tqdm) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}

@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 from jaxvllm.outputs import (ClassificationRequestOutput, EmbeddingRequestOutput, PoolingOutput,
                              PoolingRequestOutput, ScoringRequestOutput)
 from jaxvllm.pooling_params import PoolingParams
-from jaxvllm.vllm_compat import GENERATE_REFUSED, refuse
+from jaxvllm.vllm_compat import POOLING_REFUSED, refuse
 
 
 def _as_list(prompts) -> list:
@@ -30,7 +30,7 @@ class LLMPooling:
         """The pooled data of each prompt (PoolingOutput.data: a vector, or one per token for
         pooling_task token_embed / token_classify)."""
         refuse({"lora_request": lora_request, "tokenization_kwargs": tokenization_kwargs},
-               GENERATE_REFUSED, "LLM.encode")
+               POOLING_REFUSED, "LLM.encode")
         prompts = _as_list(prompts)
         if pooling_params is None or isinstance(pooling_params, PoolingParams):
             pooling_params = [pooling_params or PoolingParams()] * len(prompts)
@@ -62,7 +62,7 @@ class LLMPooling:
         """Scores of text pairs: data_1 (one text, scored against each of data_2, or one per
         text of data_2) and data_2."""
         refuse({"lora_request": lora_request, "tokenization_kwargs": tokenization_kwargs},
-               GENERATE_REFUSED, "LLM.score")
+               POOLING_REFUSED, "LLM.score")
         if chat_template is not None:
             raise ValueError("chat_template is not supported by jaxvllm's LLM.score: pairs are "
                              "tokenized as the tokenizer joins them.")

@@ -33,4 +33,5 @@ class UniProcExecutor(Executor):
         self.collective_rpc("update_weights", (weights,))
 
     def shutdown(self) -> None:
-        """Nothing to stop: the Worker lives and ends with this process."""
+        """The Worker lives and ends with this process; its background work stops now."""
+        self.driver_worker.shutdown()

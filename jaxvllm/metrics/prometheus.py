@@ -68,6 +68,15 @@ class PrometheusStatLogger:
         self.prefix_hits = make(c, "vllm:prefix_cache_hits",
                                 "Prefix cache hits, in terms of number of cached tokens.")
         self.preemptions = make(c, "vllm:num_preemptions", "Cumulative number of preemptions.")
+        # Speculative decoding (vLLM's SpecDecodingProm): (counter, SchedulerStats field).
+        self.spec_counters = [
+            (make(c, "vllm:spec_decode_num_drafts", "Number of spec decoding drafts."), "spec_decode_num_drafts"),
+            (make(c, "vllm:spec_decode_num_draft_tokens", "Number of draft tokens."),
+             "spec_decode_num_draft_tokens"),
+            (make(c, "vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens."),
+             "spec_decode_num_accepted_tokens")]
+        self.spec_per_pos = make(c, "vllm:spec_decode_num_accepted_tokens_per_pos",
+                                 "Accepted tokens per draft position.", labelnames=["position"])
         self.prompt_tokens = make(c, "vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = make(c, "vllm:generation_tokens", "Number of generation tokens processed.")
         self.request_success = make(c, "vllm:request_success", "Count of successfully processed requests.",
@@ -175,6 +184,12 @@ class PrometheusStatLogger:
         self.prefix_queries.labels(**labels).inc(max(0, s.prefix_cache_queries - last.prefix_cache_queries))
         self.prefix_hits.labels(**labels).inc(max(0, s.prefix_cache_hits - last.prefix_cache_hits))
         self.preemptions.labels(**labels).inc(max(0, s.num_preemptions - last.num_preemptions))
+        for counter, name in self.spec_counters:
+            counter.labels(**labels).inc(max(0, getattr(s, name) - getattr(last, name)))
+        before = last.spec_decode_num_accepted_tokens_per_pos
+        for pos, count in enumerate(s.spec_decode_num_accepted_tokens_per_pos):
+            self.spec_per_pos.labels(**labels, position=str(pos)).inc(
+                max(0, count - (before[pos] if pos < len(before) else 0)))
         self._last[engine] = s
 
     def drop_engine(self, engine: int) -> None:

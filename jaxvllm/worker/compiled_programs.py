@@ -127,8 +127,10 @@ class CompiledProgram:
         self.loading: dict[tuple, tuple] = {}  # saved programs loading: (future, what it loads)
         self._out_tree = self._fixed_leaves = None
         self.num_compiled = self.num_loaded = 0
+        self.num_calls = 0  # steps it ran (which of a runner's variants serve, e.g. with or without LoRA)
 
     def __call__(self, *args, **static):
+        self.num_calls += 1
         signature = _signature(args, static, self.fixed)
         program = self.programs.get(signature)
         if program is None:

@@ -89,6 +89,7 @@ class InputBatch:
         self.repetition = np.ones(S, np.float32)
         self.num_logprobs = np.full(S, -1, np.int32)  # k of SamplingParams.logprobs, -1: none
         self.generation = np.zeros(S, np.int64)  # bumped when a row gets a new request
+        self.lora_int_id = np.zeros(S, np.int32)  # the row's LoRA adapter (0: none)
 
     def update_states(self, out: SchedulerOutput) -> list[CachedRequestState]:
         """Applies the step's changes; returns the states added (their rows need writing)."""
@@ -143,6 +144,7 @@ class InputBatch:
         self.repetition[slot] = p.repetition_penalty
         self.num_logprobs[slot] = -1 if p.logprobs is None else p.logprobs
         self.generation[slot] += 1
+        self.lora_int_id[slot] = new.lora_request.lora_int_id if new.lora_request is not None else 0
         return state
 
     def token_list(self, state: CachedRequestState, start: int = 0, end: int | None = None) -> list[int]:

@@ -36,14 +36,15 @@ class MemoryProfile:
 
 
 def peak_step_bytes(runner) -> int:
-    """The most memory one step needs beyond its arguments, per device: the forward at the
-    largest token bucket and each sampler at the largest request bucket, compiled (not run)
+    """The most memory one step needs beyond its arguments, per device: the forward (and its
+    LoRA variant) at the largest token bucket and each sampler at the largest request bucket, compiled (not run)
     with the runner's abstract or real arguments."""
     jobs = runner.warmup_jobs()
+    forwards = (runner._forward, runner._forward_lora)  # the latter: with enable_lora, else None
     largest_t = max(len(args[2]) for program, args, _ in jobs if program is runner._forward)
     largest_r = max(runner.request_buckets)
     chosen = [(p, args, static) for p, args, static in jobs
-              if (p is runner._forward and len(args[2]) == largest_t)
+              if (p in forwards and len(args[2]) == largest_t)
               or (p in (runner._sample, runner._sample_extended) and int(args[3]) == largest_r)]
     return max(_extra_bytes(p.jitted.lower(*args, **static).compile()) for p, args, static in chosen)
 

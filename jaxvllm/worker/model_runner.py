@@ -3,7 +3,8 @@ the compiled step.
 
 Two jitted functions make one step: `_forward` (model + KV write, then the final hidden
 state of each request's last scheduled token; compiled once per token bucket, the KV cache
-donated) and `_sample` (LM head and sampling; compiled once per request bucket and sampler
+donated; with enable_lora, `_forward_lora` too, for the steps where some request has an
+adapter) and `_sample` (LM head and sampling; compiled once per request bucket and sampler
 variant: greedy or random, and where the platform keeps conditionals out of a step, with or
 without top_k/top_p), plus `_sample_extended` for batches using penalties, biases, logprobs or
 structured output, which keeps per-request rows on device: worker/penalties.py).
@@ -28,6 +29,7 @@ from jaxvllm.config import EngineConfig
 from jaxvllm.core.kv_cache_interface import KVCacheGroupSpec
 from jaxvllm.core.sched_output import SchedulerOutput
 from jaxvllm.layers.attention import in_kv_cache_groups
+from jaxvllm.layers.lora import with_lora
 from jaxvllm.outputs import LogprobsLists, ModelRunnerOutput
 from jaxvllm.platforms import Platform
 from jaxvllm.worker import penalties
@@ -36,6 +38,7 @@ from jaxvllm.worker.compiled_programs import CompiledProgram, executables_dir, f
 from jaxvllm.worker.input_batch import InputBatch
 from jaxvllm.worker.kv_swap import KVSwapper
 from jaxvllm.worker.logprobs import step_prompt_logprobs
+from jaxvllm.worker.lora_manager import LoRAManager
 from jaxvllm.worker.model_runner_utils import make_buckets, pick_bucket
 from jaxvllm.worker.sampler import compute_logprobs, sample, sample_extended
 from jaxvllm.worker.step_inputs import build_step_inputs
@@ -109,10 +112,16 @@ class ModelRunner:
         S = self.max_num_seqs
         argmax = platform.sampler_argmax()
 
-        def forward(param_leaves, kv_cache, input_ids, prev_rows, last_sampled, md, logits_indices):
+        # With enable_lora, forward_lora also takes the adapters' stacks and each token's slot.
+        self._replicated = rep = NamedSharding(mesh, P())
+        self.lora_manager = (LoRAManager(config.lora, model, rep, self._count_compilation)
+                             if config.lora is not None else None)
+
+        def forward(param_leaves, kv_cache, input_ids, prev_rows, last_sampled, md, logits_indices, *lora):
             input_ids = with_tokens_in_flight(input_ids, prev_rows, last_sampled)
+            layer_loop = with_lora(platform.layer_loop, *lora[0]) if lora else platform.layer_loop
             with jax.sharding.use_abstract_mesh(abstract_mesh):  # for the model's constraints
-                hidden, kv_cache = sp.model(param_leaves)(input_ids, kv_cache, md, attend, platform.layer_loop)
+                hidden, kv_cache = sp.model(param_leaves)(input_ids, kv_cache, md, attend, layer_loop)
             return hidden[logits_indices], hidden, kv_cache
 
         # num_reqs: the real rows of the request bucket; the LM head skips the others.
@@ -141,7 +150,6 @@ class ModelRunner:
 
         # Weights and cache keep their shardings; step inputs and hidden states are replicated.
         params_sharding = tuple(x.sharding for x in self.param_leaves)
-        self._replicated = rep = NamedSharding(mesh, P())
         # The layer loop too: a program saved under one loop must not serve a run forcing the other.
         key = fingerprint(config, model.args, mesh.devices.shape, platform.layer_loop.__name__)
         self._executables_dir = (
@@ -153,9 +161,16 @@ class ModelRunner:
         # change shape.
         self.last_sampled = (jax.ShapeDtypeStruct((S,), np.int32, sharding=rep) if abstract
                              else jax.device_put(np.zeros(S, np.int32), rep))
+        forward_shardings = (params_sharding, kv_cache.sharding, rep, rep, rep, rep, rep)
         self._forward = program("forward", forward, (0, 1, 4), donate_argnums=(1,),
-                                in_shardings=(params_sharding, kv_cache.sharding, rep, rep, rep, rep, rep),
-                                out_shardings=(rep, rep, kv_cache.sharding))
+                                in_shardings=forward_shardings, out_shardings=(rep, rep, kv_cache.sharding))
+        # With enable_lora, a step where some token has an adapter runs this one; a step with
+        # none runs the plain forward above (the host picks by the step's slots): the adapters'
+        # products cost nothing while no request uses one, and no program branches on it.
+        self._forward_lora = (program("forward_lora", forward, (0, 1, 4), donate_argnums=(1,),
+                                      in_shardings=forward_shardings + (rep,),
+                                      out_shardings=(rep, rep, kv_cache.sharding))
+                              if self.lora_manager else None)
         sampler_static = ("all_greedy", "top_k_top_p")
         self._sample = program("sample", sample_fn, (0, 4), static_argnames=sampler_static,
                                donate_argnums=(4,))
@@ -198,6 +213,8 @@ class ModelRunner:
         for state in batch.update_states(out):
             if state.has_row:
                 self._write_row(state)
+        if self.lora_manager is not None:
+            self.lora_manager.add_requests(out.scheduled_new_reqs)
         if out.blocks_to_swap_out or out.blocks_to_swap_in:
             self.kv_cache = self.swapper.swap(self.kv_cache, out.blocks_to_swap_out, out.blocks_to_swap_in)
         N = len(out.num_scheduled_tokens)
@@ -210,10 +227,14 @@ class ModelRunner:
         with jax.profiler.TraceAnnotation("prepare_inputs"):
             T = pick_bucket(self.token_buckets, out.total_num_scheduled_tokens)
             inputs = build_step_inputs(batch, rows, counts, T, self.block_size)
+            forward, lora = self._forward, ()
+            if self.lora_manager is not None and batch.lora_int_id[rows].any():
+                forward = self._forward_lora
+                lora = (self.lora_manager.step_inputs(np.repeat(batch.lora_int_id[rows], counts), T),)
         with jax.profiler.TraceAnnotation("model_step"):
-            hidden, all_hidden, self.kv_cache = self._forward(
+            hidden, all_hidden, self.kv_cache = forward(
                 self.param_leaves, self.kv_cache, inputs.input_ids, inputs.prev_rows, self.last_sampled,
-                inputs.md, inputs.logits_indices)
+                inputs.md, inputs.logits_indices, *lora)
         prompt_logprobs = self._prompt_logprobs_of(rows, counts, inputs.commit, all_hidden, T)
         with jax.profiler.TraceAnnotation("prepare_inputs"):
             R = pick_bucket(self.request_buckets, N)
@@ -273,7 +294,8 @@ class ModelRunner:
 
     @property
     def programs(self) -> tuple[CompiledProgram, ...]:
-        return (self._forward, self._prompt_logprobs, self._sample, self._sample_extended, self._set_row)
+        lora = () if self._forward_lora is None else (self._forward_lora,)
+        return (self._forward, *lora, self._prompt_logprobs, self._sample, self._sample_extended, self._set_row)
 
     def warmup_jobs(self) -> list[tuple[CompiledProgram, tuple, dict]]:
         return warmup_jobs(self)

@@ -58,8 +58,11 @@ def warmup_jobs(runner) -> list[tuple[CompiledProgram, tuple, dict]]:
             page_indices=np.zeros((r.num_kv_cache_groups, M, r.max_pages_per_seq), np.int32),
             cu_q_lens=np.zeros(M + 1, np.int32), num_seqs=np.zeros(1, np.int32))
         all_hidden = jax.ShapeDtypeStruct((T, r.hidden_size), r.hidden_dtype, sharding=rep)
-        jobs.append((r._forward, (r.param_leaves, r.kv_cache, np.zeros(T, np.int32),
-                                  np.full(T, S, np.int32), r.last_sampled, md, np.zeros(S, np.int32)), {}))
+        forward_args = (r.param_leaves, r.kv_cache, np.zeros(T, np.int32), np.full(T, S, np.int32),
+                        r.last_sampled, md, np.zeros(S, np.int32))
+        jobs.append((r._forward, forward_args, {}))
+        if r.lora_manager is not None:  # steps with adapters (model_runner.py)
+            jobs.append((r._forward_lora, forward_args + (r.lora_manager.warmup_inputs(T),), {}))
         extra.append((r._prompt_logprobs, (r.head_leaves, all_hidden, np.zeros(T, np.int32),
                                            np.zeros(T, np.int32)), {}))
     no_rows = np.zeros(0, np.int32)

@@ -28,12 +28,13 @@ from jaxvllm.models.model_loader import get_model
 from jaxvllm.models.orbax_checkpoint import is_orbax_checkpoint
 from jaxvllm.models.weight_update import WeightUpdater
 from jaxvllm.outputs import ModelRunnerOutput
-from jaxvllm.platforms.huge_pages import advise_huge_pages, huge_page_ranges
+from jaxvllm.platforms.huge_pages import advise_huge_pages, huge_page_ranges, run_at_idle_priority
 from jaxvllm.worker import sleep_mode
 from jaxvllm.worker.async_output import AsyncModelRunnerOutput
 from jaxvllm.worker.memory_profiling import MemoryProfile, peak_step_bytes
 from jaxvllm.worker.model_runner import ModelRunner
 from jaxvllm.worker.pooling_runner import PoolingModelRunner
+from jaxvllm.worker.spec_decode.spec_runner import runner_class
 
 logger = logging.getLogger(__name__)
 SLEEP_TAGS = ("weights", "kv_cache")  # what sleep frees and wake_up(tags) restores (vLLM's)
@@ -72,6 +73,7 @@ class Worker:
         self.memory_profile: MemoryProfile | None = None  # where the device reports its memory
         self.sleeping_tags: set[str] = set()
         self._host_weights = None  # sleep level 1's copy of the weights
+        self._huge_pages_stop = threading.Event()  # set when the collapsed buffers go
 
     def _make_stages(self) -> tuple[list[Mesh], list[range]]:
         hf_config = self.config.model.hf_config
@@ -146,8 +148,8 @@ class Worker:
         blocks = -(-self.config.scheduler.max_model_len // self.config.cache.block_size) + 1
         kv_cache = jax.ShapeDtypeStruct(self._kv_cache_shape(self.args.num_layers, blocks), self.kv_dtype.storage,
                                         sharding=kv_cache_sharding(self.mesh))
-        return peak_step_bytes(ModelRunner(self.config, self.model, kv_cache, self.attend, mesh=self.mesh,
-                                           platform=platforms.current_platform))
+        return peak_step_bytes(runner_class(self.config)(self.config, self.model, kv_cache, self.attend,
+                                                         mesh=self.mesh, platform=platforms.current_platform))
 
     def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> ModelRunner:
         """Allocate the pool the engine chose (each stage its layers' part of every block),
@@ -180,24 +182,26 @@ class Worker:
         if not self.config.compilation.skip_warmup:
             runner.warmup()
         if platforms.current_platform.huge_pages:
-            # Collapsing ~1 GiB keeps a core (and the page tables) busy for a second or more: in
-            # the background, and only once the first step is done, since beside that step it
+            # Collapsing takes seconds of CPU per GiB (platforms/huge_pages.py): in the background
+            # at idle priority, and only once the first step is done, since beside that step it
             # delayed a warm start's first token by ~0.8 s.
             ranges = huge_page_ranges((runner.params, runner.kv_cache))
             runner.after_first_step = threading.Thread(
-                target=self._advise_huge_pages, args=(ranges,), name="huge-pages", daemon=True).start
+                target=self._advise_huge_pages, args=(ranges, self._huge_pages_stop), name="huge-pages",
+                daemon=True).start
         self.model_runner = runner
         return runner
 
     def _make_runner(self, kv_caches: list[jax.Array], num_swap_blocks: int) -> ModelRunner:
-        runner_cls = PoolingModelRunner if self.config.model.runner == "pooling" else ModelRunner
+        runner_cls = PoolingModelRunner if self.config.model.runner == "pooling" else runner_class(self.config)
         return runner_cls(self.config, self.model, kv_caches[0], self.attend, num_swap_blocks,
                           mesh=self.mesh, platform=platforms.current_platform,
                           kv_cache_groups=self.kv_cache_config.kv_cache_groups)
 
     @staticmethod
-    def _advise_huge_pages(ranges) -> None:
-        collapsed = advise_huge_pages(ranges)
+    def _advise_huge_pages(ranges, stop: threading.Event) -> None:
+        run_at_idle_priority()
+        collapsed = advise_huge_pages(ranges, stop)
         logger.debug("Huge pages: %.0f MiB of weights and KV cache.", collapsed / 2**20)
 
     # ---- what an executor calls (in process, or by collective_rpc in a worker process) ----
@@ -213,6 +217,10 @@ class Worker:
     def device_memory_in_use(self) -> int:
         return sleep_mode.device_memory_in_use(list(self.mesh.local_devices))
 
+    def shutdown(self) -> None:
+        """Stop collapsing buffers the engine is about to drop."""
+        self._huge_pages_stop.set()
+
     # ---- sleep mode and weight updates (vLLM's Worker.sleep, wake_up, update_weights) ----
     def sleep(self, level: int = 1) -> None:
         """Level 1: the weights to host memory, the KV cache freed; level 2: both freed (the
@@ -222,6 +230,7 @@ class Worker:
             raise ValueError(f"sleep level must be 1 or 2, got {level!r}.")
         runner = self.model_runner
         runner.after_first_step = None  # its huge-page ranges are about to be freed
+        self._huge_pages_stop.set()
         if "weights" not in self.sleeping_tags:
             self._host_weights = sleep_mode.offload(runner.params) if level == 1 else None
             sleep_mode.free(runner.params)

@@ -71,6 +71,23 @@ def test_every_family_step_donates_the_kv_cache(platform, arch):
     assert (forward["loops"], forward["kernels"]) == (0, args.num_layers), forward
 
 
+@pytest.mark.parametrize("platform", sorted(KERNEL_TARGETS))
+def test_lora_step_has_no_conditionals_or_loops(platform):
+    """With enable_lora, forward_lora applies every token's adapter (a shrink and an expand
+    einsum per adapted projection: qkv, o, gate/up, down): still nothing that branches or
+    loops, one kernel per layer, the KV cache in place; the forward is the plain one."""
+    args = FAMILY_SHAPE
+    plain, _ = lower_step(platform, args, programs=("forward",))
+    texts, kv_cache = lower_step(platform, args, programs=("forward", "forward_lora"), enable_lora=True,
+                                 max_loras=4, max_lora_rank=16)
+    assert texts["forward"] == plain["forward"]  # a step without adapters runs the plain program
+    forward = program_rows(platform, {"forward_lora": texts["forward_lora"]}, kv_cache)[0]
+    assert (forward["case"], forward["loops"], forward["kernels"], forward["kv_donated"]) == (
+        0, 0, args.num_layers, True), forward
+    dots = [t.count("stablehlo.dot_general") for t in (plain["forward"], texts["forward_lora"])]
+    assert dots[1] - dots[0] == 2 * 4 * args.num_layers
+
+
 def test_conditionals_and_loops_are_counted(monkeypatch):
     """The CPU's layer loop (fori_loop + switch) lowered for a GPU shows what the test above
     rules out: the counts are not vacuous."""
@@ -79,3 +96,17 @@ def test_conditionals_and_loops_are_counted(monkeypatch):
     forward = program_rows("cuda", {"forward": texts["forward"]}, kv_cache)[0]
     assert forward["case"] > 0 and forward["loops"] > 0 and forward["kernels"] == 1
     assert forward["kv_donated"] is True
+
+
+@pytest.mark.parametrize("platform", sorted(KERNEL_TARGETS))
+def test_speculative_decoding_step_has_no_conditionals_or_loops(platform):
+    """With speculative decoding (n-gram, 4 drafts) the forward returns 5 positions per
+    request and every `verify` variant (the LM head over them and the rejection sampler)
+    lowers with no conditional and no loop."""
+    texts, kv_cache = lower_step(platform, FAMILY_SHAPE, programs=("forward", "verify"),
+                                 speculative_config={"method": "ngram", "num_speculative_tokens": 4})
+    rows = program_rows(platform, texts, kv_cache)
+    assert sum(row["program"].startswith("verify ") for row in rows) == 3
+    for row in rows:
+        assert (row["case"], row["loops"]) == (0, 0), row
+        assert row["kernels"] == (FAMILY_SHAPE.num_layers if row["program"] == "forward" else 0), row

@@ -33,3 +33,6 @@ def test_a_bad_section_value_names_its_field(tiny_model_dir):
     with pytest.raises(ValueError, match="async_scheduling needs distributed_executor_backend='uni'"):
         EngineArgs(model=str(tiny_model_dir), distributed_executor_backend="mp",
                    async_scheduling=True).create_engine_config(hf_config, "cpu")
+    with pytest.raises(ValueError, match="enable_lora does not combine with speculative_config"):
+        EngineArgs(model=str(tiny_model_dir), enable_lora=True, speculative_config={
+            "method": "ngram", "num_speculative_tokens": 2}).create_engine_config(hf_config, "cpu")

@@ -62,3 +62,20 @@ def test_a_request_fills_vllms_histograms_and_counters():
     assert len(info) == 1 and "block_size=16" in info[0] and "engine=0" in info[0]
     assert m[info[0]] == 1
     assert f"jaxvllm:num_compilations{{{base}}}" in m  # jaxvllm's own keep their prefix
+
+
+def test_spec_decode_counters_use_vllms_names():
+    logger = PrometheusStatLogger("m", 1, None)
+    logger.record(SchedulerStats(spec_decode_num_drafts=3, spec_decode_num_draft_tokens=9,
+                                 spec_decode_num_accepted_tokens=5,
+                                 spec_decode_num_accepted_tokens_per_pos=[3, 2, 0]), None)
+    logger.record(SchedulerStats(spec_decode_num_drafts=4, spec_decode_num_draft_tokens=12,
+                                 spec_decode_num_accepted_tokens=7,
+                                 spec_decode_num_accepted_tokens_per_pos=[4, 2, 1]), None)
+    m = samples(logger)
+    base = "engine=0,model_name=m"
+    assert m[f"vllm:spec_decode_num_drafts_total{{{base}}}"] == 4
+    assert m[f"vllm:spec_decode_num_draft_tokens_total{{{base}}}"] == 12
+    assert m[f"vllm:spec_decode_num_accepted_tokens_total{{{base}}}"] == 7
+    assert [m[f"vllm:spec_decode_num_accepted_tokens_per_pos_total{{{base},position={i}}}"]
+            for i in range(3)] == [4, 2, 1]

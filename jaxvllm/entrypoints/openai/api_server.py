@@ -38,9 +38,11 @@ from jaxvllm.entrypoints.openai.server_args import ServerArgs
 from jaxvllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from jaxvllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from jaxvllm.entrypoints.openai.serving_engine import OpenAIServing
+from jaxvllm.entrypoints.openai.serving_models import OpenAIServingModels, add_lora_routes
 from jaxvllm.entrypoints.openai.serving_pooling import OpenAIServingPooling
 from jaxvllm.entrypoints.openai.serving_responses import add_responses_routes
 from jaxvllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
+from jaxvllm.lora.peft_helper import read_adapter
 from jaxvllm.entrypoints.openai.sleep_routes import add_sleep_routes
 from jaxvllm.metrics.prometheus import PrometheusStatLogger
 
@@ -74,10 +76,11 @@ def build_app(engine, model_name: str, server_args: ServerArgs) -> FastAPI:
     sandbox = (ChatTemplateSandbox(server_args.chat_template_timeout_s, server_args.max_request_bytes)
                if server_args.trust_request_chat_template else None)
     renderer = ChatRenderer(engine.get_tokenizer(), sandbox, load_chat_template(server_args.chat_template))
-    completion = OpenAIServingCompletion(engine, model_name, server_args, metrics)
-    chat = OpenAIServingChat(engine, model_name, server_args, metrics, renderer)
-    tokenization = OpenAIServingTokenization(engine, model_name, server_args, metrics, renderer)
-    pooling = OpenAIServingPooling(engine, model_name, server_args, metrics, renderer)
+    served = OpenAIServingModels(model_name, server_args)  # shared: adapters load at run time
+    completion = OpenAIServingCompletion(engine, model_name, server_args, metrics, models=served)
+    chat = OpenAIServingChat(engine, model_name, server_args, metrics, renderer, models=served)
+    tokenization = OpenAIServingTokenization(engine, model_name, server_args, metrics, renderer, models=served)
+    pooling = OpenAIServingPooling(engine, model_name, server_args, metrics, renderer, models=served)
     pooling_runner = engine.vllm_config.model.runner == "pooling"
 
     def check_generate() -> None:
@@ -129,9 +132,12 @@ def build_app(engine, model_name: str, server_args: ServerArgs) -> FastAPI:
 
     @app.get("/v1/models")
     async def models():
+        created = OpenAIServing.created()
         return ModelList(data=[ModelCard(
-            id=model_name, created=OpenAIServing.created(), owned_by="jaxvllm", root=model_name,
-            parent=None, max_model_len=completion.max_model_len)]).dump()
+            id=model_name, created=created, owned_by="jaxvllm", root=model_name,
+            parent=None, max_model_len=completion.max_model_len)] + [ModelCard(
+            id=name, created=created, owned_by="jaxvllm", root=lora.lora_path, parent=model_name,
+            max_model_len=completion.max_model_len) for name, lora in served.lora_requests.items()]).dump()
 
     @app.get("/metrics")
     async def prometheus_metrics():
@@ -217,7 +223,9 @@ def build_app(engine, model_name: str, server_args: ServerArgs) -> FastAPI:
 
     if server_args.enable_sleep_mode:
         add_sleep_routes(app, engine)
-    add_responses_routes(app, engine, model_name, server_args, metrics, renderer)
+    add_responses_routes(app, engine, model_name, server_args, metrics, renderer, served)
+    if server_args.allow_runtime_lora_updating:
+        add_lora_routes(app, served, engine)
     return app
 
 
@@ -228,6 +236,10 @@ async def serve(engine_args, server_args: ServerArgs, host: str = "127.0.0.1", p
 
     from jaxvllm.engine.async_llm import AsyncLLM
 
+    for lora in server_args.lora_requests().values():  # a bad adapter fails the start, by name
+        if not engine_args.enable_lora:
+            raise ValueError("--lora-modules needs --enable-lora.")
+        read_adapter(lora.lora_path, engine_args.max_lora_rank, lora.lora_name)
     fd_limit = raise_fd_limit()
     install_accept_error_handler(asyncio.get_running_loop())
     sock = bind_server_socket(host, port)  # a busy port fails now, not after the engine loads

@@ -8,6 +8,8 @@ import argparse
 import os
 from dataclasses import dataclass
 
+from jaxvllm.lora.request import LoRARequest
+
 
 @dataclass
 class ServerArgs:
@@ -40,8 +42,14 @@ class ServerArgs:
     tool_parser_plugin: str | None = None
     reasoning_parser: str | None = None
     max_stored_responses: int = 1024
+    # LoRA adapters served as models of their own (--lora-modules name=path; --enable-lora).
+    lora_modules: tuple[str, ...] = ()
+    # /v1/load_lora_adapter and /v1/unload_lora_adapter, loading from these roots only.
+    allow_runtime_lora_updating: bool = False
+    lora_dirs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        self.lora_requests()  # a malformed --lora-modules fails at start
         for name in ("max_request_bytes", "max_n", "max_prompts_per_request",
                      "max_concurrent_connections", "keep_alive_timeout_s"):
             if getattr(self, name) < 1:
@@ -64,6 +72,18 @@ class ServerArgs:
             ReasoningParserManager.get_reasoning_parser(self.reasoning_parser)
         if self.max_stored_responses < 0:
             raise ValueError(f"max_stored_responses must be at least 0, got {self.max_stored_responses}.")
+
+    def lora_requests(self) -> dict[str, LoRARequest]:
+        """The --lora-modules by name, numbered from 1 in the order given."""
+        out = {}
+        for i, module in enumerate(self.lora_modules, 1):
+            name, sep, path = module.partition("=")
+            if not sep or not name or not path:
+                raise ValueError(f"--lora-modules takes name=path, got {module!r}.")
+            if name in out:
+                raise ValueError(f"--lora-modules names {name!r} twice.")
+            out[name] = LoRARequest(name, i, path)
+        return out
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -106,6 +126,17 @@ class ServerArgs:
         parser.add_argument("--enable-sleep-mode", action="store_true",
                             help="Serve POST /sleep, /wake_up, /reset_prefix_cache, /update_weights "
                                  "and GET /is_sleeping (vLLM's), for RL trainers and schedulers.")
+        parser.add_argument("--lora-modules", nargs="+", default=(), metavar="NAME=PATH",
+                            help="LoRA adapters (PEFT directories) served beside the base model, "
+                                 "each chosen by a request's `model` (needs --enable-lora).")
+        parser.add_argument("--allow-runtime-lora-updating", action="store_true",
+                            default=os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").lower()
+                            in ("1", "true"),
+                            help="Serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter "
+                                 "(default: $VLLM_ALLOW_RUNTIME_LORA_UPDATING).")
+        parser.add_argument("--lora-dir", dest="lora_dirs", nargs="+", default=(), metavar="DIR",
+                            help="Directories /v1/load_lora_adapter may load adapters from "
+                                 "(none: it loads nothing).")
         agents = parser.add_argument_group("Tool calling, reasoning and the Responses API")
         agents.add_argument("--chat-template", default=None,
                             help="A Jinja chat template (a file, or the template itself) used "
@@ -127,4 +158,5 @@ class ServerArgs:
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> "ServerArgs":
-        return cls(**{name: getattr(ns, name) for name in cls.__dataclass_fields__})
+        return cls(**{name: tuple(getattr(ns, name)) if name in ("lora_modules", "lora_dirs")
+                      else getattr(ns, name) for name in cls.__dataclass_fields__})

@@ -26,7 +26,7 @@ from jaxvllm.sampling_params import RequestOutputKind
 
 class OpenAIServingChat(OpenAIServing):
     async def create_chat_completion(self, request: ChatCompletionRequest, request_id: str):
-        self.check_model(request.model)
+        lora = self.check_model(request.model)
         self.check_engine()
         if request.stream_options is not None and not request.stream:
             raise APIError("stream_options can only be set when stream is true.", 400, "stream_options")
@@ -54,7 +54,7 @@ class OpenAIServingChat(OpenAIServing):
             output_kind=RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY,
             **extra)
         make_parser = self.message_parser_factory(plan, ids)
-        gen = self.generate_all([{"prompt_token_ids": ids}], [params], request_id, request.priority)
+        gen = self.generate_all([{"prompt_token_ids": ids}], [params], request_id, request.priority, lora)
         if request.stream:
             return StreamingResponse(self._stream(request, request_id, len(ids), gen, make_parser),
                                      media_type="text/event-stream")

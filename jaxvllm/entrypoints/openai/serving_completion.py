@@ -45,7 +45,7 @@ class OpenAIServingCompletion(OpenAIServing):
         return out
 
     async def create_completion(self, request: CompletionRequest, request_id: str):
-        self.check_model(request.model)
+        lora = self.check_model(request.model)
         self.check_engine()
         if request.stream_options is not None and not request.stream:
             raise APIError("stream_options can only be set when stream is true.", 400, "stream_options")
@@ -67,7 +67,7 @@ class OpenAIServingCompletion(OpenAIServing):
             prompt_logprobs=request.logprobs if echo_logprobs else request.prompt_logprobs,
             output_kind=kind) for _, ids, _ in prompts]
         engine_prompts = [{"prompt": text, "prompt_token_ids": ids} for text, ids, _ in prompts]
-        gen = self.generate_all(engine_prompts, params, request_id, request.priority)
+        gen = self.generate_all(engine_prompts, params, request_id, request.priority, lora)
         if request.stream:
             return StreamingResponse(self._stream(request, request_id, prompts, gen),
                                      media_type="text/event-stream")

@@ -16,6 +16,8 @@ from jaxvllm.entrypoints.openai.chat_utils import ChatRenderer
 from jaxvllm.entrypoints.openai.errors import APIError, param_of_value_error
 from jaxvllm.entrypoints.openai.protocol import SamplingRequestBase
 from jaxvllm.entrypoints.openai.server_args import ServerArgs
+from jaxvllm.entrypoints.openai.serving_models import OpenAIServingModels
+from jaxvllm.lora.request import LoRARequest
 from jaxvllm.outputs import RequestOutput
 from jaxvllm.sampling_params import SamplingParams
 
@@ -25,7 +27,8 @@ logger = logging.getLogger(__name__)
 
 class OpenAIServing:
     def __init__(self, engine, model_name: str, server_args: ServerArgs, metrics=None,
-                 chat_renderer: ChatRenderer | None = None):
+                 chat_renderer: ChatRenderer | None = None, models: OpenAIServingModels | None = None):
+        """models: the registry of served models the server's endpoints share."""
         self.engine = engine
         self.model_name = model_name
         self.server_args = server_args
@@ -35,6 +38,7 @@ class OpenAIServing:
         self.vocab_size = engine.model_config.vocab_size
         self.metrics = metrics
         self._background: set[asyncio.Task] = set()
+        self.models = models or OpenAIServingModels(model_name, server_args)
 
     def check_engine(self) -> None:
         """A dead engine fails the request now (500), a sleeping one too (503), not as a 200
@@ -44,11 +48,9 @@ class OpenAIServing:
         if self.engine.sleeping:
             raise APIError(str(EngineSleepingError()), 503)
 
-    def check_model(self, model: str | None) -> None:
-        if model and model != self.model_name:
-            shown = model if len(model) <= 100 else model[:100] + "..."  # not echoed whole
-            raise APIError(f"The model `{shown}` does not exist; this server serves "
-                           f"`{self.model_name}`.", 404, "model")
+    def check_model(self, model: str | None) -> LoRARequest | None:
+        """The LoRA adapter a request's `model` names (None: the base model); 404 if neither."""
+        return self.models.resolve(model)
 
     def check_fan_out(self, n: int, num_prompts: int = 1) -> None:
         """The deployment's caps on samples per prompt and prompts per request."""
@@ -112,16 +114,18 @@ class OpenAIServing:
             raise APIError(str(e), 400,
                            param_of_value_error(str(e), {"max_tokens": max_tokens_param})) from e
 
-    async def generate_all(self, prompts: list[dict], params: list[SamplingParams],
-                           request_id: str, priority: int = 0) -> AsyncIterator[tuple[int, RequestOutput]]:
+    async def generate_all(self, prompts: list[dict], params: list[SamplingParams], request_id: str,
+                           priority: int = 0, lora_request: LoRARequest | None = None
+                           ) -> AsyncIterator[tuple[int, RequestOutput]]:
         """(prompt index, output) from one engine request per prompt, as they arrive. Closing
         or cancelling this iterator aborts every request that has not finished."""
         # Unique even when clients reuse an x-request-id.
         ids = [f"{request_id}-{i}-{uuid.uuid4().hex[:8]}" for i in range(len(prompts))]
-        gens = [self.engine.generate(p, sp, rid, priority=priority)
+        gens = [self.engine.generate(p, sp, rid, priority=priority, lora_request=lora_request)
                 for p, sp, rid in zip(prompts, params, ids)]
         pending = {asyncio.ensure_future(anext(g)): i for i, g in enumerate(gens)}
         unfinished = set(ids)
+        self.models.start(lora_request, request_id)
         try:
             while pending:
                 done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
@@ -138,6 +142,7 @@ class OpenAIServing:
         except ValueError as e:
             raise APIError(str(e), 400, param_of_value_error(str(e))) from e
         finally:
+            self.models.finish(lora_request, request_id)
             for fut in pending:
                 fut.cancel()
             if unfinished and not self.engine.errored:

@@ -41,7 +41,7 @@ class OpenAIServingResponses(OpenAIServingChat):
         return stored[0]
 
     async def create_response(self, request: ResponsesRequest, request_id: str):
-        self.check_model(request.model)
+        lora = self.check_model(request.model)
         self.check_engine()
         history: tuple[dict, ...] = ()
         if request.previous_response_id is not None:
@@ -68,7 +68,7 @@ class OpenAIServingResponses(OpenAIServingChat):
         make_parser = self.message_parser_factory(plan, ids) or MessageParser
         head = self._head(request, request_id)
         remember = lambda response, output: self._remember(request, response, history + own, output)
-        gen = self.generate_all([{"prompt_token_ids": ids}], [params], request_id)
+        gen = self.generate_all([{"prompt_token_ids": ids}], [params], request_id, lora_request=lora)
         if request.stream:
             return StreamingResponse(self._stream(head, len(ids), gen, make_parser(), remember),
                                      media_type="text/event-stream")
@@ -184,11 +184,11 @@ class OpenAIServingResponses(OpenAIServingChat):
                     next(seq), response=response)
 
 
-def add_responses_routes(app, engine, model_name, server_args, metrics, renderer) -> None:
+def add_responses_routes(app, engine, model_name, server_args, metrics, renderer, models=None) -> None:
     from jaxvllm.entrypoints.openai.api_server import cancel_on_disconnect
     from jaxvllm.entrypoints.openai.request_body import parse_body
 
-    responses = OpenAIServingResponses(engine, model_name, server_args, metrics, renderer)
+    responses = OpenAIServingResponses(engine, model_name, server_args, metrics, renderer, models=models)
 
     @app.post("/v1/responses")
     async def create_response(raw: Request):

@@ -1,0 +1,122 @@
+"""Speculative decoding against plain decoding, in one run: output tokens per second at batch 1
+and batch 16 with `ngram` drafts and without, and how many drafts were accepted.
+
+The workload is one where the output repeats the input: chat prompts asking the model to copy
+a Python function from the standard library (a different function per request) verbatim, as a
+code-editing assistant re-emits the code it changes. Greedy decoding, a fixed number of output
+tokens (ignore_eos), so both engines do the same work; their token ids are compared as well.
+Plain decoding runs with the platform's default (async scheduling on the CPU), speculative
+decoding synchronously (its proposer reads each step's tokens).
+
+    python benchmarks/spec_decode.py                       # default model, k=4, batch 1 and 16
+    python benchmarks/spec_decode.py --num-speculative-tokens 3 --output-len 96 --json r.json
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib
+import inspect
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+FUNCTIONS = ["textwrap.dedent", "shutil.copyfileobj", "json.dumps", "csv.DictReader.__next__",
+             "functools.total_ordering", "pathlib.PurePath.with_suffix", "argparse.ArgumentParser.exit",
+             "logging.Logger.isEnabledFor", "textwrap.indent", "shlex.quote",
+             "collections.Counter.most_common", "inspect.getfile", "zipfile.is_zipfile",
+             "threading.Event.wait", "subprocess.getoutput", "email.message_from_string"]
+
+
+def source(name: str) -> str:
+    module, _, attr = name.partition(".")
+    obj = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return inspect.getsource(obj)
+
+
+def make_prompts(tokenizer, n: int, max_chars: int = 700) -> list[list[int]]:
+    prompts = []
+    for i in range(n):
+        code = source(FUNCTIONS[i % len(FUNCTIONS)])[:max_chars]
+        message = f"Copy this Python code exactly, without any change:\n\n```python\n{code}\n```"
+        prompts.append(tokenizer.apply_chat_template([{"role": "user", "content": message}], tokenize=True,
+                                                     add_generation_prompt=True, return_dict=False))
+    return prompts
+
+
+def run(llm, prompts, output_len: int, repeats: int) -> tuple[float, list[list[int]]]:
+    """Best output tokens per second over `repeats` runs of the whole batch (after one warm-up
+    run that compiles), and the outputs."""
+    from jaxvllm import SamplingParams
+    params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
+    batch = [{"prompt_token_ids": p} for p in prompts]
+    outputs = llm.generate(batch, params, use_tqdm=False)
+    best = 0.0
+    for _ in range(repeats):
+        llm.reset_prefix_cache()
+        start = time.perf_counter()
+        outputs = llm.generate(batch, params, use_tqdm=False)
+        best = max(best, sum(len(o.outputs[0].token_ids) for o in outputs) / (time.perf_counter() - start))
+    return best, [o.outputs[0].token_ids for o in outputs]
+
+
+def main(argv=None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="model path (default: SmolLM2-135M-Instruct GGUF)")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16])
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--num-speculative-tokens", type=int, default=4)
+    p.add_argument("--prompt-lookup-min", type=int, default=2)
+    p.add_argument("--prompt-lookup-max", type=int, default=4)
+    p.add_argument("--repeats", type=int, default=2, help="timed runs per batch size (the best is kept)")
+    p.add_argument("--json", default=None, help="write the rows to this path")
+    args = p.parse_args(argv)
+    from jaxvllm import LLM
+
+    spec = {"method": "ngram", "num_speculative_tokens": args.num_speculative_tokens,
+            "prompt_lookup_min": args.prompt_lookup_min, "prompt_lookup_max": args.prompt_lookup_max}
+    engines = {"off": {}, "ngram": {"speculative_config": spec}}
+    results: dict[str, dict] = {}
+    for name, extra in engines.items():  # one engine at a time: two default models fit, but need not
+        llm = LLM(args.model, max_num_seqs=max(args.batch_sizes), max_model_len=1024, skip_warmup=True, **extra)
+        prompts = make_prompts(llm.get_tokenizer(), max(args.batch_sizes))
+        for batch_size in args.batch_sizes:
+            before = llm.llm_engine.get_stats()
+            tok_s, outputs = run(llm, prompts[:batch_size], args.output_len, args.repeats)
+            after = llm.llm_engine.get_stats()
+            drafts = after.spec_decode_num_drafts - before.spec_decode_num_drafts
+            draft_tokens = after.spec_decode_num_draft_tokens - before.spec_decode_num_draft_tokens
+            accepted = after.spec_decode_num_accepted_tokens - before.spec_decode_num_accepted_tokens
+            results[f"{name}-{batch_size}"] = dict(
+                spec=name, batch_size=batch_size, output_tok_s=round(tok_s, 1), outputs=outputs,
+                mean_accepted_length=round(1 + accepted / drafts, 2) if drafts else None,
+                acceptance_rate=round(accepted / draft_tokens, 3) if draft_tokens else None)
+        llm.llm_engine.shutdown()
+        del llm
+        gc.collect()
+    rows = []
+    print(f"ngram k={args.num_speculative_tokens} (prompt_lookup {args.prompt_lookup_min}-{args.prompt_lookup_max}), "
+          f"{args.output_len} output tokens per request, copy-the-code prompts")
+    print(f"{'batch':>5} {'off tok/s':>10} {'ngram tok/s':>12} {'speedup':>8} {'accepted len':>13} "
+          f"{'accept rate':>12} {'same tokens':>12}")
+    for batch_size in args.batch_sizes:
+        off, on = results[f"off-{batch_size}"], results[f"ngram-{batch_size}"]
+        row = dict(batch_size=batch_size, off_tok_s=off["output_tok_s"], ngram_tok_s=on["output_tok_s"],
+                   speedup=round(on["output_tok_s"] / off["output_tok_s"], 2),
+                   mean_accepted_length=on["mean_accepted_length"], acceptance_rate=on["acceptance_rate"],
+                   identical_tokens=off["outputs"] == on["outputs"])
+        rows.append(row)
+        print(f"{batch_size:>5} {row['off_tok_s']:>10} {row['ngram_tok_s']:>12} {row['speedup']:>8} "
+              f"{row['mean_accepted_length']!s:>13} {row['acceptance_rate']!s:>12} {row['identical_tokens']!s:>12}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
+    return rows
+
+
+if __name__ == "__main__":
+    main()

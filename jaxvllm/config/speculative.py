@@ -1,0 +1,59 @@
+"""`speculative_config` as vLLM takes it (a dict, or its JSON on the command line) resolved into
+the SpeculativeConfig section, and the features speculative decoding does not combine with yet,
+refused by name (the engine's config here, each request's parameters in the Processor)."""
+from __future__ import annotations
+
+from jaxvllm.config.engine_config import SpeculativeConfig
+from jaxvllm.config.json_section import section_fields
+
+METHODS = ("ngram",)  # suffix, draft_model and eagle3 are the next proposers (issue 38)
+
+
+def parse_speculative_config(value) -> SpeculativeConfig | None:
+    """A SpeculativeConfig, a dict of its fields, or their JSON (--speculative-config)."""
+    value = section_fields(value, SpeculativeConfig, "speculative_config")
+    if value is None or isinstance(value, SpeculativeConfig):
+        return value
+    if "method" not in value or "num_speculative_tokens" not in value:
+        raise ValueError("speculative_config needs 'method' and 'num_speculative_tokens'.")
+    lookup_min, lookup_max = value.get("prompt_lookup_min"), value.get("prompt_lookup_max")
+    if lookup_min is None:
+        lookup_min = 5 if lookup_max is None else lookup_max
+    if lookup_max is None:
+        lookup_max = lookup_min
+    return SpeculativeConfig(**dict(value, prompt_lookup_min=lookup_min, prompt_lookup_max=lookup_max))
+
+
+def verify_speculative(config) -> None:
+    spec = config.speculative
+    if spec is None:
+        return
+    if spec.method not in METHODS:
+        raise ValueError(f"speculative_config.method must be one of {METHODS}, got {spec.method!r}.")
+    for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
+        if type(getattr(spec, name)) is not int:
+            raise ValueError(f"speculative_config.{name} must be an integer, got {getattr(spec, name)!r}.")
+    if not 1 <= spec.num_speculative_tokens <= 16:
+        raise ValueError(f"speculative_config.num_speculative_tokens must be in [1, 16], "
+                         f"got {spec.num_speculative_tokens}.")
+    if not 1 <= spec.prompt_lookup_min <= spec.prompt_lookup_max:
+        raise ValueError(f"speculative_config needs 1 <= prompt_lookup_min <= prompt_lookup_max, got "
+                         f"{spec.prompt_lookup_min} and {spec.prompt_lookup_max}.")
+    for name, refused in (("async_scheduling=True", config.scheduler.async_scheduling),
+                          ("pipeline_parallel_size > 1", config.parallel.pipeline_parallel_size > 1),
+                          ("distributed_executor_backend 'mp'/'ray' or nnodes > 1",
+                           config.parallel.is_multiprocess),
+                          ("runner='pooling'", config.model.runner == "pooling")):
+        if refused:
+            raise ValueError(f"speculative_config does not combine with {name} yet.")
+
+
+def verify_request(params) -> None:
+    """Sampling features the verify step does not apply to drafted positions yet."""
+    for name, used in (("logprobs", params.logprobs is not None),
+                       ("prompt_logprobs", params.prompt_logprobs is not None),
+                       ("structured_outputs", params.structured_outputs is not None),
+                       ("presence/frequency/repetition penalties, logit_bias, allowed_token_ids "
+                        "or bad_words", params.uses_extended_sampler)):
+        if used:
+            raise ValueError(f"{name} with speculative decoding (speculative_config) is not supported yet.")

@@ -1,0 +1,154 @@
+"""The model runner with speculative decoding: each request's last token and its drafts run
+through the target model in one forward (the ragged attention kernels take several query
+tokens per sequence, as for a prefill chunk), and one compiled `verify` program computes the
+logits of every drafted position and runs the rejection sampler (rejection_sampler.py) on
+device: no host round trip between scoring and accepting.
+
+Shapes stay static: K = num_speculative_tokens is fixed per engine, the forward returns K + 1
+hidden states per request row (a request with fewer drafts, or none, pads by repeating its
+last position, masked in the sampler), and `verify` is compiled per request bucket and sampler
+variant, like `sample`, which it replaces. Steps run synchronously (the proposer reads the
+accepted tokens on the host before the next step is scheduled); the plain runner is untouched.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import numpy as np
+
+from jaxvllm.outputs import ModelRunnerOutput
+from jaxvllm.worker.input_batch import InputBatch
+from jaxvllm.worker.model_runner import ModelRunner
+from jaxvllm.worker.model_runner_utils import pick_bucket
+from jaxvllm.worker.sampling_inputs import sampler_variant, sampler_variants, sampling_metadata
+from jaxvllm.worker.spec_decode.ngram_proposer import NgramProposer
+from jaxvllm.worker.spec_decode.rejection_sampler import rejection_sample
+from jaxvllm.worker.step_inputs import build_step_inputs
+from jaxvllm.worker.warmup import warmup_jobs
+
+
+@dataclass
+class SpecDecodeOutput:
+    """A dispatched verify step (the `AsyncModelRunnerOutput` of this runner): get_output
+    writes each request's accepted tokens into its row, uncomputes its rejected drafts and
+    asks the proposer for the next drafts."""
+    batch: InputBatch
+    req_ids: list[str]
+    rows: np.ndarray        # i32[N]
+    commit: np.ndarray      # bool[N]: it samples (not mid-prompt)
+    num_drafts: np.ndarray  # i32[N]
+    tokens: jax.Array       # i32[R, K + 1]
+    num_tokens: jax.Array   # i32[R]
+    proposer: NgramProposer
+    on_ready: object = None
+
+    def __post_init__(self) -> None:
+        self.tokens.copy_to_host_async()
+        self.num_tokens.copy_to_host_async()
+
+    def get_output(self) -> ModelRunnerOutput:
+        N, batch, rows = len(self.req_ids), self.batch, self.rows
+        tokens = np.asarray(self.tokens)[:N]
+        n = np.where(self.commit, np.asarray(self.num_tokens)[:N], 0)
+        if self.on_ready is not None:
+            self.on_ready()
+        keep = np.arange(tokens.shape[1])[None, :] < n[:, None]
+        start = batch.num_host_tokens[rows]
+        batch.token_ids[np.repeat(rows, n), (start[:, None] + np.arange(tokens.shape[1]))[keep]] = tokens[keep]
+        batch.num_tokens[rows] = batch.num_host_tokens[rows] = start + n
+        batch.num_computed_tokens[rows] -= np.where(n > 0, self.num_drafts + 1 - n, 0)
+        drafts = [[] for _ in range(N)]
+        which = np.flatnonzero((n > 0) & ~batch.suppresses[rows])  # min_tokens, bad words: no drafts
+        for i, d in zip(which.tolist(), self.proposer.propose(batch.token_ids, batch.num_host_tokens, rows[which])):
+            drafts[i] = d
+        token_lists = [t[:k] for t, k in zip(tokens.tolist(), n.tolist())]
+        return ModelRunnerOutput(self.req_ids, token_lists, spec_token_ids=drafts)
+
+
+class SpecDecodeModelRunner(ModelRunner):
+    def __init__(self, config, *args, **kwargs):
+        super().__init__(config, *args, **kwargs)
+        spec = config.speculative
+        self.num_spec_tokens = K = spec.num_speculative_tokens
+        self.proposer = NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max, K,
+                                      config.scheduler.max_model_len)
+        sp, argmax = self.step_params, kwargs["platform"].sampler_argmax()
+        abstract_mesh = kwargs.get("abstract_mesh") or kwargs["mesh"].abstract_mesh
+
+        def verify_fn(head_leaves, hidden, sampling_md, num_reqs, draft_ids, num_drafts, all_greedy,
+                      top_k_top_p):
+            with jax.sharding.use_abstract_mesh(abstract_mesh):
+                R = sampling_md.temperature.shape[0]
+                logits = sp.head_model(head_leaves).compute_logits(hidden[:R * (K + 1)], num_reqs * (K + 1))
+                return rejection_sample(logits.reshape(R, K + 1, -1), draft_ids, num_drafts, sampling_md,
+                                        all_greedy, top_k_top_p, argmax)
+
+        self._verify = self._program("verify", verify_fn, (0,), static_argnames=("all_greedy", "top_k_top_p"))
+
+    def execute_model_async(self, out) -> SpecDecodeOutput:
+        if out.total_num_scheduled_tokens == 0:
+            return super().execute_model_async(out)  # states and swaps only; no tokens come back
+        batch = self.input_batch
+        batch.update_states(out)  # penalty rows are refused with speculative decoding
+        if out.blocks_to_swap_out or out.blocks_to_swap_in:
+            self.kv_cache = self.swapper.swap(self.kv_cache, out.blocks_to_swap_out, out.blocks_to_swap_in)
+        N, K1 = len(out.num_scheduled_tokens), self.num_spec_tokens + 1
+        R = pick_bucket(self.request_buckets, N)
+        draft_ids, num_drafts = np.zeros((R, K1 - 1), np.int32), np.zeros(R, np.int32)
+        req_ids = list(out.num_scheduled_tokens)
+        counts = np.fromiter(out.num_scheduled_tokens.values(), np.int32, N)
+        rows = np.fromiter(map(batch.slot_of.__getitem__, req_ids), np.int32, N)
+        if out.scheduled_spec_decode_tokens:
+            index = {r: i for i, r in enumerate(req_ids)}
+            for req_id, drafts in out.scheduled_spec_decode_tokens.items():
+                i, d = index[req_id], len(drafts)
+                draft_ids[i, :d], num_drafts[i] = drafts, d
+                n = batch.num_tokens[rows[i]]
+                batch.token_ids[rows[i], n:n + d] = drafts  # the verify step's input ids
+        with jax.profiler.TraceAnnotation("prepare_inputs"):
+            T = pick_bucket(self.token_buckets, out.total_num_scheduled_tokens)
+            inputs = build_step_inputs(batch, rows, counts, T, self.block_size)
+            inputs.prev_rows[:] = self.max_num_seqs  # synchronous steps: every input id is on the host
+            d = num_drafts[:N]
+            logits_indices = np.zeros(self.max_num_seqs * K1, np.int32)  # K + 1 positions per request
+            logits_indices[:N * K1] = ((np.cumsum(counts) - 1 - d)[:, None]
+                                       + np.minimum(np.arange(K1), d[:, None])).ravel()
+        with jax.profiler.TraceAnnotation("model_step"):
+            hidden, _, self.kv_cache = self._forward(
+                self.param_leaves, self.kv_cache, inputs.input_ids, inputs.prev_rows, self.last_sampled,
+                inputs.md, logits_indices)
+        with jax.profiler.TraceAnnotation("sampling"):
+            sampling_md, all_greedy = sampling_metadata(batch, rows, R, self.vocab_size)
+            variant = sampler_variant(sampling_md, all_greedy, self.vocab_size, self.step_may_branch)
+            tokens, num_tokens = self._verify(self.head_leaves, hidden, sampling_md, np.int32(N), draft_ids,
+                                              num_drafts, **variant)
+        batch.num_computed_tokens[rows] += counts
+        self._check_recompilation()
+        on_ready, self.after_first_step = self.after_first_step, None
+        return SpecDecodeOutput(batch, req_ids, rows, inputs.commit, d, tokens, num_tokens, self.proposer,
+                                on_ready)
+
+    @property
+    def programs(self):
+        return (self._forward, self._verify)
+
+    def warmup_jobs(self):
+        """The forward for every token bucket (K + 1 hidden states per request) and `verify`
+        for every request bucket and sampler variant."""
+        S, K1, rep = self.max_num_seqs, self.num_spec_tokens + 1, self._replicated
+        jobs = [(program, args[:-1] + (np.zeros(S * K1, np.int32),), static)
+                for program, args, static in warmup_jobs(self) if program is self._forward]
+        hidden = jax.ShapeDtypeStruct((S * K1, self.hidden_size), self.hidden_dtype, sharding=rep)
+        no_rows = np.zeros(0, np.int32)
+        for R in self.request_buckets:
+            md, _ = sampling_metadata(None, no_rows, R, self.vocab_size)
+            for variant in sampler_variants(self.step_may_branch):
+                jobs.append((self._verify, (self.head_leaves, hidden, md, np.int32(R), np.zeros((R, K1 - 1), np.int32),
+                                            np.zeros(R, np.int32)), variant))
+        return jobs
+
+
+def runner_class(config) -> type[ModelRunner]:
+    """The generate runner for this config: with speculative decoding or without."""
+    return SpecDecodeModelRunner if config.speculative is not None else ModelRunner

@@ -1,0 +1,103 @@
+"""Speculative decoding (method ngram) end to end on a tiny random Llama: greedy output
+identical with and without it (stop tokens, max_tokens and chunked prefill included), drafts
+accepted and counted, seeded random sampling reproducible, aborts and finishes return every
+block, and the combinations not supported yet refused by name."""
+from __future__ import annotations
+
+import pytest
+
+from jaxvllm import LLM, SamplingParams
+
+# Prompts that repeat themselves, so that n-gram drafts exist and get accepted.
+PROMPTS = [[10, 11, 12, 13, 14] * 4, [40, 41, 42] * 6 + [40], [7, 8, 9, 100, 7, 8, 9], [50 + i for i in range(30)]]
+N_NEW = 24
+SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+
+
+def make_llm(path, **kwargs):
+    args = dict(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=128, num_gpu_blocks_override=64,
+                skip_warmup=True)
+    return LLM(str(path), **{**args, **kwargs})
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_model_dir):
+    return make_llm(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def spec(tiny_model_dir):
+    return make_llm(tiny_model_dir, speculative_config=SPEC)
+
+
+def tokens(llm, params, prompts=PROMPTS):
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+
+
+def assert_pool_full(llm):
+    scheduler = llm.llm_engine.engine_core.scheduler
+    pool = scheduler.kv_cache_manager.block_pool
+    assert pool.get_num_free_blocks() == pool.num_blocks - 1 and not scheduler.requests
+
+
+def test_greedy_output_is_identical_and_drafts_are_accepted(plain, spec):
+    params = SamplingParams(temperature=0, max_tokens=N_NEW, ignore_eos=True)
+    expected = tokens(plain, params)
+    assert tokens(spec, params) == expected
+    stats = spec.llm_engine.get_stats()
+    assert stats.spec_decode_num_drafts > 0 and stats.spec_decode_num_accepted_tokens > 0
+    assert len(stats.spec_decode_num_accepted_tokens_per_pos) == 3
+    assert stats.spec_decode_num_accepted_tokens_per_pos[0] >= stats.spec_decode_num_accepted_tokens_per_pos[2]
+    assert_pool_full(spec)
+
+
+def test_stops_inside_accepted_runs_match_plain_decoding(plain, spec):
+    greedy = tokens(plain, SamplingParams(temperature=0, max_tokens=N_NEW, ignore_eos=True))
+    for i, out in enumerate(greedy):
+        stop = out[N_NEW // 2]  # a token the output reaches, maybe inside an accepted run
+        for params in (SamplingParams(temperature=0, max_tokens=N_NEW, ignore_eos=True, stop_token_ids=[stop]),
+                       SamplingParams(temperature=0, max_tokens=5 + i, ignore_eos=True)):
+            expected = plain.generate([PROMPTS[i]], params, use_tqdm=False)[0].outputs[0]
+            got = spec.generate([PROMPTS[i]], params, use_tqdm=False)[0].outputs[0]
+            assert (got.token_ids, got.finish_reason, got.stop_reason) == (
+                expected.token_ids, expected.finish_reason, expected.stop_reason)
+    assert_pool_full(spec)
+
+
+def test_chunked_prefill_and_seeded_sampling(tiny_model_dir, spec):
+    chunked = make_llm(tiny_model_dir, speculative_config=SPEC, max_num_batched_tokens=8)
+    params = SamplingParams(temperature=0, max_tokens=N_NEW, ignore_eos=True)
+    assert tokens(chunked, params) == tokens(spec, params)
+    seeded = [SamplingParams(temperature=1.0, top_p=0.9, seed=s, max_tokens=N_NEW, ignore_eos=True) for s in (1, 2)]
+    first = tokens(spec, seeded[0], PROMPTS[:2]), tokens(spec, seeded[1], PROMPTS[:2])
+    assert tokens(spec, seeded[0], PROMPTS[:2]) == first[0] and first[0] != first[1]
+    assert_pool_full(spec)
+    assert_pool_full(chunked)
+
+
+def test_aborts_with_drafts_in_flight_return_every_block(spec):
+    engine = spec.llm_engine
+    for i, prompt in enumerate(PROMPTS):
+        engine.add_request(f"abort-{i}", {"prompt_token_ids": prompt},
+                           SamplingParams(temperature=0, max_tokens=100, ignore_eos=True))
+    for _ in range(4):
+        engine.step()
+    assert any(r.spec_token_ids for r in engine.engine_core.scheduler.requests.values())
+    engine.abort_request([f"abort-{i}" for i in range(len(PROMPTS))])
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert_pool_full(spec)
+
+
+def test_unsupported_combinations_are_refused(tiny_model_dir, spec):
+    for params, name in ((SamplingParams(logprobs=2), "logprobs"),
+                         (SamplingParams(presence_penalty=0.5), "penalties"),
+                         (SamplingParams(prompt_logprobs=1), "prompt_logprobs")):
+        with pytest.raises(ValueError, match=name):
+            spec.generate([PROMPTS[0]], params, use_tqdm=False)
+    with pytest.raises(ValueError, match="async_scheduling"):
+        make_llm(tiny_model_dir, speculative_config=SPEC, async_scheduling=True)
+    with pytest.raises(ValueError, match="method"):
+        make_llm(tiny_model_dir, speculative_config={"method": "eagle", "num_speculative_tokens": 2})
+    with pytest.raises(ValueError, match="unknown fields"):
+        make_llm(tiny_model_dir, speculative_config='{"method": "ngram", "num_speculative_tokens": 2, "k": 1}')
