@@ -114,12 +114,16 @@ class ModelRunner:
 
         # With enable_lora, forward_lora also takes the adapters' stacks and each token's slot.
         self._replicated = rep = NamedSharding(mesh, P())
-        self.lora_manager = (LoRAManager(config.lora, model, rep, self._count_compilation)
+        self.lora_manager = (LoRAManager(config.lora, model, mesh,
+                                         platform.linear_method(config.model.attention_backend, mesh.size),
+                                         self._count_compilation)
                              if config.lora is not None else None)
 
         def forward(param_leaves, kv_cache, input_ids, prev_rows, last_sampled, md, logits_indices, *lora):
             input_ids = with_tokens_in_flight(input_ids, prev_rows, last_sampled)
-            layer_loop = with_lora(platform.layer_loop, *lora[0]) if lora else platform.layer_loop
+            layer_loop = (with_lora(platform.layer_loop, self.lora_manager.layouts,
+                                    self.lora_manager.num_slots, *lora[0]) if lora
+                          else platform.layer_loop)
             with jax.sharding.use_abstract_mesh(abstract_mesh):  # for the model's constraints
                 hidden, kv_cache = sp.model(param_leaves)(input_ids, kv_cache, md, attend, layer_loop)
             return hidden[logits_indices], hidden, kv_cache
@@ -168,7 +172,7 @@ class ModelRunner:
         # none runs the plain forward above (the host picks by the step's slots): the adapters'
         # products cost nothing while no request uses one, and no program branches on it.
         self._forward_lora = (program("forward_lora", forward, (0, 1, 4), donate_argnums=(1,),
-                                      in_shardings=forward_shardings + (rep,),
+                                      in_shardings=forward_shardings + ((self.lora_manager.shardings, rep),),
                                       out_shardings=(rep, rep, kv_cache.sharding))
                               if self.lora_manager else None)
         sampler_static = ("all_greedy", "top_k_top_p")

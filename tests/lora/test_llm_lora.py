@@ -3,11 +3,14 @@ peft as the reference: three adapters of different ranks, scalings and target mo
 written by peft's save_pretrained. Each reproduces peft's logits and greedy tokens; a batch
 mixing them with the base model equals each run alone; steps without adapters run the plain
 forward; loading another adapter compiles nothing; adapters never share prefix-cache pages; bad adapters are refused by name and the
-engine serves on. One engine for the module, with fewer device slots and host-cache places
+engine serves on; at TP=2 a mixed batch still gives each adapter's tokens. One engine for the module, with fewer device slots and host-cache places
 than adapters, so that slots and the cache are reused along the way."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -26,6 +29,7 @@ ADAPTERS = {
     "qv-r4": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
     "all-r8-rslora": dict(r=8, lora_alpha=16, use_rslora=True, target_modules=ALL),
     "mlp-o-r16": dict(r=16, lora_alpha=8, target_modules=["o_proj", "gate_proj", "up_proj", "down_proj"]),
+    "kv-down-r2": dict(r=2, lora_alpha=4, target_modules=["k_proj", "v_proj", "down_proj"]),
 }
 
 
@@ -108,6 +112,43 @@ def test_a_batch_mixing_adapters_and_the_base_equals_each_alone(llm, adapters, t
         lp, tokens = alone[lora and lora.lora_int_id][k // len(loras)]
         assert got[1] == tokens
         np.testing.assert_allclose(got[0], lp, rtol=1e-4, atol=1e-5)
+
+
+# At TP=2 on two simulated devices (a subprocess: the device count is fixed when jax starts),
+# the stacks split as their base layers: the mixed batch prints each request's tokens.
+TP_SCRIPT = """
+import json, sys
+from jaxvllm import LLM, LoRARequest, SamplingParams
+model, loras, prompts, n = json.loads(sys.argv[1])
+llm = LLM(model, tensor_parallel_size=2, enable_lora=True, max_loras=4, max_lora_rank=16, max_num_seqs=16,
+          max_num_batched_tokens=128, max_model_len=256, num_gpu_blocks_override=128, skip_warmup=True)
+requests = [None if l is None else LoRARequest(*l) for l in loras]
+outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True), use_tqdm=False,
+                    lora_request=requests)
+stacks = llm.llm_engine.engine_core.model_executor.driver_worker.model_runner.lora_manager.stacks
+split = lambda x: x.addressable_shards[0].data.shape != x.shape
+print(json.dumps({"tokens": [list(o.outputs[0].token_ids) for o in outs],
+                  "split": {leaf: [split(a), all(map(split, bs))] for leaf, (a, bs) in stacks.items()}}))
+"""
+
+
+def test_a_mixed_batch_at_tp2_gives_each_adapter_its_tokens(adapters, tiny_model_dir):
+    loras = [None] + [[lora.lora_name, lora.lora_int_id, lora.lora_path] for lora, _ in adapters.values()]
+    prompts = [p for p in PROMPTS for _ in loras]
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    proc = subprocess.run([sys.executable, "-c", TP_SCRIPT, json.dumps(
+        [str(tiny_model_dir), [l for _ in PROMPTS for l in loras], prompts, MAX_TOKENS])],
+        capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    got = json.loads(proc.stdout.splitlines()[-1])
+    # As the base layers: a column parallel one's B split over the devices, a row parallel one's A.
+    assert got["split"] == {"qkv_proj": [False, True], "o_proj": [True, False],
+                            "gate_up_proj": [False, True], "down_proj": [True, False]}
+    expected = {None: [t for _, t in reference(base_model(tiny_model_dir))],
+                **{lora.lora_int_id: [t for _, t in exp] for lora, exp in adapters.values()}}
+    for k, tokens in enumerate(got["tokens"]):
+        lora = loras[k % len(loras)]
+        assert tokens == expected[lora and lora[1]][k // len(loras)], (k, lora)
 
 
 def test_steps_without_adapters_run_the_plain_forward(llm, adapters):
