@@ -65,8 +65,8 @@ def variants(top_k: int, renormalize: bool = True):
     def routed(w, x):
         return select_experts(x @ w["router"], top_k, renormalize)
 
-    def grouped(w, x):
-        return method.apply(x, w["gate_up"], w["down"], *routed(w, x))
+    def grouped(w, x):  # the experts as the method stores them (packed on one CPU device)
+        return method.apply(x, w["stored_gate_up"], w["stored_down"], *routed(w, x))
 
     def dense_reference(w, x):
         return dense_moe(x, w["gate_up"], w["down"], *routed(w, x))
@@ -103,6 +103,9 @@ def run(shape: str, tokens: list[int], dtype, calls: int) -> list[dict]:
     hidden, inter, experts, top_k = SHAPES[shape]
     rng = np.random.default_rng(0)
     w = make_layer(rng, hidden, inter, experts, top_k, dtype)
+    method = current_platform.fused_moe_method()
+    w.update(stored_gate_up=method.process_weights_after_loading(w["gate_up"]),
+             stored_down=method.process_weights_after_loading(w["down"]))
     fns = {name: jax.jit(f) for name, f in variants(top_k).items()}
     rows = []
     for T in tokens:

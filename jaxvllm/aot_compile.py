@@ -39,7 +39,8 @@ def _abstract_model(config, hf_config, mesh, platform):
     args = model_args(model_cls, args_cls.from_hf_config(hf_config), mesh.size, expert_parallel=ep)
     model = build_model(model_cls, args, dtype=jnp.dtype(config.dtype),
                         linear_method=platform.linear_method(config.model.attention_backend, mesh.size, config.quantization),
-                        moe_method=platform.fused_moe_method(config.quantization))
+                        moe_method=platform.fused_moe_method(config.quantization, config.model.attention_backend,
+                                                             mesh.size))
     shard_abstract(model, mesh, ep)
     return model
 

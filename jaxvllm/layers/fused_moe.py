@@ -5,9 +5,10 @@ expert outputs weighted by its router probabilities.
 Expert weights are stacked: gate/up `[experts, hidden, 2, intermediate]` (one matmul reads a
 row once for both halves) and down `[experts, intermediate, hidden]`. The grouped matmul is
 the platform's (`Platform.fused_moe_method`): `jax.lax.ragged_dot` by default (the GPU), Pallas
-megablox `gmm` on a TPU, a loop over the row tiles each expert's rows occupy on the CPU. The
-experts do not go through the linear method: a grouped matmul needs every expert's weight in
-one stacked array, in the layout it multiplies, which the packed CPU layout is not.
+megablox `gmm` on a TPU; on one CPU device the native kernel over experts packed as the packed
+linear method packs a weight (jaxvllm/kernels/cpu/packed_matmul.py), elsewhere on the CPU a
+loop over the row tiles each expert's rows occupy. The experts do not go through the linear
+method: a grouped matmul needs every expert's weight in one stacked array.
 
 On a mesh the layer runs per device (`shard_map` over the model axis). The hidden states are
 replicated between layers, so every device already holds every token: with tensor
@@ -55,6 +56,10 @@ class UnquantizedFusedMoEMethod:
     def __init__(self, grouped_matmul: GroupedMatmul = jax.lax.ragged_dot):
         self.grouped_matmul = grouped_matmul
 
+    def weight_shape(self, shape: tuple[int, ...], dtype) -> tuple[int, ...]:
+        """How a stack of experts declared [experts, in, *out] is stored."""
+        return shape
+
     def process_weights_after_loading(self, w: jax.Array) -> jax.Array:
         return w
 
@@ -71,20 +76,21 @@ class UnquantizedFusedMoEMethod:
               topk_ids: jax.Array, first_expert: jax.Array | int = 0) -> jax.Array:
         """x [tokens, hidden] through the experts w_gate_up/w_down hold, numbered from
         first_expert (a device's share under expert parallelism); token copies routed to
-        other experts contribute nothing. Returns [tokens, hidden] in x's dtype."""
-        T, k = topk_ids.shape
-        E, hidden, _, inter = w_gate_up.shape
+        other experts contribute nothing. Returns [tokens, hidden] in x's dtype. Only the
+        stacks' first axis (experts) is read here: the method stores the rest."""
+        (T, k), E = topk_ids.shape, w_gate_up.shape[0]
         expert = topk_ids.reshape(-1) - first_expert
         local = (expert >= 0) & (expert < E)
         expert = jnp.where(local, expert, E)  # others sort after every local group
         order = jnp.argsort(expert, stable=True)
         group_sizes = jnp.bincount(expert, length=E + 1)[:E].astype(jnp.int32)
         token, experts = order // k, expert[order]
-        gate_up = self.expert_matmul(x[token], w_gate_up, group_sizes, experts).reshape(-1, 2, inter)
+        gate_up = self.expert_matmul(x[token], w_gate_up, group_sizes, experts)
+        gate_up = gate_up.reshape(gate_up.shape[0], 2, -1)
         out = self.expert_matmul(jax.nn.silu(gate_up[:, 0]) * gate_up[:, 1], w_down, group_sizes, experts)
         weight = jnp.where(local, topk_weights.reshape(-1), 0)[order]
         out = jnp.where(weight[:, None] != 0, out * weight[:, None].astype(out.dtype), 0)
-        return jnp.zeros((T, hidden), out.dtype).at[token].add(out).astype(x.dtype)
+        return jnp.zeros((T, out.shape[-1]), out.dtype).at[token].add(out).astype(x.dtype)
 
 
 def dense_moe(x: jax.Array, w_gate_up: jax.Array, w_down: jax.Array, topk_weights: jax.Array,

@@ -20,7 +20,7 @@ from jaxvllm.layers.attention import AttentionMetadata
 from jaxvllm.layers.linear import Linear
 from jaxvllm.layers.quantization.config import QuantizationConfig
 from jaxvllm.models import hf_weights
-from jaxvllm.models.weight_spec import LINEAR, Weight, canonical, convert, expand
+from jaxvllm.models.weight_spec import EXPERTS, LINEAR, Weight, canonical, convert, expand
 
 
 class CausalLM(nnx.Module):
@@ -44,7 +44,10 @@ class CausalLM(nnx.Module):
             if w.tied_to is not None and not method.copies_tied_head:
                 setattr(self, path, None)  # the head is the embedding itself
                 continue
-            shape = method.weight_shape(w.shape[0], w.shape[1:]) if w.kind == LINEAR else w.shape
+            if w.kind == LINEAR:
+                shape = method.weight_shape(w.shape[0], w.shape[1:])
+            else:
+                shape = method.weight_shape(w.shape, dtype) if w.kind == EXPERTS else w.shape
             param = nnx.Param(jnp.full(shape, w.init, dtype))
             if path.startswith("layers."):
                 _, i, leaf = path.split(".", 2)

@@ -61,6 +61,16 @@ class CpuPlatform(Platform):
             return PackedLinearMethod()
         return super().linear_method(attention_backend, num_devices, quantization)
 
+    def fused_moe_method(self, quantization: str | None = None, attention_backend: str = "auto",
+                         num_devices: int = 1):
+        """Float32 experts packed for the native grouped kernel where the linear method packs
+        (one device, native kernels); else the base's, over `grouped_matmul`."""
+        if (self.attention_kernel(attention_backend)[0] == "native" and num_devices == 1
+                and quantization is None):
+            from jaxvllm.kernels.cpu.packed_matmul import PackedFusedMoEMethod
+            return PackedFusedMoEMethod(self.grouped_matmul())
+        return super().fused_moe_method(quantization, attention_backend, num_devices)
+
     def grouped_matmul(self) -> Callable:
         """A loop over the (row tile, expert) pairs that hold rows
         (jaxvllm/kernels/xla/grouped_matmul.py): XLA:CPU lowers ragged_dot to every row times

@@ -93,10 +93,12 @@ class Platform:
         from jaxvllm.layers.linear import UnquantizedLinearMethod
         return UnquantizedLinearMethod()
 
-    def fused_moe_method(self, quantization: str | None = None):
+    def fused_moe_method(self, quantization: str | None = None, attention_backend: str = "auto",
+                         num_devices: int = 1):
         """How a mixture-of-experts layer runs its experts (jaxvllm/layers/fused_moe.py): the
         platform's grouped matmul over the token copies sorted by expert; with `quantization`,
-        8-bit experts (jaxvllm/layers/quantization/weight_only_moe.py)."""
+        8-bit experts (jaxvllm/layers/quantization/weight_only_moe.py). attention_backend and
+        num_devices as for `linear_method`."""
         if quantization is not None:
             from jaxvllm.layers.quantization.weight_only_moe import WeightOnlyFusedMoEMethod
             return WeightOnlyFusedMoEMethod(quantization, self.grouped_matmul())

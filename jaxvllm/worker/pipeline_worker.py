@@ -35,7 +35,8 @@ class PipelineWorker(Worker):
         self.stages = get_stage_models(
             config, model_path, hf_config, self.meshes, self.layer_ranges,
             [platform.linear_method(config.model.attention_backend, m.size, config.quantization) for m in self.meshes],
-            platform.fused_moe_method(config.quantization))
+            platform.fused_moe_method(config.quantization, config.model.attention_backend,
+                                      max(m.size for m in self.meshes)))
         self.model = self.stages[-1]
         # A KV block spans every layer (each stage holding its own layers' part of it).
         self.args = dataclasses.replace(self.model.args, num_layers=hf_config.num_hidden_layers)

@@ -86,7 +86,8 @@ class Worker:
         weights = None if is_orbax_checkpoint(model_path) else load_weights(model_path)
         method = platform.linear_method(config.model.attention_backend, self.mesh.size, config.quantization)
         self.model = get_model(config, model_path, hf_config, self.mesh, weights=weights, linear_method=method,
-                               moe_method=platform.fused_moe_method(config.quantization))
+                               moe_method=platform.fused_moe_method(config.quantization, config.model.attention_backend,
+                                                                    self.mesh.size))
         self.weight_updater = WeightUpdater(self.model, self.mesh, hf_config,
                                             weights and {name: w.shape for name, w in weights.items()},
                                             expert_parallel=config.parallel.enable_expert_parallel)

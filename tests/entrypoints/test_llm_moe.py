@@ -1,5 +1,6 @@
 """LLM end to end on tiny random mixture-of-experts models written by transformers: 32-token
-greedy output equal to transformers' `generate` with chunked prefill and preemption, and no
+greedy output equal to transformers' `generate` with chunked prefill and preemption (the experts
+packed for the native kernel, on a CPU that has it), and no
 compilation after warm-up under a mixed workload."""
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import torch
 
 from conftest import write_tiny_moe
 from jaxvllm import LLM, SamplingParams
+from jaxvllm.kernels.cpu import build as native_build
+from jaxvllm.kernels.cpu.packed_matmul import PANEL, PackedFusedMoEMethod
 from jaxvllm.sampling_params import StructuredOutputsParams
 
 PROMPTS = [[int(t) for t in np.random.default_rng(i).integers(3, 256, n)] for i, n in enumerate([5, 40, 17, 70])]
@@ -51,6 +54,10 @@ def test_greedy_matches_transformers_chunked_and_preempted(moe_model_dir, arch):
     assert core.scheduler.num_preemptions > 0
     pool = core.scheduler.kv_cache_manager.block_pool
     assert pool.get_num_free_blocks() == pool.num_blocks - 1
+    if native_build.available():  # on one CPU device the experts are packed for the native kernel
+        model = core.model_executor.driver_worker.model
+        assert isinstance(model.quant_config.moe_method, PackedFusedMoEMethod)
+        assert model.layers[0]["experts_gate_up"].get_value().shape[-1] == PANEL
 
 
 def test_compilations_fixed_after_warmup(moe_model_dir, fresh_executables):

@@ -1,5 +1,6 @@
 """The grouped matmuls of the mixture-of-experts layer against `jax.lax.ragged_dot`: the CPU's
-(jaxvllm/kernels/xla/grouped_matmul.py) and the TPU's (Pallas megablox, in interpret mode, and
+(the native kernel over packed experts, jaxvllm/kernels/cpu/packed_matmul.cc, and the XLA loop,
+jaxvllm/kernels/xla/grouped_matmul.py) and the TPU's (Pallas megablox, in interpret mode, and
 lowered for a TPU on this CPU)."""
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ import pytest
 
 from test_pallas_lowering import lower
 from pallas_kernels.grouped_matmul_tpu import grouped_matmul
+from jaxvllm.kernels.cpu import build as native_build
+from jaxvllm.kernels.cpu.packed_matmul import PackedFusedMoEMethod, grouped_packed_matmul, pack_experts
 from jaxvllm.kernels.xla import grouped_matmul as xla
+from jaxvllm.layers.fused_moe import UnquantizedFusedMoEMethod, select_experts
 
 
 def operands(m=64, k=64, n=96, group_sizes=(10, 0, 30, 12)):
@@ -44,3 +48,45 @@ def test_xla_grouped_matmul_matches_ragged_dot(m, group_sizes, tile):
 def test_lowers_for_tpu():
     text = lower(grouped_matmul, "tpu", *operands(m=256, k=256, n=384))
     assert text.count("tpu_custom_call") == 1
+
+
+native = pytest.mark.skipif(not native_build.available(), reason="no C++ compiler: the kernel cannot build")
+
+
+@native
+@pytest.mark.parametrize("m, group_sizes", [
+    (64, (10, 0, 30, 12)),     # an empty group, rows past the last group (zeros)
+    (2, (0, 1, 0, 1)),         # a decode token's two experts
+    (420, (1, 200, 0, 219)),   # groups over several 192-row chunks and 12-row tiles
+    (16, (0, 0, 0, 0)),        # no rows routed here
+    (8, (5, 9, 0, 0)),         # sizes past the rows are clamped
+])
+def test_native_grouped_packed_matmul_matches_ragged_dot(m, group_sizes):
+    x, w, sizes = operands(m=m, k=40, n=96, group_sizes=group_sizes)
+    ours = jax.jit(grouped_packed_matmul)(x, pack_experts(w), sizes)
+    rows = min(m, int(sizes.sum()))
+    want = np.asarray(jax.lax.ragged_dot(x, w, jnp.asarray(np.diff(np.minimum(np.cumsum([0, *group_sizes]), m)),
+                                                             jnp.int32)))
+    np.testing.assert_allclose(ours[:rows], want[:rows], rtol=1e-5, atol=1e-4)
+    assert not np.asarray(ours[rows:]).any()
+
+
+@native
+def test_packed_experts_layer_matches_the_unpacked_one():
+    """The layer as a model runs it: gate_up [experts, hidden, 2, inter] and down [experts,
+    inter, hidden] stored packed, against the same weights through ragged_dot."""
+    rng = np.random.default_rng(1)
+    E, hidden, inter, T = 8, 64, 48, 5
+    gate_up = jnp.asarray(rng.standard_normal((E, hidden, 2, inter)) * 0.1, jnp.float32)
+    down = jnp.asarray(rng.standard_normal((E, inter, hidden)) * 0.1, jnp.float32)
+    x = jnp.asarray(rng.standard_normal((T, hidden)), jnp.float32)
+    weights, ids = select_experts(jnp.asarray(rng.standard_normal((T, E)), jnp.float32), 2, True)
+    packed = PackedFusedMoEMethod()
+    stored = [packed.process_weights_after_loading(w) for w in (gate_up, down)]
+    assert [s.shape for s in stored] == [packed.weight_shape(w.shape, w.dtype) for w in (gate_up, down)]
+    assert stored[0].shape == (E, 2 * inter // 32, hidden, 32) and stored[1].shape == (E, hidden // 32, inter, 32)
+    ours = jax.jit(packed.apply)(x, *stored, weights, ids)
+    want = UnquantizedFusedMoEMethod().apply(x, gate_up, down, weights, ids)
+    np.testing.assert_allclose(ours, want, rtol=1e-5, atol=1e-5)
+    # A width the panels do not divide stays as declared and runs the fallback.
+    assert packed.weight_shape((E, hidden, 2, 20), jnp.float32) == (E, hidden, 2, 20)

@@ -33,14 +33,20 @@ def test_engine_defaults_follow_the_platform(name, dtype, block_size, layer_loop
     assert platform.huge_pages is platform.serialize_executables is (name == "cpu")
 
 
-def test_packed_matmul_only_with_the_native_kernels_on_one_cpu_device():
+@pytest.mark.parametrize("kind", ["linear", "experts"])
+def test_packed_matmul_only_with_the_native_kernels_on_one_cpu_device(kind):
     from jaxvllm.kernels.cpu import build
-    from jaxvllm.kernels.cpu.packed_matmul import PackedLinearMethod
+    from jaxvllm.kernels.cpu.packed_matmul import PackedFusedMoEMethod, PackedLinearMethod
     cpu, tpu = get_platform("cpu"), get_platform("tpu")
-    packed = lambda platform, backend, n: isinstance(platform.linear_method(backend, n), PackedLinearMethod)
+
+    def packed(platform, backend, n, quantization=None):
+        if kind == "linear":
+            return isinstance(platform.linear_method(backend, n, quantization), PackedLinearMethod)
+        return isinstance(platform.fused_moe_method(quantization, backend, n), PackedFusedMoEMethod)
     if build.available():
         assert packed(cpu, "native", 1)
         assert not packed(cpu, "native", 2)
+        assert not packed(cpu, "native", 1, "int8")
     assert not packed(cpu, "xla", 1)
     assert not packed(tpu, "pallas", 1)
 

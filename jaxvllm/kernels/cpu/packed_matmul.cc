@@ -1,5 +1,7 @@
 // y = x @ w on the CPU, with w packed once, at load time, into panels of kPanel columns:
-// w_packed[s, k, j] = w[k, s * kPanel + j]. Called from XLA through its FFI.
+// w_packed[s, k, j] = w[k, s * kPanel + j]. Called from XLA through its FFI. The grouped
+// form multiplies consecutive groups of x's rows by their own packed weights: a
+// mixture-of-experts layer's experts, each read in place from the stack of them.
 //
 // XLA's CPU matmul repacks its right-hand operand on every call. A decode step multiplies a
 // few rows by every weight of the model, so that repacking costs more than the product; with
@@ -105,9 +107,56 @@ ffi::Error PackedMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buff
   return ffi::Error::Success();
 }
 
+// x's rows in consecutive groups (group_sizes[e] rows for expert e), each group times its
+// expert's packed weight w[e] ([experts, panels, depth, kPanel]); rows past the last group
+// are zeroed. Every group is a Matmul of its own rows (none for an empty one), and the
+// items of all of them share one ParallelFor: an expert's weight is read where it lies,
+// once per chunk of its rows, where slicing it out in XLA copied it first.
+ffi::Error GroupedPackedMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
+                               ffi::Buffer<ffi::S32> group_sizes, ffi::ResultBuffer<ffi::F32> y) {
+  const auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
+  if (xd.size() != 2 || wd.size() != 4 || yd.size() != 2)
+    return ffi::Error::InvalidArgument("grouped_packed_matmul: x must be 2-D, w_packed 4-D and y 2-D");
+  if (wd[2] != xd[1] || wd[3] != kPanel)
+    return ffi::Error::InvalidArgument(
+        "grouped_packed_matmul: w_packed must be [experts, out/32, in, 32] with in = x.shape[1]");
+  if (yd[0] != xd[0] || yd[1] != wd[1] * kPanel)
+    return ffi::Error::InvalidArgument("grouped_packed_matmul: y must be [x.shape[0], 32 * w_packed.shape[1]]");
+  if (group_sizes.element_count() != wd[0])
+    return ffi::Error::InvalidArgument("grouped_packed_matmul: group_sizes must hold one value per expert");
+  const int64_t depth = xd[1], panels = wd[1], width = yd[1];
+  const int64_t groups = std::min<int64_t>(panels, 2 * (pool.num_threads() + 1));
+  std::vector<Matmul> parts;
+  std::vector<int64_t> ends;  // parts[i]'s items end at ends[i]
+  int64_t row = 0, items = 0;
+  for (int64_t e = 0; e < wd[0] && row < xd[0]; ++e) {
+    const int64_t n = std::clamp<int64_t>(group_sizes.typed_data()[e], 0, xd[0] - row);
+    if (n == 0) continue;
+    parts.push_back(Matmul{x.typed_data() + row * depth, w.typed_data() + e * panels * depth * kPanel,
+                           y->typed_data() + row * width, n, depth, panels, groups});
+    items += (n + kChunkRows - 1) / kChunkRows * groups;
+    ends.push_back(items);
+    row += n;
+  }
+  std::fill(y->typed_data() + row * width, y->typed_data() + xd[0] * width, 0.0f);
+  jaxvllm::ParallelFor(pool, items, [parts, ends](int64_t item, std::vector<float>& scratch) {
+    const int64_t i = std::upper_bound(ends.begin(), ends.end(), item) - ends.begin();
+    parts[i](item - (i ? ends[i - 1] : 0), scratch);
+  });
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxvllmPackedMatmul, PackedMatmul,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxvllmGroupedPackedMatmul, GroupedPackedMatmul,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()

@@ -3,7 +3,9 @@
 `pack_weight` turns an [in, out] weight into panels of PANEL columns, [out/PANEL, in, PANEL],
 so that each call streams the weight from memory once, in order (XLA's CPU matmul repacks
 its right-hand operand on every call, which costs more than a decode step's product).
-`PackedLinearMethod` is how a model uses it (the interface of jaxvllm/layers/linear.py).
+`PackedLinearMethod` is how a model uses it (the interface of jaxvllm/layers/linear.py);
+`PackedFusedMoEMethod` packs a mixture-of-experts layer's experts the same way, each read in
+place by the grouped kernel.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxvllm.kernels.cpu import build
+from jaxvllm.layers.fused_moe import UnquantizedFusedMoEMethod
 
 PANEL = 32  # columns per panel: kPanel in packed_matmul.cc
 
@@ -53,6 +56,23 @@ def packed_matmul(x: jax.Array, packed: jax.Array, num_rows: jax.Array | None = 
     return y.reshape(*x.shape[:-1], out)
 
 
+@jax.jit
+def pack_experts(w: jax.Array) -> jax.Array:
+    """[experts, in, *out] float32, prod(out) a multiple of PANEL -> [experts, out/PANEL, in, PANEL]."""
+    E, k = w.shape[:2]
+    return w.reshape(E, k, -1, PANEL).transpose(0, 2, 1, 3)
+
+
+def grouped_packed_matmul(lhs: jax.Array, packed: jax.Array, group_sizes: jax.Array) -> jax.Array:
+    """lhs [m, in], its rows in consecutive groups, group e times expert e's packed weight
+    (packed: [experts, out/PANEL, in, PANEL]) -> [m, out] float32; rows past the last group
+    are zeros (the contract of layers/fused_moe.GroupedMatmul)."""
+    build.load()
+    out = packed.shape[1] * PANEL
+    return jax.ffi.ffi_call("jaxvllm_grouped_packed_matmul", jax.ShapeDtypeStruct((lhs.shape[0], out), jnp.float32))(
+        lhs.astype(jnp.float32), packed, group_sizes.astype(jnp.int32))
+
+
 class PackedLinearMethod:
     """The model's matmuls through the native kernel: every weight [in, *out] is stored
     packed, its out axes flattened, from construction on; the output comes back as
@@ -72,3 +92,25 @@ class PackedLinearMethod:
 
     def apply(self, x: jax.Array, w: jax.Array, num_rows: jax.Array | None = None) -> jax.Array:
         return packed_matmul(x, w, num_rows)
+
+
+class PackedFusedMoEMethod(UnquantizedFusedMoEMethod):
+    """Float32 experts packed per expert at load and multiplied by the grouped native kernel.
+    A stack whose output width is not a multiple of PANEL (or not float32) stays as declared
+    and goes through the fallback grouped matmul."""
+
+    def weight_shape(self, shape: tuple[int, ...], dtype) -> tuple[int, ...]:
+        E, k, out = shape[0], shape[1], math.prod(shape[2:])
+        if jnp.dtype(dtype) != jnp.float32 or out % PANEL:
+            return shape
+        return (E, out // PANEL, k, PANEL)
+
+    def process_weights_after_loading(self, w: jax.Array) -> jax.Array:
+        if self.weight_shape(w.shape, w.dtype) == w.shape:
+            return w
+        return pack_experts(w)
+
+    def expert_matmul(self, lhs: jax.Array, w: jax.Array, group_sizes: jax.Array, experts: jax.Array) -> jax.Array:
+        if w.ndim == 4 and w.shape[2:] == (lhs.shape[1], PANEL):
+            return grouped_packed_matmul(lhs, w, group_sizes)
+        return super().expert_matmul(lhs, w, group_sizes, experts)
