@@ -23,6 +23,7 @@ from jaxvllm.transformers_utils.token_bytes import token_bytes
 # on the previous token (e.g. leading-space rules), few enough to stay cheap.
 _MIN_PRIME_TOKENS = 4
 _MAX_PRIME_TOKENS = 24
+_INVALID_PREFIX = "Invalid prefix encountered"  # tokenizers' DecodeStreamError
 
 
 class TokenBytesStream:
@@ -55,7 +56,7 @@ class TokenizerStream:
     prompt's tail."""
 
     def __init__(self, tokenizer, prompt_token_ids: list[int], skip_special_tokens: bool):
-        self._tokenizer = tokenizer
+        self._tokenizer, self._skip_special_tokens = tokenizer, skip_special_tokens
         self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
         self._prime(prompt_token_ids)
 
@@ -77,7 +78,16 @@ class TokenizerStream:
                 return
 
     def step(self, token_ids: list[int]) -> str:
-        return self._stream.step(self._tokenizer, list(token_ids)) or ""
+        try:
+            return self._stream.step(self._tokenizer, list(token_ids)) or ""
+        except Exception as e:
+            # A decoder whose text is not monotonic in its tokens (seen with Gemma 3's
+            # byte-fallback tokens) breaks the stream's state; as vLLM does, start a new
+            # stream from these tokens rather than fail the request.
+            if not str(e).startswith(_INVALID_PREFIX):
+                raise
+            self._stream = DecodeStream(skip_special_tokens=self._skip_special_tokens)
+            return self._stream.step(self._tokenizer, list(token_ids)) or ""
 
     def flush(self) -> str:
         return ""  # the stream yields no incomplete character

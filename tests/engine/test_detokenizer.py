@@ -153,3 +153,17 @@ def test_held_back_text_released_on_length_finish(tok, prompt):
     assert detok.get_next_output_text(delta=False) == "The a"
     assert detok.get_next_output_text(delta=True, finished=True) == "nswer is 42."
     assert detok.get_next_output_text(delta=True, finished=True) == ""
+
+
+def test_a_decoder_that_rewrites_earlier_text_restarts_the_stream():
+    """tokenizers' DecodeStream raises "Invalid prefix encountered" when a decoder's text for
+    more tokens does not begin with its text for fewer (seen with Gemma 3 270M's tokens in a
+    benchmark, where it failed the request). Here a decoder that rewrites "ab" as "XYZ": the
+    stream starts again from the new token, as vLLM's does, and the request goes on."""
+    from tokenizers import Tokenizer, decoders, models
+    tokenizer = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1, "b": 2}, unk_token="[UNK]"))
+    tokenizer.decoder = decoders.Sequence([decoders.Fuse(), decoders.Replace("ab", "XYZ")])
+    assert tokenizer.decode([1, 2]) == "XYZ"
+    detok = IncrementalDetokenizer(tokenizer, [], SamplingParams(max_tokens=8))
+    _, deltas = feed(detok, [1, 2, 1])
+    assert "".join(deltas) == "aba"
