@@ -40,6 +40,11 @@ class UnquantizedLinearMethod:
         for kernels that skip bucket padding; XLA computes every row."""
         return jax.lax.dot_general(x, w, (((x.ndim - 1,), (0,)), ((), ())))
 
+    def apply_stacked(self, x: jax.Array, stack: jax.Array, index: int, num_rows: jax.Array | None = None):
+        """x @ stack[index], stack: weights stored by this method, stacked on a new first axis
+        (LoRA's adapters, over the layers)."""
+        return self.apply(x, stack[index], num_rows)
+
 
 class Linear:
     """A named projection bound to its weight for one forward pass: `layers.3.qkv_proj`

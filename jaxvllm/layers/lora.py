@@ -38,8 +38,8 @@ class LoRALayout:
 
 class LoRALinear:
     """A Linear (layers/linear.py) plus its adapters' products for this step's tokens.
-    The layer's slice of the stacks is taken where the product runs (inside a switched
-    layer loop's branch, the whole stacks are its operand, never a copy per layer)."""
+    The stacks go whole to the linear method, which reads layer `layer`'s weights where they
+    lie (`apply_stacked`): a slice of them would be a copy per layer and step."""
     __slots__ = ("base", "a", "bs", "layer", "token_onehot", "layout")
 
     def __init__(self, base, a: jax.Array, bs: tuple, layer: int, token_onehot: jax.Array, layout: LoRALayout):
@@ -53,14 +53,14 @@ class LoRALinear:
     def __call__(self, x: jax.Array, num_rows: jax.Array | None = None) -> jax.Array:
         y, lay = self.base(x, num_rows), self.layout
         T, slots, parts = x.shape[0], self.token_onehot.shape[1], len(self.bs)
-        shrunk = lay.a_method.apply(x, self.a[self.layer], num_rows).reshape(T, parts, slots, -1)
+        shrunk = lay.a_method.apply_stacked(x, self.a, self.layer, num_rows).reshape(T, parts, slots, -1)
         shrunk = shrunk * self.token_onehot[:, None, :, None]
         # Each part's delta is added into its slice of the output (a concatenation first
         # would cost one more pass over it).
         y = y.reshape(T, *lay.out_shape)
         start = 0
         for j, (b, shape) in enumerate(zip(self.bs, lay.part_shapes)):
-            delta = lay.b_method.apply(shrunk[:, j].reshape(T, -1), b[self.layer], num_rows)
+            delta = lay.b_method.apply_stacked(shrunk[:, j].reshape(T, -1), b, self.layer, num_rows)
             where = (slice(None),) * (1 + lay.axis) + (slice(start, start + shape[lay.axis]),)
             y = y.at[where].add(delta.reshape(T, *shape).astype(y.dtype))
             start += shape[lay.axis]

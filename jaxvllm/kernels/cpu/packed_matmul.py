@@ -93,6 +93,15 @@ class PackedLinearMethod:
     def apply(self, x: jax.Array, w: jax.Array, num_rows: jax.Array | None = None) -> jax.Array:
         return packed_matmul(x, w, num_rows)
 
+    def apply_stacked(self, x: jax.Array, stack: jax.Array, index: int, num_rows: jax.Array | None = None):
+        """x @ stack[index] with the weight read where it lies in the stack: the grouped kernel
+        with every row in group `index` (a slice of the stack as an operand is a copy)."""
+        rows = x.reshape(-1, x.shape[-1])
+        n = rows.shape[0] if num_rows is None else num_rows
+        sizes = jnp.zeros((stack.shape[0],), jnp.int32).at[index].set(n)
+        y = grouped_packed_matmul(rows, stack, sizes)
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+
 
 class PackedFusedMoEMethod(UnquantizedFusedMoEMethod):
     """Float32 experts packed per expert at load and multiplied by the grouped native kernel.
