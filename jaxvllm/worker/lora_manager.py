@@ -5,8 +5,9 @@ The stacks (jaxvllm/layers/lora.py) have max_loras slots of rank max_lora_rank p
 each adapted projection, fixed from construction and sharded as their base layer: loading an
 adapter writes one slot with a program compiled at start-up, so no adapter ever compiles
 anything. Where the platform's linear method stores a weight in its own form (the CPU's
-packed panels), the same program also rewrites that form from the written stacks. An
-adapter's slot is kept while it is used (least recently used slots are reused first); its
+packed panels), the same program also rewrites that form from the written stacks; on one
+device with a method that has a grouped matmul (the CPU's packed kernel), that form is per
+(layer, slot), layers/lora.py's grouped form. An adapter's slot is kept while it is used (least recently used slots are reused first); its
 converted weights stay in a host cache of max_cpu_loras adapters, so that a swapped-out
 adapter comes back without reading its files again. The scheduler puts at most max_loras
 distinct adapters in a step, so a step's adapters always fit.
@@ -22,6 +23,7 @@ from __future__ import annotations
 import collections
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -62,6 +64,15 @@ def _method(method, in_features: int, out_shapes: list, dtype):
     return method if all(method.supports(in_features, o, dtype) for o in out_shapes) else UnquantizedLinearMethod()
 
 
+def _grouped_width(method, in_features: int, rank: int, parts: list, dtype) -> int | None:
+    """The width a slot's A takes in the grouped form (its parts' ranks, padded to a width
+    the method stores), or None where the method cannot run the grouped form for these shapes."""
+    if not hasattr(method, "apply_grouped") or not all(method.supports(rank, p, dtype) for p in parts):
+        return None
+    width = len(parts) * rank
+    return next((w for w in range(width, width + 1024) if method.supports(in_features, (w,), dtype)), None)
+
+
 def _store(method, W):
     """Layer-stacked weights [layers, in, *out] in the form `method` stores them; None where
     that is the given form (the step reads the given stacks: no second copy)."""
@@ -91,14 +102,19 @@ class LoRAManager:
                 self.targets.setdefault(leaf, [None] * a.num_layers)[int(i)] = w
         # Per leaf: A [layers, in, parts * slots * R] and per part B [layers, slots * R, *its out]
         # (the form a linear weight is given in), split over the mesh as the base weight.
-        self.layouts, self.bounds, shapes, shardings = {}, {}, {}, {}
+        self.layouts, self.bounds, self.a_widths, shapes, shardings = {}, {}, {}, {}, {}
         for leaf, ws in self.targets.items():
             w, n = ws[0], len(ws[0].sources)
             axis, bounds = part_bounds(w, self.out_sizes)
             parts = [w.shape[1:1 + axis] + (b - a_,) + w.shape[2 + axis:] for a_, b in bounds]
             self.bounds[leaf] = (axis, bounds)
-            self.layouts[leaf] = LoRALayout(_method(method, w.shape[0], [(S * n * R,)], self.dtype),
-                                            _method(method, S * R, parts, self.dtype), axis, tuple(parts))
+            width = _grouped_width(method, w.shape[0], R, parts, self.dtype) if mesh.size == 1 else None
+            if width is not None:
+                self.layouts[leaf] = LoRALayout(method, method, axis, tuple(parts), R, grouped=True)
+                self.a_widths[leaf] = width
+            else:
+                self.layouts[leaf] = LoRALayout(_method(method, w.shape[0], [(S * n * R,)], self.dtype),
+                                                _method(method, S * R, parts, self.dtype), axis, tuple(parts), R)
             shapes[leaf] = A, Bs = (len(ws), w.shape[0], S * n * R), [(len(ws), S * R, *p) for p in parts]
             shardings[leaf] = (NamedSharding(mesh, fit_spec((None, w.partition[0], None), A, mesh)),
                                tuple(NamedSharding(mesh, fit_spec((None, None, *w.partition[1:]), B, mesh))
@@ -135,7 +151,16 @@ class LoRAManager:
 
     def _stored(self, leaf: str, A, Bs):
         lay = self.layouts[leaf]
-        return _store(lay.a_method, A), tuple(_store(lay.b_method, B) for B in Bs)
+        if not lay.grouped:
+            return _store(lay.a_method, A), tuple(_store(lay.b_method, B) for B in Bs)
+        # Per (layer, slot): A [in, parts * rank] (columns padded to the stored width) and
+        # each part's B [rank, *out], in the method's stored form.
+        L, k, _ = A.shape
+        S, R, n = self.num_slots, lay.rank, len(Bs)
+        A = A.reshape(L, k, n, S, R).transpose(0, 3, 1, 2, 4).reshape(L * S, k, n * R)
+        A = jnp.pad(A, ((0, 0), (0, 0), (0, self.a_widths[leaf] - n * R)))
+        store = jax.vmap(lay.a_method.process_weights_after_loading)
+        return store(A), tuple(store(B.reshape(L * S, R, *B.shape[2:])) for B in Bs)
 
     def _write(self, slot: int, values: dict) -> None:
         """Writes one slot; the step then reads each weight in its method's stored form."""

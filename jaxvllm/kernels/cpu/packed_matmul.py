@@ -93,6 +93,11 @@ class PackedLinearMethod:
     def apply(self, x: jax.Array, w: jax.Array, num_rows: jax.Array | None = None) -> jax.Array:
         return packed_matmul(x, w, num_rows)
 
+    def apply_grouped(self, x: jax.Array, stack: jax.Array, group_sizes: jax.Array) -> jax.Array:
+        """x [m, in], its rows in consecutive groups, group g times stack[g] (weights stored
+        by this method, stacked): [m, out], rows past the last group zeros."""
+        return grouped_packed_matmul(x, stack, group_sizes)
+
     def apply_stacked(self, x: jax.Array, stack: jax.Array, index: int, num_rows: jax.Array | None = None):
         """x @ stack[index] with the weight read where it lies in the stack: the grouped kernel
         with every row in group `index` (a slice of the stack as an operand is a copy)."""
