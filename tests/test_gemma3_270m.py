@@ -60,6 +60,14 @@ def test_greedy_matches_transformers(gguf_path):
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                            SamplingParams(temperature=0, max_tokens=N_NEW, ignore_eos=True))
     ours = [list(o.outputs[0].token_ids) for o in outputs]
+    # This GGUF carries no chat template: chat says so, and takes one given.
+    with pytest.raises(ValueError, match="has no chat template"):
+        llm.chat([{"role": "user", "content": "Hi"}], SamplingParams(max_tokens=1))
+    template = ("{% for m in messages %}<start_of_turn>user\n{{ m['content'] }}<end_of_turn>\n{% endfor %}"
+                "<start_of_turn>model\n")
+    chat = llm.chat([{"role": "user", "content": "Hi"}], SamplingParams(temperature=0, max_tokens=4),
+                    chat_template=template)
+    assert chat[0].prompt.startswith("<start_of_turn>user\nHi<end_of_turn>") and chat[0].outputs[0].token_ids
     del llm
 
     ref = transformers.AutoModelForCausalLM.from_pretrained(

@@ -163,6 +163,8 @@ def build_parser() -> ArgumentParser:
     chat.add_argument("message")
     chat.add_argument("--system", default=None)
     for p in (gen, chat):
+        p.add_argument("--chat-template", default=None,
+                       help="A Jinja chat template, or a file holding one, in place of the model's.")
         _add_engine_flags(p)
         _add_sampling_flags(p)
     _add_serve_parser(sub)
@@ -212,11 +214,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if ns.command == "chat":
             conv = ([{"role": "system", "content": ns.system}] if ns.system else [])
-            outputs = llm.chat(conv + [{"role": "user", "content": ns.message}], params)
+            outputs = llm.chat(conv + [{"role": "user", "content": ns.message}], params,
+                               chat_template=ns.chat_template)
             print(outputs[0].outputs[0].text)
             return 0
         if ns.chat:
-            outputs = llm.chat([[{"role": "user", "content": p}] for p in ns.prompts], params)
+            outputs = llm.chat([[{"role": "user", "content": p}] for p in ns.prompts], params,
+                               chat_template=ns.chat_template)
         else:
             outputs = llm.generate(ns.prompts, params)
     except ValueError as e:  # a prompt the model cannot take

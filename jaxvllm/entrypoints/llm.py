@@ -147,6 +147,10 @@ class LLM(LLMPooling):
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         tokenizer = self.get_tokenizer()
         template = _load_chat_template(chat_template) or self.chat_template
+        if template is None and getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError(f"LLM.chat: the tokenizer of {self.llm_engine.config.model.model} has no chat template "
+                             "(a GGUF file need not carry one); pass chat_template= (a Jinja template or a "
+                             "file), to LLM or to chat, or --chat-template on the command line.")
         extra = dict(chat_template_kwargs or {})
         extra.update({k: v for k, v in (("chat_template", template), ("tools", tools)) if v is not None})
         prompts = []
