@@ -46,9 +46,9 @@ class LoRALayout:
 @dataclasses.dataclass(frozen=True)
 class TokenSlots:
     """A step's tokens by adapter slot, worked out once for every layer: `onehot` f32[T, slots]
-    for the dense form; for the grouped one the tokens sorted by slot (`order`, its
+    for the dense form (None when no layout is dense); for the grouped one the tokens sorted by slot (`order`, its
     `inverse`) and each slot's token count (`sizes` i32[slots]; no adapter sorts last)."""
-    onehot: jax.Array
+    onehot: jax.Array | None
     order: jax.Array
     inverse: jax.Array
     sizes: jax.Array
@@ -109,8 +109,9 @@ def with_lora(layer_loop, layouts: dict, num_slots: int, stacks: dict, token_slo
     token_slots: i32[tokens], each token's slot (-1: none)."""
     slot = jnp.where(token_slots < 0, num_slots, token_slots)
     order = jnp.argsort(slot, stable=True)
-    slots = TokenSlots(onehot=jax.nn.one_hot(token_slots, num_slots, dtype=jnp.float32),  # -1: zeros
-                       order=order, inverse=jnp.argsort(order),
+    dense = any(not layout.grouped for layout in layouts.values())
+    onehot = jax.nn.one_hot(token_slots, num_slots, dtype=jnp.float32) if dense else None  # -1: zeros
+    slots = TokenSlots(onehot=onehot, order=order, inverse=jnp.argsort(order),
                        sizes=jnp.bincount(slot, length=num_slots + 1)[:num_slots].astype(jnp.int32))
 
     def loop(weights, qkv, attend, mlp, h, kv_cache):
