@@ -7,10 +7,11 @@ adapter writes one slot with a program compiled at start-up, so no adapter ever 
 anything. Where the platform's linear method stores a weight in its own form (the CPU's
 packed panels), the same program also rewrites that form from the written stacks; on one
 device with a method that has a grouped matmul (the CPU's packed kernel), that form is per
-(layer, slot), layers/lora.py's grouped form. An adapter's slot is kept while it is used (least recently used slots are reused first); its
-converted weights stay in a host cache of max_cpu_loras adapters, so that a swapped-out
-adapter comes back without reading its files again. The scheduler puts at most max_loras
-distinct adapters in a step, so a step's adapters always fit.
+(layer, slot), layers/lora.py's grouped form. An adapter's slot is kept while it is used
+(least recently used slots are reused first); its converted weights stay in a host cache of
+max_cpu_loras adapters, so that a swapped-out adapter comes back without reading its files
+again. The scheduler puts at most max_loras distinct adapters in a step, so a step's adapters
+always fit.
 
 A PEFT adapter adapts the checkpoint's q/k/v/o/gate/up/down projections; the model fuses
 q/k/v and gate/up into one linear each. The family's weight spec already says how (its
