@@ -114,11 +114,14 @@ def with_lora(layer_loop, layouts: dict, num_slots: int, stacks: dict, token_slo
     slots = TokenSlots(onehot=onehot, order=order, inverse=jnp.argsort(order),
                        sizes=jnp.bincount(slot, length=num_slots + 1)[:num_slots].astype(jnp.int32))
 
+    def adapted(i, layer):
+        if not isinstance(layer, dict):  # (its number, its weights): Gemma's layers
+            return tuple(adapted(i, part) if isinstance(part, dict) else part for part in layer)
+        return {leaf: LoRALinear(value, *stacks[leaf], i, slots, layouts[leaf]) if leaf in stacks else value
+                for leaf, value in layer.items()}
+
     def loop(weights, qkv, attend, mlp, h, kv_cache):
-        weights = [{leaf: LoRALinear(value, *stacks[leaf], i, slots, layouts[leaf])
-                    if leaf in stacks else value for leaf, value in layer.items()}
-                   for i, layer in enumerate(weights)]
-        return layer_loop(weights, qkv, attend, mlp, h, kv_cache)
+        return layer_loop([adapted(i, layer) for i, layer in enumerate(weights)], qkv, attend, mlp, h, kv_cache)
 
     loop.__name__ = layer_loop.__name__
     return loop
