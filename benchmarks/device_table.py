@@ -60,6 +60,14 @@ def figure_lines(out: Path) -> list[str]:
                      f"{o['decode_batch']}: {o['decode_tok_s']:.0f} tok/s, MFU {100 * o['decode_mfu']:.1f}%")
     else:
         lines.append("  offline throughput    no figures")
+    spec = _load(out / "spec_decode.json")
+    if spec:
+        for r in spec["rows"]:
+            lines.append(f"  spec decode (ngram)   batch {r['batch_size']}: {r['ngram_tok_s']} tok/s against {r['off_tok_s']} "
+                         f"({r['speedup']}x), accepted length {r['mean_accepted_length']}, "
+                         f"same tokens: {r['identical_tokens']}")
+    else:
+        lines.append("  spec decode (ngram)   no figures")
     return lines
 
 

@@ -8,8 +8,14 @@ tokens (ignore_eos), so both engines do the same work; their token ids are compa
 Plain decoding runs with the platform's default (async scheduling on the CPU), speculative
 decoding synchronously (its proposer reads each step's tokens).
 
+A model without a chat template (the random-weight checkpoints of benchmarks/random_weights.py,
+which the device check uses) gets token-id prompts instead: a random run of ids repeated, so the
+prompt holds n-grams to look up. What such a model generates is noise, and how much of it the
+drafts guess is whatever it is: the row measures the verify step's cost at that acceptance.
+
     python benchmarks/spec_decode.py                       # default model, k=4, batch 1 and 16
     python benchmarks/spec_decode.py --num-speculative-tokens 3 --output-len 96 --json r.json
+    python benchmarks/spec_decode.py --model /tmp/llama3-8b-random --batch-sizes 1 64 --max-model-len 1024
 """
 from __future__ import annotations
 
@@ -49,6 +55,13 @@ def make_prompts(tokenizer, n: int, max_chars: int = 700) -> list[list[int]]:
     return prompts
 
 
+def make_id_prompts(vocab_size: int, n: int, prompt_len: int, period: int = 32, seed: int = 0) -> list[list[int]]:
+    """Prompts of `prompt_len` ids: each a random run of `period` ids, repeated."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    return [np.resize(rng.integers(2, vocab_size, period), prompt_len).tolist() for _ in range(n)]
+
+
 def run(llm, prompts, output_len: int, repeats: int) -> tuple[float, list[list[int]]]:
     """Best output tokens per second over `repeats` runs of the whole batch (after one warm-up
     run that compiles), and the outputs."""
@@ -74,6 +87,9 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--prompt-lookup-min", type=int, default=2)
     p.add_argument("--prompt-lookup-max", type=int, default=4)
     p.add_argument("--repeats", type=int, default=2, help="timed runs per batch size (the best is kept)")
+    p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--prompt-len", type=int, default=256,
+                   help="prompt length of the token-id workload (models without a chat template)")
     p.add_argument("--json", default=None, help="write the rows to this path")
     args = p.parse_args(argv)
     from jaxvllm import LLM
@@ -83,8 +99,11 @@ def main(argv=None) -> list[dict]:
     engines = {"off": {}, "ngram": {"speculative_config": spec}}
     results: dict[str, dict] = {}
     for name, extra in engines.items():  # one engine at a time: two default models fit, but need not
-        llm = LLM(args.model, max_num_seqs=max(args.batch_sizes), max_model_len=1024, skip_warmup=True, **extra)
-        prompts = make_prompts(llm.get_tokenizer(), max(args.batch_sizes))
+        llm = LLM(args.model, max_num_seqs=max(args.batch_sizes), max_model_len=args.max_model_len,
+                  skip_warmup=True, **extra)
+        tokenizer = llm.get_tokenizer()
+        prompts = (make_prompts(tokenizer, max(args.batch_sizes)) if tokenizer.chat_template else
+                   make_id_prompts(len(tokenizer), max(args.batch_sizes), args.prompt_len))
         for batch_size in args.batch_sizes:
             before = llm.llm_engine.get_stats()
             tok_s, outputs = run(llm, prompts[:batch_size], args.output_len, args.repeats)
@@ -100,8 +119,9 @@ def main(argv=None) -> list[dict]:
         del llm
         gc.collect()
     rows = []
+    workload = "copy-the-code" if tokenizer.chat_template else f"repeated-ids ({args.prompt_len}-token)"
     print(f"ngram k={args.num_speculative_tokens} (prompt_lookup {args.prompt_lookup_min}-{args.prompt_lookup_max}), "
-          f"{args.output_len} output tokens per request, copy-the-code prompts")
+          f"{args.output_len} output tokens per request, {workload} prompts")
     print(f"{'batch':>5} {'off tok/s':>10} {'ngram tok/s':>12} {'speedup':>8} {'accepted len':>13} "
           f"{'accept rate':>12} {'same tokens':>12}")
     for batch_size in args.batch_sizes:
@@ -114,7 +134,7 @@ def main(argv=None) -> list[dict]:
         print(f"{batch_size:>5} {row['off_tok_s']:>10} {row['ngram_tok_s']:>12} {row['speedup']:>8} "
               f"{row['mean_accepted_length']!s:>13} {row['acceptance_rate']!s:>12} {row['identical_tokens']!s:>12}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
+        Path(args.json).write_text(json.dumps({"args": vars(args), "workload": workload, "rows": rows}, indent=1))
     return rows
 
 

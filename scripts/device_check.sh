@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The device check, in one go, for the first TPU or GPU machine (under 8 minutes on an H200:
-# each step has a time budget, and the steps' budgets add up to 470 s):
+# each step has a time budget, and the steps' budgets add up to 550 s):
 #   1. env          jax, its devices, and whether the engine imports (missing packages: see below)
 #   2. kernel tests the Pallas kernels compiled for real against the naive reference
 #   3. model step   benchmarks/model_step.py, Llama-3-8B shapes, random weights: decode at
@@ -13,6 +13,8 @@
 #   6. start-up     benchmarks/latency.py: engine start to first token, cold (empty caches)
 #                   then warm, each a fresh process; the caches it fills serve step 7
 #   7. throughput   benchmarks/throughput.py --random-weights llama3-8b: 256 requests offline
+#   8. spec decode  benchmarks/spec_decode.py on those weights: n-gram drafts (k=4) against plain
+#                   decoding at batch 1 and 64, repeated-id prompts
 # then the short table (benchmarks/device_table.py). A step that fails or runs out of time
 # is reported in the table; the others still run. The exit status is non-zero if any failed.
 #
@@ -48,20 +50,22 @@ fi
 if (( SMOKE )); then
   # Tiny shapes on a CPU: the budgets only stop a hung step.
   : "${B_ENV:=120}" "${B_TESTS:=300}" "${B_MODEL:=300}" "${B_KERNELS:=300}" "${B_WEIGHTS:=300}" \
-    "${B_STARTUP:=400}" "${B_THROUGHPUT:=300}"
+    "${B_STARTUP:=400}" "${B_THROUGHPUT:=300}" "${B_SPEC:=300}"
   SHAPE=tiny DTYPE=float32 RANDOM_WEIGHTS_DIR=${RANDOM_WEIGHTS_DIR:-$SCRATCH/random-tiny}
   MODEL_ARGS=(--smoke) KERNEL_ARGS=(--smoke)
   ENGINE_ARGS=(--max-num-seqs 2 --max-model-len 64 --max-num-batched-tokens 16)
   WORKLOAD_ARGS=(--num-requests 8 --input-len 4 16 --output-len 2 8)
+  SPEC_ARGS=(--batch-sizes 1 2 --output-len 8 --prompt-len 16 --max-model-len 64 --repeats 1)
 else
-  # An H200: 470 s in all. The start-up step compiles every bucket of the 8B model once;
+  # An H200: 550 s in all. The start-up step compiles every bucket of the 8B model once;
   # whatever it compiled stays in the XLA cache for the throughput step even if it runs out.
   : "${B_ENV:=20}" "${B_TESTS:=40}" "${B_MODEL:=90}" "${B_KERNELS:=40}" "${B_WEIGHTS:=60}" \
-    "${B_STARTUP:=120}" "${B_THROUGHPUT:=100}"
+    "${B_STARTUP:=120}" "${B_THROUGHPUT:=100}" "${B_SPEC:=80}"
   SHAPE=llama3-8b DTYPE=bfloat16 RANDOM_WEIGHTS_DIR=${RANDOM_WEIGHTS_DIR:-/tmp/jaxvllm-random-llama3-8b}
   MODEL_ARGS=(--shape llama3-8b) KERNEL_ARGS=(--iters 10)
   ENGINE_ARGS=(--max-num-seqs 256 --max-model-len 1024 --max-num-batched-tokens 2048)
   WORKLOAD_ARGS=(--num-requests 256)
+  SPEC_ARGS=(--batch-sizes 1 64 --output-len 64 --prompt-len 256 --max-model-len 1024 --repeats 2)
 fi
 
 # run_step NAME BUDGET LOG COMMAND...: the command under its budget, its log (absl's
@@ -101,11 +105,14 @@ run_step throughput "$B_THROUGHPUT" throughput.log \
   env JAXVLLM_XLA_CACHE="$SCRATCH/caches/xla" JAXVLLM_MODEL_CACHE="$SCRATCH/caches/models" "$PY" benchmarks/throughput.py \
   --random-weights "$SHAPE" --random-weights-dir "$RANDOM_WEIGHTS_DIR" "${ENGINE_ARGS[@]}" "${WORKLOAD_ARGS[@]}" \
   --json "$SCRATCH/throughput.json"
+run_step "spec decode" "$B_SPEC" spec_decode.log \
+  env JAXVLLM_XLA_CACHE="$SCRATCH/caches/xla" JAXVLLM_MODEL_CACHE="$SCRATCH/caches/models" "$PY" benchmarks/spec_decode.py \
+  --model "$RANDOM_WEIGHTS_DIR" "${SPEC_ARGS[@]}" --json "$SCRATCH/spec_decode.json"
 
 echo
 "$PY" benchmarks/device_table.py "$SCRATCH" | tee "$SCRATCH/table.txt"
 cp "$SCRATCH"/table.txt "$OUT"/
-for f in model_step kernels startup throughput; do
+for f in model_step kernels startup throughput spec_decode; do
   [[ -f $SCRATCH/$f.json ]] && cp "$SCRATCH/$f.json" "$OUT"/
 done
 tar -czf "$OUT/logs.tgz" -C "$SCRATCH" steps.tsv $(cd "$SCRATCH" && ls ./*.log ./*.txt 2>/dev/null)
