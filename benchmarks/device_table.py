@@ -55,9 +55,10 @@ def figure_lines(out: Path) -> list[str]:
     tp = _load(out / "throughput.json")
     if tp:
         o, w = tp["jaxvllm"], tp["workload"]
-        lines.append(f"  offline throughput    {w['num_requests']} requests ({tp['model']}, {o['dtype']}): "
-                     f"{o['output_tok_s']:.1f} output tok/s, {o['requests_s']:.2f} req/s; decode at batch "
-                     f"{o['decode_batch']}: {o['decode_tok_s']:.0f} tok/s, MFU {100 * o['decode_mfu']:.1f}%")
+        decode = (f"; decode at batch {o['decode_batch']}: {o['decode_tok_s']:.0f} tok/s, MFU "
+                  f"{100 * o['decode_mfu']:.1f}%" if "decode_mfu" in o else "; no decode figures (out of time)")
+        lines.append(f"  offline throughput    {w['num_requests']} requests ({tp['model']}, {o.get('dtype', '?')}): "
+                     f"{o['output_tok_s']:.1f} output tok/s, {o['requests_s']:.2f} req/s{decode}")
     else:
         lines.append("  offline throughput    no figures")
     spec = _load(out / "spec_decode.json")

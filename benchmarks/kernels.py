@@ -155,7 +155,16 @@ def main(argv=None):
           f"dtype {dtype.name}, jax {jax.__version__}, measured copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
 
     rng = np.random.default_rng(0)
-    rows = []
+    rows, sweep = [], []
+
+    def save() -> dict:
+        """The figures so far, written after every case: a run cut short by its budget keeps them."""
+        result = dict(device=dev.device_kind, platform=dev.platform, kernel=name, interpret=interpret,
+                      dtype=dtype.name, jax=jax.__version__, host=_platform.node(), copy_gbps=bw / 1e9,
+                      heads=dict(q=nq, kv=nkv, head_dim=hd), cases=rows, sweep=sweep)
+        Path(a.out).write_text(json.dumps(result, indent=1))
+        return result
+
     for kind, seqs, ps in cases:
         args = make_case(rng, seqs, ps, dtype, nq, nkv, hd)
         scale = hd ** -0.5
@@ -170,6 +179,7 @@ def main(argv=None):
                    kernel_ms=kt * 1e3, reference_ms=rt * 1e3, speedup=rt / kt, kernel_gbps=nbytes / kt / 1e9,
                    pct_copy_bw=100 * nbytes / kt / bw, kernel_tflops=flops / kt / 1e12, max_abs_err=err)
         rows.append(row)
+        save()
         print(f"  {kind:8s} {len(seqs):4d} seqs ctx {ctx:5d} ps {ps:3d}: kernel {kt * 1e3:8.3f} ms, "
               f"reference {rt * 1e3:8.3f} ms, {row['kernel_gbps']:7.0f} GB/s ({row['pct_copy_bw']:5.1f}%), "
               f"err {err:.2e}", flush=True)
@@ -177,7 +187,6 @@ def main(argv=None):
             profile(kfn, args, (kind, seqs, ps), a.profile, iters)
         del args, kout, rout
 
-    sweep = []
     if (a.sweep or a.sweep_only) and not a.smoke:
         opts = SWEEP[name]
         for seqs in ([(1, 2048)] * 64, [(1, 2048)] * 256):
@@ -202,10 +211,7 @@ def main(argv=None):
         profile(jax.jit(lambda *x: kernel(*x, sm_scale=HD ** -0.5, interpret=interpret)),
                 make_case(rng, seqs, ps, dtype), CASES[0], a.profile, iters)
 
-    result = dict(device=dev.device_kind, platform=dev.platform, kernel=name, interpret=interpret,
-                  dtype=dtype.name, jax=jax.__version__, host=_platform.node(), copy_gbps=bw / 1e9,
-                  heads=dict(q=nq, kv=nkv, head_dim=hd), cases=rows, sweep=sweep)
-    Path(a.out).write_text(json.dumps(result, indent=1))
+    result = save()
 
     print(f"\nragged paged attention, {dev.device_kind}, {dtype.name}, copy bandwidth {bw / 1e9:.0f} GB/s")
     print(f"{'case':8s} {'seqs':>4s} {'ctx':>5s} {'q tok':>5s} {'ps':>3s} {'kernel ms':>9s} {'ref ms':>8s} "

@@ -88,6 +88,8 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--prompt-lookup-max", type=int, default=4)
     p.add_argument("--repeats", type=int, default=2, help="timed runs per batch size (the best is kept)")
     p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--max-num-seqs", type=int, default=None, help="default: the largest batch size")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
     p.add_argument("--prompt-len", type=int, default=256,
                    help="prompt length of the token-id workload (models without a chat template)")
     p.add_argument("--json", default=None, help="write the rows to this path")
@@ -99,8 +101,9 @@ def main(argv=None) -> list[dict]:
     engines = {"off": {}, "ngram": {"speculative_config": spec}}
     results: dict[str, dict] = {}
     for name, extra in engines.items():  # one engine at a time: two default models fit, but need not
-        llm = LLM(args.model, max_num_seqs=max(args.batch_sizes), max_model_len=args.max_model_len,
-                  skip_warmup=True, **extra)
+        sizes = {k: v for k, v in dict(max_num_batched_tokens=args.max_num_batched_tokens).items() if v}
+        llm = LLM(args.model, max_num_seqs=args.max_num_seqs or max(args.batch_sizes),
+                  max_model_len=args.max_model_len, skip_warmup=True, **sizes, **extra)
         tokenizer = llm.get_tokenizer()
         prompts = (make_prompts(tokenizer, max(args.batch_sizes)) if tokenizer.chat_template else
                    make_id_prompts(len(tokenizer), max(args.batch_sizes), args.prompt_len))

@@ -27,3 +27,18 @@ def test_table_shows_every_step_and_the_figures_that_exist(tmp_path):
     assert any("decode 64 x 2048" in l and "83.0% of HBM roofline" in l and "busy  97.0%" in l for l in lines)
     assert any("prefill 1 x 2048" in l and "MFU  61.0%" in l for l in lines)
     assert "start-up to 1st token no figures" in table and "offline throughput    no figures" in table
+
+
+def test_a_throughput_step_cut_short_after_its_rounds_still_shows_them(tmp_path):
+    """throughput.py writes the rounds before its decode measurement (an H200 run of 12-04 ran
+    out of its budget there and lost the round's 7,539 tok/s); spec decode rows as written."""
+    (tmp_path / "steps.tsv").write_text("throughput\t124\t102\t100\nspec decode\t0\t134\t170\n")
+    (tmp_path / "throughput.json").write_text(json.dumps(dict(
+        model="random llama3-8b", workload=dict(num_requests=256),
+        jaxvllm=dict(output_tok_s=7539.1, requests_s=57.7))))
+    (tmp_path / "spec_decode.json").write_text(json.dumps(dict(rows=[dict(
+        batch_size=1, off_tok_s=216.5, ngram_tok_s=150.4, speedup=0.69, mean_accepted_length=None,
+        acceptance_rate=None, identical_tokens=True)])))
+    table = device_table.table(tmp_path)
+    assert "7539.1 output tok/s, 57.70 req/s; no decode figures (out of time)" in table
+    assert "batch 1: 150.4 tok/s against 216.5 (0.69x), accepted length None, same tokens: True" in table
