@@ -64,11 +64,11 @@ def figure_lines(out: Path) -> list[str]:
     spec = _load(out / "spec_decode.json")
     if spec:
         for r in spec["rows"]:
-            lines.append(f"  spec decode (ngram)   batch {r['batch_size']}: {r['ngram_tok_s']} tok/s against {r['off_tok_s']} "
+            lines.append(f"  spec decode {r['method']:<10}batch {r['batch_size']}: {r['spec_tok_s']} tok/s against {r['off_tok_s']} "
                          f"({r['speedup']}x), accepted length {r['mean_accepted_length']}, "
                          f"same tokens: {r['identical_tokens']}")
     else:
-        lines.append("  spec decode (ngram)   no figures")
+        lines.append("  spec decode           no figures")
     return lines
 
 

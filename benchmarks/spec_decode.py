@@ -1,5 +1,5 @@
 """Speculative decoding against plain decoding, in one run: output tokens per second at batch 1
-and batch 16 with `ngram` drafts and without, and how many drafts were accepted.
+and batch 16 with `ngram` and `suffix` drafts and without, and how many drafts were accepted.
 
 The workload is one where the output repeats the input: chat prompts asking the model to copy
 a Python function from the standard library (a different function per request) verbatim, as a
@@ -14,6 +14,7 @@ prompt holds n-grams to look up. What such a model generates is noise, and how m
 drafts guess is whatever it is: the row measures the verify step's cost at that acceptance.
 
     python benchmarks/spec_decode.py                       # default model, k=4, batch 1 and 16
+    python benchmarks/spec_decode.py --methods suffix
     python benchmarks/spec_decode.py --num-speculative-tokens 3 --output-len 96 --json r.json
     python benchmarks/spec_decode.py --model /tmp/llama3-8b-random --batch-sizes 1 64 --max-model-len 1024
 """
@@ -83,6 +84,7 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--model", default=None, help="model path (default: SmolLM2-135M-Instruct GGUF)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16])
     p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--methods", nargs="+", choices=["ngram", "suffix"], default=["ngram", "suffix"])
     p.add_argument("--num-speculative-tokens", type=int, default=4)
     p.add_argument("--prompt-lookup-min", type=int, default=2)
     p.add_argument("--prompt-lookup-max", type=int, default=4)
@@ -96,9 +98,10 @@ def main(argv=None) -> list[dict]:
     args = p.parse_args(argv)
     from jaxvllm import LLM
 
-    spec = {"method": "ngram", "num_speculative_tokens": args.num_speculative_tokens,
-            "prompt_lookup_min": args.prompt_lookup_min, "prompt_lookup_max": args.prompt_lookup_max}
-    engines = {"off": {}, "ngram": {"speculative_config": spec}}
+    specs = {"ngram": {"method": "ngram", "num_speculative_tokens": args.num_speculative_tokens,
+                       "prompt_lookup_min": args.prompt_lookup_min, "prompt_lookup_max": args.prompt_lookup_max},
+             "suffix": {"method": "suffix", "num_speculative_tokens": args.num_speculative_tokens}}
+    engines = {"off": {}, **{m: {"speculative_config": specs[m]} for m in args.methods}}
     results: dict[str, dict] = {}
     for name, extra in engines.items():  # one engine at a time: two default models fit, but need not
         sizes = {k: v for k, v in dict(max_num_batched_tokens=args.max_num_batched_tokens).items() if v}
@@ -123,19 +126,20 @@ def main(argv=None) -> list[dict]:
         gc.collect()
     rows = []
     workload = "copy-the-code" if tokenizer.chat_template else f"repeated-ids ({args.prompt_len}-token)"
-    print(f"ngram k={args.num_speculative_tokens} (prompt_lookup {args.prompt_lookup_min}-{args.prompt_lookup_max}), "
-          f"{args.output_len} output tokens per request, {workload} prompts")
-    print(f"{'batch':>5} {'off tok/s':>10} {'ngram tok/s':>12} {'speedup':>8} {'accepted len':>13} "
+    print(f"k={args.num_speculative_tokens} (ngram: prompt_lookup {args.prompt_lookup_min}-{args.prompt_lookup_max}; "
+          f"suffix: vLLM's defaults), {args.output_len} output tokens per request, {workload} prompts")
+    print(f"{'method':>7} {'batch':>5} {'off tok/s':>10} {'spec tok/s':>11} {'speedup':>8} {'accepted len':>13} "
           f"{'accept rate':>12} {'same tokens':>12}")
-    for batch_size in args.batch_sizes:
-        off, on = results[f"off-{batch_size}"], results[f"ngram-{batch_size}"]
-        row = dict(batch_size=batch_size, off_tok_s=off["output_tok_s"], ngram_tok_s=on["output_tok_s"],
-                   speedup=round(on["output_tok_s"] / off["output_tok_s"], 2),
-                   mean_accepted_length=on["mean_accepted_length"], acceptance_rate=on["acceptance_rate"],
-                   identical_tokens=off["outputs"] == on["outputs"])
-        rows.append(row)
-        print(f"{batch_size:>5} {row['off_tok_s']:>10} {row['ngram_tok_s']:>12} {row['speedup']:>8} "
-              f"{row['mean_accepted_length']!s:>13} {row['acceptance_rate']!s:>12} {row['identical_tokens']!s:>12}")
+    for method in args.methods:
+        for batch_size in args.batch_sizes:
+            off, on = results[f"off-{batch_size}"], results[f"{method}-{batch_size}"]
+            row = dict(method=method, batch_size=batch_size, off_tok_s=off["output_tok_s"],
+                       spec_tok_s=on["output_tok_s"], speedup=round(on["output_tok_s"] / off["output_tok_s"], 2),
+                       mean_accepted_length=on["mean_accepted_length"], acceptance_rate=on["acceptance_rate"],
+                       identical_tokens=off["outputs"] == on["outputs"])
+            rows.append(row)
+            print(f"{method:>7} {batch_size:>5} {row['off_tok_s']:>10} {row['spec_tok_s']:>11} {row['speedup']:>8} "
+                  f"{row['mean_accepted_length']!s:>13} {row['acceptance_rate']!s:>12} {row['identical_tokens']!s:>12}")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "workload": workload, "rows": rows}, indent=1))
     return rows

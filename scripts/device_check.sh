@@ -55,7 +55,7 @@ if (( SMOKE )); then
   MODEL_ARGS=(--smoke) KERNEL_ARGS=(--smoke)
   ENGINE_ARGS=(--max-num-seqs 2 --max-model-len 64 --max-num-batched-tokens 16)
   WORKLOAD_ARGS=(--num-requests 8 --input-len 4 16 --output-len 2 8)
-  SPEC_ARGS=(--batch-sizes 1 2 --output-len 8 --prompt-len 16 --repeats 1)
+  SPEC_ARGS=(--methods ngram --batch-sizes 1 2 --output-len 8 --prompt-len 16 --repeats 1)
   TEST_PLATFORMS=cpu
 else
   # An H200, 575 s in all (12-04: model step 44 s, kernels 41 s, weights 44 s; start-up did
@@ -68,7 +68,7 @@ else
   MODEL_ARGS=(--shape llama3-8b) KERNEL_ARGS=(--iters 10)
   ENGINE_ARGS=(--max-num-seqs 256 --max-model-len 1024 --max-num-batched-tokens 2048)
   WORKLOAD_ARGS=(--num-requests 256)
-  SPEC_ARGS=(--batch-sizes 1 64 --output-len 64 --prompt-len 256 --repeats 2)
+  SPEC_ARGS=(--methods ngram --batch-sizes 1 64 --output-len 64 --prompt-len 256 --repeats 2)
   TEST_PLATFORMS=""  # tests/conftest.py would set cpu: the kernel tests are for the device
 fi
 

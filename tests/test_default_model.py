@@ -147,18 +147,21 @@ def test_logprobs_and_json_output(llm, prompts, hf_default_model):
     assert _pool_is_full(llm)
 
 
-def test_ngram_speculative_decoding_keeps_greedy_output(llm):
+@pytest.mark.parametrize("spec_config", [
+    {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4},
+    {"method": "suffix", "num_speculative_tokens": 4}], ids=["ngram", "suffix"])
+def test_speculative_decoding_keeps_greedy_output(llm, spec_config):
     """Prompts whose continuation repeats them (a counting pattern, a quoted line): drafts are
     accepted, and the tokens are the plain engine's."""
     tok = llm.get_tokenizer()
     prompts = [tok.encode("1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2,"),
                tok.encode('He said "the quick brown fox jumps over the lazy dog", and again: "the quick')]
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
-    spec = LLM(max_num_seqs=4, max_model_len=256, skip_warmup=True, speculative_config={
-        "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4})
+    spec = LLM(max_num_seqs=4, max_model_len=256, skip_warmup=True, speculative_config=spec_config)
     expected = [o.outputs[0].token_ids for o in llm.generate(
         [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)]
     outputs = spec.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outputs] == expected
     assert spec.llm_engine.get_stats().spec_decode_num_accepted_tokens > 0
     assert _pool_is_full(spec)
+    spec.llm_engine.shutdown()

@@ -140,11 +140,20 @@ class SpeculativeConfig:
     one forward and the rejection sampler keeps the target's distribution (worker/spec_decode).
     ngram: prompt lookup, the longest suffix n-gram of prompt_lookup_min..max tokens that
     appeared earlier in the request proposes the tokens that followed it (vLLM's defaults:
-    one bound unset takes the other's value, both unset are 5)."""
+    one bound unset takes the other's value, both unset are 5).
+    suffix: suffix decoding over the request's prompt and the responses of it and of the last
+    suffix_decoding_max_cached_requests requests, matched up to suffix_decoding_max_tree_depth
+    tokens back; a match of m tokens drafts up to m * suffix_decoding_max_spec_factor tokens,
+    while the draft's path probability stays >= suffix_decoding_min_token_prob (vLLM's names
+    and defaults; num_speculative_tokens unset: the tree depth, at most 16 here)."""
     method: str = "ngram"
     num_speculative_tokens: int = 4
     prompt_lookup_min: int = 5
     prompt_lookup_max: int = 5
+    suffix_decoding_max_tree_depth: int = 24
+    suffix_decoding_max_cached_requests: int = 10000
+    suffix_decoding_max_spec_factor: float = 1.0
+    suffix_decoding_min_token_prob: float = 0.1
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ from __future__ import annotations
 from jaxvllm.config.engine_config import SpeculativeConfig
 from jaxvllm.config.json_section import section_fields
 
-METHODS = ("ngram",)  # suffix, draft_model and eagle3 are the next proposers (issue 38)
+METHODS = ("ngram", "suffix")  # draft_model and eagle3 are the next proposers (issue 38)
+MAX_SPECULATIVE_TOKENS = 16
 
 
 def parse_speculative_config(value) -> SpeculativeConfig | None:
@@ -14,6 +15,9 @@ def parse_speculative_config(value) -> SpeculativeConfig | None:
     value = section_fields(value, SpeculativeConfig, "speculative_config")
     if value is None or isinstance(value, SpeculativeConfig):
         return value
+    if value.get("method") == "suffix" and "num_speculative_tokens" not in value:  # vLLM: the tree depth
+        depth = value.get("suffix_decoding_max_tree_depth", SpeculativeConfig.suffix_decoding_max_tree_depth)
+        value = dict(value, num_speculative_tokens=min(depth, MAX_SPECULATIVE_TOKENS) if type(depth) is int else depth)
     if "method" not in value or "num_speculative_tokens" not in value:
         raise ValueError("speculative_config needs 'method' and 'num_speculative_tokens'.")
     lookup_min, lookup_max = value.get("prompt_lookup_min"), value.get("prompt_lookup_max")
@@ -30,12 +34,19 @@ def verify_speculative(config) -> None:
         return
     if spec.method not in METHODS:
         raise ValueError(f"speculative_config.method must be one of {METHODS}, got {spec.method!r}.")
-    for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
+    for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max",
+                 "suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests"):
         if type(getattr(spec, name)) is not int:
             raise ValueError(f"speculative_config.{name} must be an integer, got {getattr(spec, name)!r}.")
-    if not 1 <= spec.num_speculative_tokens <= 16:
-        raise ValueError(f"speculative_config.num_speculative_tokens must be in [1, 16], "
+    if not 1 <= spec.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+        raise ValueError(f"speculative_config.num_speculative_tokens must be in [1, {MAX_SPECULATIVE_TOKENS}], "
                          f"got {spec.num_speculative_tokens}.")
+    for name, low, high in (("suffix_decoding_max_tree_depth", 1, 1024),
+                            ("suffix_decoding_max_cached_requests", 0, 10**7),
+                            ("suffix_decoding_max_spec_factor", 0, 1e6), ("suffix_decoding_min_token_prob", 0, 1)):
+        value = getattr(spec, name)
+        if type(value) not in (int, float) or not low <= value <= high:
+            raise ValueError(f"speculative_config.{name} must be a number in [{low}, {high}], got {value!r}.")
     if not 1 <= spec.prompt_lookup_min <= spec.prompt_lookup_max:
         raise ValueError(f"speculative_config needs 1 <= prompt_lookup_min <= prompt_lookup_max, got "
                          f"{spec.prompt_lookup_min} and {spec.prompt_lookup_max}.")

@@ -83,11 +83,13 @@ def _store(method, W):
 
 
 class LoRAManager:
-    def __init__(self, config: LoRAConfig, model, mesh, method, count_compilation):
+    def __init__(self, config: LoRAConfig, model, mesh, method, count_compilation, abstract: bool = False):
         """model: the runner's CausalLM (its weight spec and args); mesh: where the stacks live,
         each sharded as its base layer; method: the platform's float linear method for this
         mesh, which runs the adapters' products; count_compilation: the runner's counter,
-        called once per trace of the slot writer."""
+        called once per trace of the slot writer; abstract: the stacks are shape structs with
+        their shardings, nothing is written (compiling for devices that cannot run, as
+        jaxvllm/aot_compile.py does)."""
         self.config, self.num_slots, self.dtype = config, config.max_loras, np.dtype(model.dtype)
         a, R, S = model.args, config.max_lora_rank, config.max_loras
         self.out_sizes = {"q_proj": a.num_heads * a.head_dim, "k_proj": a.num_kv_heads * a.head_dim,
@@ -120,8 +122,6 @@ class LoRAManager:
             shardings[leaf] = (NamedSharding(mesh, fit_spec((None, w.partition[0], None), A, mesh)),
                                tuple(NamedSharding(mesh, fit_spec((None, None, *w.partition[1:]), B, mesh))
                                      for B in Bs))
-        zeros = {leaf: (np.zeros(A, self.dtype), tuple(np.zeros(B, self.dtype) for B in Bs))
-                 for leaf, (A, Bs) in shapes.items()}
 
         def set_slot(stacks, slot, values):
             """Writes one slot of the stacks; returns them and the form the step reads."""
@@ -139,11 +139,21 @@ class LoRAManager:
 
         self._set_slot = jax.jit(set_slot, donate_argnums=(0,),
                                  out_shardings=(shardings, NamedSharding(mesh, P())))
-        # Slot 0 written with its zeros: the one program loading ever runs is compiled now.
-        self._given = jax.device_put(zeros, shardings)
-        self._write(0, {leaf: (np.zeros((A[0], A[1], A[2] // S), self.dtype),
-                               tuple(np.zeros((B[0], R, *B[2:]), self.dtype) for B in Bs))
-                        for leaf, (A, Bs) in shapes.items()})
+        if abstract:
+            given = {leaf: (jax.ShapeDtypeStruct(A, self.dtype, sharding=shardings[leaf][0]),
+                            tuple(jax.ShapeDtypeStruct(B, self.dtype, sharding=sb) for B, sb in zip(Bs, shardings[leaf][1])))
+                     for leaf, (A, Bs) in shapes.items()}
+            stored = jax.eval_shape(lambda g: {leaf: self._stored(leaf, *g[leaf]) for leaf in g}, given)
+            rep = NamedSharding(mesh, P())  # the slot writer's out_shardings for the stored form
+            self._given = given
+            self.stacks = self._merged(given, jax.tree.map(
+                lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep), stored))
+        else:  # slot 0 written with its zeros: the one program loading ever runs is compiled now
+            self._given = jax.device_put({leaf: (np.zeros(A, self.dtype), tuple(np.zeros(B, self.dtype) for B in Bs))
+                                          for leaf, (A, Bs) in shapes.items()}, shardings)
+            self._write(0, {leaf: (np.zeros((A[0], A[1], A[2] // S), self.dtype),
+                                   tuple(np.zeros((B[0], R, *B[2:]), self.dtype) for B in Bs))
+                            for leaf, (A, Bs) in shapes.items()})
         self.shardings = jax.tree.map(lambda x: x.sharding, self.stacks)  # what the step takes
         self.requests: dict[int, LoRARequest] = {}
         self.host_cache: collections.OrderedDict[int, dict] = collections.OrderedDict()
@@ -166,9 +176,14 @@ class LoRAManager:
     def _write(self, slot: int, values: dict) -> None:
         """Writes one slot; the step then reads each weight in its method's stored form."""
         self._given, stored = self._set_slot(self._given, np.int32(slot), values)
-        self.stacks = {leaf: (stored[leaf][0] if stored[leaf][0] is not None else A,
-                              tuple(s if s is not None else B for s, B in zip(stored[leaf][1], Bs)))
-                       for leaf, (A, Bs) in self._given.items()}
+        self.stacks = self._merged(self._given, stored)
+
+    @staticmethod
+    def _merged(given: dict, stored: dict) -> dict:
+        """The stacks the step reads: each weight's stored form where its method has one, else the given."""
+        return {leaf: (stored[leaf][0] if stored[leaf][0] is not None else A,
+                       tuple(s if s is not None else B for s, B in zip(stored[leaf][1], Bs)))
+                for leaf, (A, Bs) in given.items()}
 
     def add_requests(self, new_reqs) -> None:
         """Remember the adapters new requests (NewRequestData) name, by lora_int_id."""

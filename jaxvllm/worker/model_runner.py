@@ -116,7 +116,7 @@ class ModelRunner:
         self._replicated = rep = NamedSharding(mesh, P())
         self.lora_manager = (LoRAManager(config.lora, model, mesh,
                                          platform.linear_method(config.model.attention_backend, mesh.size),
-                                         self._count_compilation)
+                                         self._count_compilation, abstract)
                              if config.lora is not None else None)
 
         def forward(param_leaves, kv_cache, input_ids, prev_rows, last_sampled, md, logits_indices, *lora):

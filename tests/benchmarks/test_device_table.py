@@ -37,8 +37,8 @@ def test_a_throughput_step_cut_short_after_its_rounds_still_shows_them(tmp_path)
         model="random llama3-8b", workload=dict(num_requests=256),
         jaxvllm=dict(output_tok_s=7539.1, requests_s=57.7))))
     (tmp_path / "spec_decode.json").write_text(json.dumps(dict(rows=[dict(
-        batch_size=1, off_tok_s=216.5, ngram_tok_s=150.4, speedup=0.69, mean_accepted_length=None,
+        method="ngram", batch_size=1, off_tok_s=216.5, spec_tok_s=150.4, speedup=0.69, mean_accepted_length=None,
         acceptance_rate=None, identical_tokens=True)])))
     table = device_table.table(tmp_path)
     assert "7539.1 output tok/s, 57.70 req/s; no decode figures (out of time)" in table
-    assert "batch 1: 150.4 tok/s against 216.5 (0.69x), accepted length None, same tokens: True" in table
+    assert "spec decode ngram     batch 1: 150.4 tok/s against 216.5 (0.69x), accepted length None, same tokens: True" in table

@@ -1,4 +1,4 @@
-"""Speculative decoding (method ngram) end to end on a tiny random Llama: greedy output
+"""Speculative decoding (methods ngram and suffix) end to end on a tiny random Llama: greedy output
 identical with and without it (stop tokens, max_tokens and chunked prefill included), drafts
 accepted and counted, seeded random sampling reproducible, aborts and finishes return every
 block, and the combinations not supported yet refused by name."""
@@ -12,6 +12,7 @@ from jaxvllm import LLM, SamplingParams
 PROMPTS = [[10, 11, 12, 13, 14] * 4, [40, 41, 42] * 6 + [40], [7, 8, 9, 100, 7, 8, 9], [50 + i for i in range(30)]]
 N_NEW = 24
 SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+SUFFIX = {"method": "suffix", "num_speculative_tokens": 3}
 
 
 def make_llm(path, **kwargs):
@@ -25,9 +26,11 @@ def plain(tiny_model_dir):
     return make_llm(tiny_model_dir)
 
 
-@pytest.fixture(scope="module")
-def spec(tiny_model_dir):
-    return make_llm(tiny_model_dir, speculative_config=SPEC)
+@pytest.fixture(scope="module", params=[SPEC, SUFFIX], ids=["ngram", "suffix"])
+def spec(tiny_model_dir, request):
+    llm = make_llm(tiny_model_dir, speculative_config=request.param)
+    yield llm
+    llm.llm_engine.shutdown()
 
 
 def tokens(llm, params, prompts=PROMPTS):
@@ -65,14 +68,34 @@ def test_stops_inside_accepted_runs_match_plain_decoding(plain, spec):
 
 
 def test_chunked_prefill_and_seeded_sampling(tiny_model_dir, spec):
-    chunked = make_llm(tiny_model_dir, speculative_config=SPEC, max_num_batched_tokens=8)
+    chunked = make_llm(tiny_model_dir, speculative_config=spec.llm_engine.config.speculative, max_num_batched_tokens=8)
     params = SamplingParams(temperature=0, max_tokens=N_NEW, ignore_eos=True)
     assert tokens(chunked, params) == tokens(spec, params)
     seeded = [SamplingParams(temperature=1.0, top_p=0.9, seed=s, max_tokens=N_NEW, ignore_eos=True) for s in (1, 2)]
     first = tokens(spec, seeded[0], PROMPTS[:2]), tokens(spec, seeded[1], PROMPTS[:2])
-    assert tokens(spec, seeded[0], PROMPTS[:2]) == first[0] and first[0] != first[1]
+    assert first[0] != first[1]
+    # A seeded sample follows from its drafts; suffix decoding's drafts depend on the responses
+    # cached since (as in vLLM), prompt lookup's on the request alone.
+    if spec.llm_engine.config.speculative.method == "ngram":
+        assert tokens(spec, seeded[0], PROMPTS[:2]) == first[0]
     assert_pool_full(spec)
     assert_pool_full(chunked)
+
+
+def test_a_repeated_request_drafts_from_the_first_ones_response_with_suffix_decoding(plain, spec):
+    """Suffix decoding keeps responses across requests: the same prompt again (nothing repeats
+    within it) gets most of its tokens drafted and accepted. Prompt lookup keeps nothing."""
+    prompt, params = [[120 + i for i in range(30)]], SamplingParams(temperature=0, max_tokens=N_NEW, ignore_eos=True)
+    accepted = []
+    for _ in range(2):
+        before = spec.llm_engine.get_stats().spec_decode_num_accepted_tokens
+        assert tokens(spec, params, prompt) == tokens(plain, params, prompt)
+        accepted.append(spec.llm_engine.get_stats().spec_decode_num_accepted_tokens - before)
+    if spec.llm_engine.config.speculative.method == "suffix":
+        assert accepted[1] >= N_NEW // 2 and accepted[1] > accepted[0], accepted
+    else:
+        assert accepted[1] == accepted[0], accepted
+    assert_pool_full(spec)
 
 
 def test_aborts_with_drafts_in_flight_return_every_block(spec):
@@ -99,5 +122,7 @@ def test_unsupported_combinations_are_refused(tiny_model_dir, spec):
         make_llm(tiny_model_dir, speculative_config=SPEC, async_scheduling=True)
     with pytest.raises(ValueError, match="method"):
         make_llm(tiny_model_dir, speculative_config={"method": "eagle", "num_speculative_tokens": 2})
+    with pytest.raises(ValueError, match="suffix_decoding_min_token_prob must be a number in"):
+        make_llm(tiny_model_dir, speculative_config={"method": "suffix", "suffix_decoding_min_token_prob": 2})
     with pytest.raises(ValueError, match="unknown fields"):
         make_llm(tiny_model_dir, speculative_config='{"method": "ngram", "num_speculative_tokens": 2, "k": 1}')

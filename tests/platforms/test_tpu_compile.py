@@ -69,3 +69,16 @@ def test_temporaries_do_not_grow_with_the_kv_pool(models, backend):
     grew = large["programs"][0]["temp_bytes"] - small["programs"][0]["temp_bytes"]
     assert small["programs"][0]["compiled"] and large["programs"][0]["compiled"]
     assert grew < (large["kv_cache_bytes"] - small["kv_cache_bytes"]) / 10, (small, large)
+
+
+@pytest.mark.parametrize("target", ["tpu-v5e-1", "tpu-v6e-4"])
+def test_the_lora_forward_compiles_with_abstract_adapter_stacks(models, target):
+    """enable_lora adds forward_lora to what the engine warms up; its adapter stacks are shape
+    structs here (nothing is written to compile-only chips), sharded as their base layers over
+    the slice's tensor parallelism."""
+    report = compile_for_target(models["tiny"], target, programs=("forward_lora",), enable_lora=True, max_loras=2,
+                                max_lora_rank=8, **ENGINE)
+    rows = report["programs"]
+    assert [r["program"] for r in rows] == ["forward_lora T=16", "forward_lora T=32"]
+    assert [(r["program"], r["error"]) for r in rows if not r["compiled"]] == []
+    assert report["fits"] and all(r["alias_bytes"] >= report["kv_cache_bytes"] for r in rows), report

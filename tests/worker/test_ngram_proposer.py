@@ -38,4 +38,4 @@ def test_batch_rows_and_max_model_len():
     num_tokens = np.array([7, 0, 5], np.int32)
     proposer = NgramProposer(1, 3, 4, max_model_len=9)
     # Row 0 may add one draft before max_model_len (7 tokens, its next computed at position 7).
-    assert proposer.propose(token_ids, num_tokens, np.array([0, 2])) == [[4], [6, 5]]
+    assert proposer.propose(token_ids, num_tokens, np.array([0, 2]), None, None) == [[4], [6, 5]]

@@ -36,11 +36,16 @@ class NgramProposer:
         self.min_n, self.max_n = prompt_lookup_min, prompt_lookup_max
         self.k, self.max_model_len = num_speculative_tokens, max_model_len
 
-    def propose(self, token_ids: np.ndarray, num_tokens: np.ndarray, rows: np.ndarray) -> list[list[int]]:
+    def propose(self, token_ids: np.ndarray, num_tokens: np.ndarray, rows: np.ndarray, num_prompt_tokens=None,
+                req_ids=None) -> list[list[int]]:
         """Drafts for each of `rows` of the batch's token matrix (num_tokens: each row's
-        length), never past max_model_len."""
+        length), never past max_model_len. Prompt lookup keeps no state: it needs neither
+        the prompts' lengths nor the requests' ids that the suffix proposer takes."""
         drafts = []
         for row, n in zip(rows.tolist(), num_tokens[rows].tolist()):
             k = min(self.k, self.max_model_len - 1 - n)
             drafts.append(propose_ngram(token_ids[row, :n], self.min_n, self.max_n, k).tolist())
         return drafts
+
+    def finish_requests(self, req_ids) -> None:
+        """Nothing to forget (the suffix proposer's interface)."""

@@ -24,6 +24,7 @@ from jaxvllm.worker.model_runner_utils import pick_bucket
 from jaxvllm.worker.sampling_inputs import sampler_variant, sampler_variants, sampling_metadata
 from jaxvllm.worker.spec_decode.ngram_proposer import NgramProposer
 from jaxvllm.worker.spec_decode.rejection_sampler import rejection_sample
+from jaxvllm.worker.spec_decode.suffix_proposer import SuffixProposer
 from jaxvllm.worker.step_inputs import build_step_inputs
 from jaxvllm.worker.warmup import warmup_jobs
 
@@ -40,7 +41,7 @@ class SpecDecodeOutput:
     num_drafts: np.ndarray  # i32[N]
     tokens: jax.Array       # i32[R, K + 1]
     num_tokens: jax.Array   # i32[R]
-    proposer: NgramProposer
+    proposer: NgramProposer | SuffixProposer
     on_ready: object = None
 
     def __post_init__(self) -> None:
@@ -60,7 +61,9 @@ class SpecDecodeOutput:
         batch.num_computed_tokens[rows] -= np.where(n > 0, self.num_drafts + 1 - n, 0)
         drafts = [[] for _ in range(N)]
         which = np.flatnonzero((n > 0) & ~batch.suppresses[rows])  # min_tokens, bad words: no drafts
-        for i, d in zip(which.tolist(), self.proposer.propose(batch.token_ids, batch.num_host_tokens, rows[which])):
+        proposals = self.proposer.propose(batch.token_ids, batch.num_host_tokens, rows[which], batch.num_prompt_tokens,
+                                          [self.req_ids[i] for i in which.tolist()])
+        for i, d in zip(which.tolist(), proposals):
             drafts[i] = d
         token_lists = [t[:k] for t, k in zip(tokens.tolist(), n.tolist())]
         return ModelRunnerOutput(self.req_ids, token_lists, spec_token_ids=drafts)
@@ -71,8 +74,12 @@ class SpecDecodeModelRunner(ModelRunner):
         super().__init__(config, *args, **kwargs)
         spec = config.speculative
         self.num_spec_tokens = K = spec.num_speculative_tokens
-        self.proposer = NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max, K,
-                                      config.scheduler.max_model_len)
+        max_len = config.scheduler.max_model_len
+        self.proposer = (SuffixProposer(K, max_len, spec.suffix_decoding_max_tree_depth,
+                                        spec.suffix_decoding_max_cached_requests,
+                                        spec.suffix_decoding_max_spec_factor, spec.suffix_decoding_min_token_prob)
+                         if spec.method == "suffix" else
+                         NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max, K, max_len))
         sp, argmax = self.step_params, kwargs["platform"].sampler_argmax()
         abstract_mesh = kwargs.get("abstract_mesh") or kwargs["mesh"].abstract_mesh
 
@@ -87,6 +94,7 @@ class SpecDecodeModelRunner(ModelRunner):
         self._verify = self._program("verify", verify_fn, (0,), static_argnames=("all_greedy", "top_k_top_p"))
 
     def execute_model_async(self, out) -> SpecDecodeOutput:
+        self.proposer.finish_requests(out.finished_req_ids)
         if out.total_num_scheduled_tokens == 0:
             return super().execute_model_async(out)  # states and swaps only; no tokens come back
         batch = self.input_batch
