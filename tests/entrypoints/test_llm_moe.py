@@ -1,5 +1,6 @@
 """LLM end to end on tiny random mixture-of-experts models written by transformers: 32-token
-greedy output equal to transformers' `generate` with chunked prefill and preemption (the experts
+greedy output equal to transformers' `generate` with chunked prefill and preemption, and with
+speculative decoding equal to the plain engine's (the experts
 packed for the native kernel, on a CPU that has it), and no
 compilation after warm-up under a mixed workload."""
 from __future__ import annotations
@@ -58,6 +59,19 @@ def test_greedy_matches_transformers_chunked_and_preempted(moe_model_dir, arch):
         model = core.model_executor.driver_worker.model
         assert isinstance(model.quant_config.moe_method, PackedFusedMoEMethod)
         assert model.layers[0]["experts_gate_up"].get_value().shape[-1] == PANEL
+    # Speculative decoding (ngram; the dense families run suffix in tests/models/test_families.py)
+    # in the same small pool gives the same greedy tokens (ignore_eos: min_tokens gets no drafts).
+    params = SamplingParams(temperature=0, max_tokens=N_NEW, ignore_eos=True)
+    plain = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+    llm.llm_engine.shutdown()
+    spec = LLM(str(path), max_num_seqs=4, max_num_batched_tokens=32, max_model_len=128, num_gpu_blocks_override=10,
+               skip_warmup=True, speculative_config={"method": "ngram", "num_speculative_tokens": 3,
+                                                     "prompt_lookup_min": 1, "prompt_lookup_max": 3})
+    assert [o.outputs[0].token_ids for o in spec.generate(PROMPTS, params, use_tqdm=False)] == plain
+    assert spec.llm_engine.get_stats().spec_decode_num_draft_tokens > 0
+    pool = spec.llm_engine.engine_core.scheduler.kv_cache_manager.block_pool
+    assert pool.get_num_free_blocks() == pool.num_blocks - 1
+    spec.llm_engine.shutdown()
 
 
 def test_compilations_fixed_after_warmup(moe_model_dir, fresh_executables):

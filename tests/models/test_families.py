@@ -79,7 +79,7 @@ N_NEW = 32
 
 
 def test_greedy_matches_transformers_chunked_and_preempted(family):
-    """One engine both chunks prefills (a 32-token budget: the 70-token prompt takes three
+    """Also with speculative decoding. One engine both chunks prefills (a 32-token budget: the 70-token prompt takes three
     steps) and preempts (9 usable pages of 16 for three requests needing 14; Gemma's
     3 layers are 3 KV cache groups of 1 layer, its sliding ones holding 12-token windows:
     19 usable blocks of one layer's page for requests needing about 33)."""
@@ -97,6 +97,22 @@ def test_greedy_matches_transformers_chunked_and_preempted(family):
     assert core.scheduler.num_preemptions > 0
     pool = core.scheduler.kv_cache_manager.block_pool
     assert pool.get_num_free_blocks() == pool.num_blocks - 1
+    # Speculative decoding (suffix: drafts from the prompts and the responses) in the same small
+    # pool, chunked and preempted too, gives the same greedy tokens. ignore_eos, not min_tokens:
+    # a request with min_tokens gets no drafts.
+    params = SamplingParams(temperature=0, max_tokens=N_NEW, ignore_eos=True)
+    plain = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params,
+                                                           use_tqdm=False)]
+    llm.llm_engine.shutdown()
+    spec = LLM(str(path), max_num_seqs=4, max_num_batched_tokens=32, max_model_len=128,
+               num_gpu_blocks_override=20 if arch.startswith("Gemma") else 10, skip_warmup=True,
+               speculative_config={"method": "suffix", "num_speculative_tokens": 3})
+    outputs = spec.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outputs] == plain
+    assert spec.llm_engine.get_stats().spec_decode_num_draft_tokens > 0
+    pool = spec.llm_engine.engine_core.scheduler.kv_cache_manager.block_pool
+    assert pool.get_num_free_blocks() == pool.num_blocks - 1
+    spec.llm_engine.shutdown()
 
 
 # Windows of 16-32 tokens, and pools far smaller than every layer keeping every page would
