@@ -32,6 +32,10 @@ class LogprobsLists:
     logprobs: list[list[float]]
     sampled_token_ranks: list[int]
 
+    def first(self, n: int) -> LogprobsLists:
+        """The first n positions' (a stop inside speculative decoding's accepted run cuts them)."""
+        return LogprobsLists(self.logprob_token_ids[:n], self.logprobs[:n], self.sampled_token_ranks[:n])
+
 
 @dataclass
 class ModelRunnerOutput:

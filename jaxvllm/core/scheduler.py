@@ -330,7 +330,7 @@ class Scheduler:
                 new_token_ids=sampled,
                 finish_reason=finish_reason,
                 stop_reason=request.stop_reason,
-                new_logprobs=logprobs[i] if logprobs is not None else None,
+                new_logprobs=logprobs[i] and logprobs[i].first(len(sampled)) if logprobs is not None else None,
                 new_prompt_logprobs=prompt_logprobs.get(req_id) if prompt_logprobs else None,
                 error=request.error,
                 queued_time=request.scheduled_time - request.arrival_time if first else None,

@@ -90,3 +90,17 @@ def step_prompt_logprobs(batch, rows, counts, commit, T: int, score) -> dict[str
             done[state.req_id], state.prompt_logprobs = state.prompt_logprobs, None
             batch.owing_prompt_logprobs.discard(state)
     return done
+
+
+def accepted_logprobs(num_logprobs: np.ndarray, num_tokens: np.ndarray, tokens: np.ndarray,
+                      lp) -> list[LogprobsLists | None]:
+    """Speculative decoding's: a row per token each request emitted this step (num_tokens of
+    tokens [N, K + 1]), for the requests that asked; lp holds every position's [R * (K + 1)]."""
+    K1 = tokens.shape[1]
+    token_lp, rank, top_ids, top_lp = (x.reshape(-1, K1, *x.shape[1:]) for x in lp)
+    out: list[LogprobsLists | None] = [None] * len(num_logprobs)
+    for i in np.flatnonzero((num_logprobs >= 0) & (num_tokens > 0)).tolist():
+        n = int(num_tokens[i])
+        out[i] = _rows(top_ids[i, :n], top_lp[i, :n], tokens[i, :n], token_lp[i, :n], rank[i, :n],
+                       int(num_logprobs[i]))
+    return out

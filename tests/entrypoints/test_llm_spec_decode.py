@@ -98,6 +98,27 @@ def test_a_repeated_request_drafts_from_the_first_ones_response_with_suffix_deco
     assert_pool_full(spec)
 
 
+def test_logprobs_are_the_plain_engines_for_every_emitted_token(plain, spec):
+    """Each token of an accepted run gets its raw logprob, rank and top k, as the plain engine
+    gives them; a stop inside the run leaves none after it."""
+    greedy = tokens(plain, SamplingParams(temperature=0, max_tokens=N_NEW, ignore_eos=True))
+    for params in (SamplingParams(temperature=0, max_tokens=N_NEW, ignore_eos=True, logprobs=2),
+                   SamplingParams(temperature=0, max_tokens=N_NEW, ignore_eos=True, logprobs=0,
+                                  stop_token_ids=[greedy[0][N_NEW // 2]])):
+        want = plain.generate(PROMPTS, params, use_tqdm=False)
+        got = spec.generate(PROMPTS, params, use_tqdm=False)
+        for w, g in zip(want, got):
+            w, g = w.outputs[0], g.outputs[0]
+            assert g.token_ids == w.token_ids and len(g.logprobs) == len(g.token_ids)
+            for wp, gp in zip(w.logprobs, g.logprobs):
+                assert wp.keys() == gp.keys()
+                for t in wp:
+                    assert abs(wp[t].logprob - gp[t].logprob) < 1e-4 and wp[t].rank == gp[t].rank
+            assert abs(w.cumulative_logprob - g.cumulative_logprob) < 1e-3
+    assert spec.llm_engine.get_stats().spec_decode_num_accepted_tokens > 0
+    assert_pool_full(spec)
+
+
 def test_aborts_with_drafts_in_flight_return_every_block(spec):
     engine = spec.llm_engine
     for i, prompt in enumerate(PROMPTS):
@@ -113,8 +134,7 @@ def test_aborts_with_drafts_in_flight_return_every_block(spec):
 
 
 def test_unsupported_combinations_are_refused(tiny_model_dir, spec):
-    for params, name in ((SamplingParams(logprobs=2), "logprobs"),
-                         (SamplingParams(presence_penalty=0.5), "penalties"),
+    for params, name in ((SamplingParams(presence_penalty=0.5), "penalties"),
                          (SamplingParams(prompt_logprobs=1), "prompt_logprobs")):
         with pytest.raises(ValueError, match=name):
             spec.generate([PROMPTS[0]], params, use_tqdm=False)

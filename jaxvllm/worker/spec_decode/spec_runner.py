@@ -2,7 +2,9 @@
 through the target model in one forward (the ragged attention kernels take several query
 tokens per sequence, as for a prefill chunk), and one compiled `verify` program computes the
 logits of every drafted position and runs the rejection sampler (rejection_sampler.py) on
-device: no host round trip between scoring and accepting.
+device: no host round trip between scoring and accepting. Where a request asks for logprobs,
+`spec_logprobs` scores the emitted tokens from the same hidden states (the target's raw
+distribution, as without speculation).
 
 Shapes stay static: K = num_speculative_tokens is fixed per engine, the forward returns K + 1
 hidden states per request row (a request with fewer drafts, or none, pads by repeating its
@@ -19,8 +21,10 @@ import numpy as np
 
 from jaxvllm.outputs import ModelRunnerOutput
 from jaxvllm.worker.input_batch import InputBatch
+from jaxvllm.worker.logprobs import accepted_logprobs
 from jaxvllm.worker.model_runner import ModelRunner
 from jaxvllm.worker.model_runner_utils import pick_bucket
+from jaxvllm.worker.sampler import compute_logprobs
 from jaxvllm.worker.sampling_inputs import sampler_variant, sampler_variants, sampling_metadata
 from jaxvllm.worker.spec_decode.ngram_proposer import NgramProposer
 from jaxvllm.worker.spec_decode.rejection_sampler import rejection_sample
@@ -43,10 +47,12 @@ class SpecDecodeOutput:
     num_tokens: jax.Array   # i32[R]
     proposer: NgramProposer | SuffixProposer
     on_ready: object = None
+    logprobs: tuple | None = None  # spec_logprobs' (device) arrays, if some request asked
+    num_logprobs: np.ndarray | None = None  # i32[N]: k asked for, -1 for none
 
     def __post_init__(self) -> None:
-        self.tokens.copy_to_host_async()
-        self.num_tokens.copy_to_host_async()
+        for x in (self.tokens, self.num_tokens) + tuple(self.logprobs or ()):
+            x.copy_to_host_async()
 
     def get_output(self) -> ModelRunnerOutput:
         N, batch, rows = len(self.req_ids), self.batch, self.rows
@@ -66,7 +72,9 @@ class SpecDecodeOutput:
         for i, d in zip(which.tolist(), proposals):
             drafts[i] = d
         token_lists = [t[:k] for t, k in zip(tokens.tolist(), n.tolist())]
-        return ModelRunnerOutput(self.req_ids, token_lists, spec_token_ids=drafts)
+        logprobs = (None if self.logprobs is None else
+                    accepted_logprobs(self.num_logprobs, n, tokens, jax.device_get(self.logprobs)))
+        return ModelRunnerOutput(self.req_ids, token_lists, logprobs, spec_token_ids=drafts)
 
 
 class SpecDecodeModelRunner(ModelRunner):
@@ -92,6 +100,14 @@ class SpecDecodeModelRunner(ModelRunner):
                                         all_greedy, top_k_top_p, argmax)
 
         self._verify = self._program("verify", verify_fn, (0,), static_argnames=("all_greedy", "top_k_top_p"))
+
+        def logprobs_fn(head_leaves, hidden, num_reqs, tokens):
+            with jax.sharding.use_abstract_mesh(abstract_mesh):
+                R = tokens.shape[0]
+                logits = sp.head_model(head_leaves).compute_logits(hidden[:R * (K + 1)], num_reqs * (K + 1))
+                return compute_logprobs(logits, tokens.reshape(-1))
+
+        self._spec_logprobs = self._program("spec_logprobs", logprobs_fn, (0,))
 
     def execute_model_async(self, out) -> SpecDecodeOutput:
         self.proposer.finish_requests(out.finished_req_ids)
@@ -131,19 +147,22 @@ class SpecDecodeModelRunner(ModelRunner):
             variant = sampler_variant(sampling_md, all_greedy, self.vocab_size, self.step_may_branch)
             tokens, num_tokens = self._verify(self.head_leaves, hidden, sampling_md, np.int32(N), draft_ids,
                                               num_drafts, **variant)
+            num_logprobs = batch.num_logprobs[rows]
+            logprobs = (self._spec_logprobs(self.head_leaves, hidden, np.int32(N), tokens)
+                        if (num_logprobs >= 0).any() else None)
         batch.num_computed_tokens[rows] += counts
         self._check_recompilation()
         on_ready, self.after_first_step = self.after_first_step, None
         return SpecDecodeOutput(batch, req_ids, rows, inputs.commit, d, tokens, num_tokens, self.proposer,
-                                on_ready)
+                                on_ready, logprobs, num_logprobs)
 
     @property
     def programs(self):
-        return (self._forward, self._verify)
+        return (self._forward, self._verify, self._spec_logprobs)
 
     def warmup_jobs(self):
-        """The forward for every token bucket (K + 1 hidden states per request) and `verify`
-        for every request bucket and sampler variant."""
+        """The forward for every token bucket (K + 1 hidden states per request), `verify`
+        for every request bucket and sampler variant and `spec_logprobs` for every request bucket."""
         S, K1, rep = self.max_num_seqs, self.num_spec_tokens + 1, self._replicated
         jobs = [(program, args[:-1] + (np.zeros(S * K1, np.int32),), static)
                 for program, args, static in warmup_jobs(self) if program is self._forward]
@@ -154,6 +173,7 @@ class SpecDecodeModelRunner(ModelRunner):
             for variant in sampler_variants(self.step_may_branch):
                 jobs.append((self._verify, (self.head_leaves, hidden, md, np.int32(R), np.zeros((R, K1 - 1), np.int32),
                                             np.zeros(R, np.int32)), variant))
+            jobs.append((self._spec_logprobs, (self.head_leaves, hidden, np.int32(R), np.zeros((R, K1), np.int32)), {}))
         return jobs
 
 
