@@ -5,7 +5,8 @@ python tp_check.py MODEL|default TP[,TP...] PROMPTS_JSON MAX_TOKENS [ATTENTION_B
 the last stdout line: per TP, the greedy tokens (and, but for the default model, whose tests
 compare greedy tokens only, those of the extended sampler) and the per-device shard shapes of
 every weight and the KV cache. A TP of "ppN" runs N pipeline stages of one device instead (greedy tokens and each
-stage's KV cache shape only).
+stage's KV cache shape only); "specN" runs TP=N with speculative decoding (suffix; greedy tokens
+with ignore_eos, which the other runs of a random model report too, and the draft tokens).
 """
 import json
 import os
@@ -30,12 +31,20 @@ def main(model: str, tps: str, prompts: str, max_tokens: str, attention_backend:
     n = int(max_tokens)
     greedy = SamplingParams(temperature=0, max_tokens=n, min_tokens=n)
     result = {}
+    ignore_eos = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)  # min_tokens gets no drafts
     for tp in tps.split(","):
         pp = int(tp.removeprefix("pp")) if tp.startswith("pp") else 1
-        llm = LLM(None if model == "default" else model, tensor_parallel_size=1 if pp > 1 else int(tp),
+        spec = {"method": "suffix", "num_speculative_tokens": 3} if tp.startswith("spec") else None
+        llm = LLM(None if model == "default" else model, tensor_parallel_size=1 if pp > 1 else int(tp.removeprefix("spec")),
                   pipeline_parallel_size=pp, skip_warmup=True,
                   max_num_seqs=8, max_num_batched_tokens=128, max_model_len=256,
-                  num_gpu_blocks_override=64, attention_backend=attention_backend)
+                  num_gpu_blocks_override=64, attention_backend=attention_backend, speculative_config=spec)
+        if spec:
+            outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], ignore_eos, use_tqdm=False)
+            result[tp] = {"ignore_eos": [o.outputs[0].token_ids for o in outputs],
+                          "draft_tokens": llm.llm_engine.get_stats().spec_decode_num_draft_tokens}
+            del llm
+            continue
         outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy, use_tqdm=False)
         runner = llm.llm_engine.engine_core.model_executor.driver_worker.model_runner
         result[tp] = {"tokens": [o.outputs[0].token_ids for o in outputs]}
@@ -50,6 +59,8 @@ def main(model: str, tps: str, prompts: str, max_tokens: str, attention_backend:
                 use_tqdm=False)
             result[tp]["extended"] = [[o.outputs[0].token_ids, o.outputs[0].cumulative_logprob]
                                       for o in extended]
+            result[tp]["ignore_eos"] = [o.outputs[0].token_ids for o in llm.generate(
+                [{"prompt_token_ids": p} for p in prompts], ignore_eos, use_tqdm=False)]
         leaves = jax.tree_util.tree_flatten_with_path(runner.params)[0]
         spec = llm.llm_engine.engine_core.model_executor.driver_worker.model.weights()
         result[tp].update({
