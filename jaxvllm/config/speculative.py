@@ -61,8 +61,7 @@ def verify_speculative(config) -> None:
 
 def verify_request(params) -> None:
     """Sampling features the verify step does not apply to drafted positions yet."""
-    for name, used in (("prompt_logprobs", params.prompt_logprobs is not None),
-                       ("structured_outputs", params.structured_outputs is not None),
+    for name, used in (("structured_outputs", params.structured_outputs is not None),
                        ("presence/frequency/repetition penalties, logit_bias, allowed_token_ids "
                         "or bad_words", params.uses_penalty_row)):
         if used:

@@ -98,11 +98,11 @@ def test_a_repeated_request_drafts_from_the_first_ones_response_with_suffix_deco
     assert_pool_full(spec)
 
 
-def test_logprobs_are_the_plain_engines_for_every_emitted_token(plain, spec):
+def test_logprobs_and_prompt_logprobs_are_the_plain_engines(plain, spec):
     """Each token of an accepted run gets its raw logprob, rank and top k, as the plain engine
-    gives them; a stop inside the run leaves none after it."""
+    gives them, and the prompt its prompt logprobs; a stop inside the run leaves none after it."""
     greedy = tokens(plain, SamplingParams(temperature=0, max_tokens=N_NEW, ignore_eos=True))
-    for params in (SamplingParams(temperature=0, max_tokens=N_NEW, ignore_eos=True, logprobs=2),
+    for params in (SamplingParams(temperature=0, max_tokens=N_NEW, ignore_eos=True, logprobs=2, prompt_logprobs=1),
                    SamplingParams(temperature=0, max_tokens=N_NEW, ignore_eos=True, logprobs=0,
                                   stop_token_ids=[greedy[0][N_NEW // 2]])):
         want = plain.generate(PROMPTS, params, use_tqdm=False)
@@ -115,6 +115,11 @@ def test_logprobs_are_the_plain_engines_for_every_emitted_token(plain, spec):
                 for t in wp:
                     assert abs(wp[t].logprob - gp[t].logprob) < 1e-4 and wp[t].rank == gp[t].rank
             assert abs(w.cumulative_logprob - g.cumulative_logprob) < 1e-3
+        for w, g in zip(want, got):  # prompt logprobs (None for the first position)
+            assert (w.prompt_logprobs is None) == (g.prompt_logprobs is None)
+            for wp, gp in zip(w.prompt_logprobs or [], g.prompt_logprobs or []):
+                assert (wp is None and gp is None) or (wp.keys() == gp.keys() and all(
+                    abs(wp[t].logprob - gp[t].logprob) < 1e-4 for t in wp))
     assert spec.llm_engine.get_stats().spec_decode_num_accepted_tokens > 0
     assert_pool_full(spec)
 
@@ -134,8 +139,7 @@ def test_aborts_with_drafts_in_flight_return_every_block(spec):
 
 
 def test_unsupported_combinations_are_refused(tiny_model_dir, spec):
-    for params, name in ((SamplingParams(presence_penalty=0.5), "penalties"),
-                         (SamplingParams(prompt_logprobs=1), "prompt_logprobs")):
+    for params, name in ((SamplingParams(presence_penalty=0.5), "penalties"),):
         with pytest.raises(ValueError, match=name):
             spec.generate([PROMPTS[0]], params, use_tqdm=False)
     with pytest.raises(ValueError, match="async_scheduling"):

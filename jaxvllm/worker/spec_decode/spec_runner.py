@@ -4,7 +4,7 @@ tokens per sequence, as for a prefill chunk), and one compiled `verify` program 
 logits of every drafted position and runs the rejection sampler (rejection_sampler.py) on
 device: no host round trip between scoring and accepting. Where a request asks for logprobs,
 `spec_logprobs` scores the emitted tokens from the same hidden states (the target's raw
-distribution, as without speculation).
+distribution, as without speculation); prompt logprobs come from the forward as without it.
 
 Shapes stay static: K = num_speculative_tokens is fixed per engine, the forward returns K + 1
 hidden states per request row (a request with fewer drafts, or none, pads by repeating its
@@ -49,6 +49,7 @@ class SpecDecodeOutput:
     on_ready: object = None
     logprobs: tuple | None = None  # spec_logprobs' (device) arrays, if some request asked
     num_logprobs: np.ndarray | None = None  # i32[N]: k asked for, -1 for none
+    prompt_logprobs: dict = None  # req_id -> LogprobsLists, for the prompts done this step
 
     def __post_init__(self) -> None:
         for x in (self.tokens, self.num_tokens) + tuple(self.logprobs or ()):
@@ -74,7 +75,8 @@ class SpecDecodeOutput:
         token_lists = [t[:k] for t, k in zip(tokens.tolist(), n.tolist())]
         logprobs = (None if self.logprobs is None else
                     accepted_logprobs(self.num_logprobs, n, tokens, jax.device_get(self.logprobs)))
-        return ModelRunnerOutput(self.req_ids, token_lists, logprobs, spec_token_ids=drafts)
+        return ModelRunnerOutput(self.req_ids, token_lists, logprobs, self.prompt_logprobs or {},
+                                 spec_token_ids=drafts)
 
 
 class SpecDecodeModelRunner(ModelRunner):
@@ -139,9 +141,10 @@ class SpecDecodeModelRunner(ModelRunner):
             logits_indices[:N * K1] = ((np.cumsum(counts) - 1 - d)[:, None]
                                        + np.minimum(np.arange(K1), d[:, None])).ravel()
         with jax.profiler.TraceAnnotation("model_step"):
-            hidden, _, self.kv_cache = self._forward(
+            hidden, all_hidden, self.kv_cache = self._forward(
                 self.param_leaves, self.kv_cache, inputs.input_ids, inputs.prev_rows, self.last_sampled,
                 inputs.md, logits_indices)
+        prompt_logprobs = self._prompt_logprobs_of(rows, counts, inputs.commit, all_hidden, T)
         with jax.profiler.TraceAnnotation("sampling"):
             sampling_md, all_greedy = sampling_metadata(batch, rows, R, self.vocab_size)
             variant = sampler_variant(sampling_md, all_greedy, self.vocab_size, self.step_may_branch)
@@ -154,18 +157,18 @@ class SpecDecodeModelRunner(ModelRunner):
         self._check_recompilation()
         on_ready, self.after_first_step = self.after_first_step, None
         return SpecDecodeOutput(batch, req_ids, rows, inputs.commit, d, tokens, num_tokens, self.proposer,
-                                on_ready, logprobs, num_logprobs)
+                                on_ready, logprobs, num_logprobs, prompt_logprobs)
 
     @property
     def programs(self):
-        return (self._forward, self._verify, self._spec_logprobs)
+        return (self._forward, self._prompt_logprobs, self._verify, self._spec_logprobs)
 
     def warmup_jobs(self):
-        """The forward for every token bucket (K + 1 hidden states per request), `verify`
+        """The forward and prompt logprobs for every token bucket (K + 1 hidden states per request), `verify`
         for every request bucket and sampler variant and `spec_logprobs` for every request bucket."""
         S, K1, rep = self.max_num_seqs, self.num_spec_tokens + 1, self._replicated
-        jobs = [(program, args[:-1] + (np.zeros(S * K1, np.int32),), static)
-                for program, args, static in warmup_jobs(self) if program is self._forward]
+        jobs = [(program, args[:-1] + (np.zeros(S * K1, np.int32),) if program is self._forward else args, static)
+                for program, args, static in warmup_jobs(self) if program in (self._forward, self._prompt_logprobs)]
         hidden = jax.ShapeDtypeStruct((S * K1, self.hidden_size), self.hidden_dtype, sharding=rep)
         no_rows = np.zeros(0, np.int32)
         for R in self.request_buckets:
