@@ -61,8 +61,6 @@ def verify_speculative(config) -> None:
 
 def verify_request(params) -> None:
     """Sampling features the verify step does not apply to drafted positions yet."""
-    for name, used in (("structured_outputs", params.structured_outputs is not None),
-                       ("presence/frequency/repetition penalties, logit_bias, allowed_token_ids "
-                        "or bad_words", params.uses_penalty_row)):
-        if used:
-            raise ValueError(f"{name} with speculative decoding (speculative_config) is not supported yet.")
+    if params.uses_penalty_row:
+        raise ValueError("presence/frequency/repetition penalties, logit_bias, allowed_token_ids or bad_words "
+                         "with speculative decoding (speculative_config) is not supported yet.")

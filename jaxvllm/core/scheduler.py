@@ -243,7 +243,7 @@ class Scheduler:
             # Constrained requests that sample this step (not mid-prompt) get their mask.
             output.grammar_bitmask = manager.grammar_bitmask(
                 [r for r in num_scheduled if r in manager.matchers
-                 and requests[r].num_computed_tokens >= requests[r].num_tokens])
+                 and requests[r].num_computed_tokens >= requests[r].num_tokens], spec_tokens)
         return output
 
     def _lora_fits(self, request: Request, loras: set[int]) -> bool:
@@ -310,9 +310,13 @@ class Scheduler:
             if request.num_output_placeholders:  # 0 after a preemption while it was in flight
                 request.num_output_placeholders -= 1
             if grammar and req_id in grammar:
-                request.error = self.structured_output_manager.accept_token(req_id, sampled[-1])
-                if request.error is not None:
-                    request.status = RequestStatus.FINISHED_ERROR
+                manager = self.structured_output_manager
+                for token in sampled:  # several with speculative decoding
+                    if (error := manager.accept_token(req_id, token)) is not None:
+                        request.error, request.status = error, RequestStatus.FINISHED_ERROR
+                        break
+                if request.error is None and request.spec_token_ids:
+                    request.spec_token_ids = manager.validate_drafts(req_id, request.spec_token_ids)
             if request.error is None and not check_stop(request, max_model_len):
                 if logprobs is None and not prompt_logprobs and not first:  # the cheap path
                     outputs.append(EngineCoreOutput(req_id, sampled, None, request.stop_reason))

@@ -73,19 +73,36 @@ class StructuredOutputManager:
     def remove_request(self, request_id: str) -> None:
         self.matchers.pop(request_id, None)
 
-    def grammar_bitmask(self, request_ids) -> dict[str, list[int]]:
-        """Allowed-token words per request, cut (or zero-padded) to the model's vocab."""
+    def grammar_bitmask(self, request_ids, drafts: dict[str, list[int]] | None = None) -> dict[str, list[int]]:
+        """Allowed-token words per request, cut (or zero-padded) to the model's vocab. With
+        speculative decoding's drafts (valid ones: validate_drafts), one row per position the
+        verify step samples, after 0..d of the request's d drafts, concatenated."""
         import llguidance.numpy as lln
 
         if not request_ids:
             return {}
-        words = lln.allocate_token_bitmask(len(request_ids), self._ll_tokenizer.vocab_size)
-        for i, req_id in enumerate(request_ids):
-            lln.fill_next_token_bitmask(self.matchers[req_id], words, i)
-        rows = np.zeros((len(request_ids), self.num_words), np.int32)
+        drafts = drafts or {}
+        counts = [len(drafts.get(req_id, ())) + 1 for req_id in request_ids]
+        words = lln.allocate_token_bitmask(sum(counts), self._ll_tokenizer.vocab_size)
+        i = 0
+        for req_id in request_ids:
+            matcher, ahead = self.matchers[req_id], drafts.get(req_id, [])
+            for j in range(len(ahead) + 1):
+                lln.fill_next_token_bitmask(matcher, words, i)
+                i += 1
+                if j < len(ahead):
+                    matcher.consume_token(ahead[j])
+            if ahead:
+                matcher.rollback(len(ahead))
+        rows = np.zeros((len(words), self.num_words), np.int32)
         n = min(self.num_words, words.shape[1])
         rows[:, :n] = words[:, :n]
-        return {req_id: row.tolist() for req_id, row in zip(request_ids, rows)}
+        ends = np.cumsum(counts)
+        return {req_id: rows[end - c:end].ravel().tolist() for req_id, c, end in zip(request_ids, counts, ends)}
+
+    def validate_drafts(self, request_id: str, drafts: list[int]) -> list[int]:
+        """The drafts up to the first the grammar does not allow there."""
+        return drafts[:self.matchers[request_id].validate_tokens(drafts)]
 
     def accept_token(self, request_id: str, token: int) -> str | None:
         """Feeds the sampled token to the matcher; returns why the grammar failed, if it did."""

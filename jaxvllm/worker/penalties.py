@@ -67,7 +67,12 @@ def set_row(state: PenaltyState, slot: jax.Array, counts: jax.Array, prompt_mask
 def apply_bias(x: jax.Array, state: PenaltyState, md: PenaltyMetadata) -> jax.Array:
     """The row's constant bias, then the step's structured-output mask."""
     x = x + jnp.where(md.has_row[:, None], state.bias[md.slot], 0.0)
-    bits = md.token_bitmask[:, :, None] >> jnp.arange(32, dtype=jnp.int32)
+    return apply_token_bitmask(x, md.token_bitmask)
+
+
+def apply_token_bitmask(x: jax.Array, token_bitmask: jax.Array) -> jax.Array:
+    """x f32[R, V] with the tokens token_bitmask i32[R, ceil(V / 32)] does not allow at -inf."""
+    bits = token_bitmask[:, :, None] >> jnp.arange(32, dtype=jnp.int32)
     allowed = (bits & 1).reshape(x.shape[0], -1)[:, :x.shape[1]] == 1
     return jnp.where(allowed, x, -jnp.inf)
 

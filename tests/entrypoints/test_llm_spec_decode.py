@@ -4,9 +4,12 @@ accepted and counted, seeded random sampling reproducible, aborts and finishes r
 block, and the combinations not supported yet refused by name."""
 from __future__ import annotations
 
+import regex  # partial matches (transformers' dependency)
+
 import pytest
 
 from jaxvllm import LLM, SamplingParams
+from jaxvllm.sampling_params import StructuredOutputsParams
 
 # Prompts that repeat themselves, so that n-gram drafts exist and get accepted.
 PROMPTS = [[10, 11, 12, 13, 14] * 4, [40, 41, 42] * 6 + [40], [7, 8, 9, 100, 7, 8, 9], [50 + i for i in range(30)]]
@@ -121,6 +124,26 @@ def test_logprobs_and_prompt_logprobs_are_the_plain_engines(plain, spec):
                 assert (wp is None and gp is None) or (wp.keys() == gp.keys() and all(
                     abs(wp[t].logprob - gp[t].logprob) < 1e-4 for t in wp))
     assert spec.llm_engine.get_stats().spec_decode_num_accepted_tokens > 0
+    assert_pool_full(spec)
+
+
+def test_structured_output_masks_every_drafted_position(plain, spec):
+    """Drafts the grammar does not allow are dropped before their step, each verified
+    position samples under the grammar's mask after the drafts before it: the plain
+    engine's constrained tokens, greedy and seeded, with drafts accepted."""
+    before = spec.llm_engine.get_stats().spec_decode_num_accepted_tokens
+    for pattern in ("[0-9]+", "(0|1|2)+(a|b)+[0-9]*"):
+        so = StructuredOutputsParams(regex=pattern)
+        for params in (SamplingParams(temperature=0, max_tokens=N_NEW, structured_outputs=so),
+                       SamplingParams(temperature=0.8, seed=3, max_tokens=N_NEW, structured_outputs=so)):
+            want = plain.generate(PROMPTS, params, use_tqdm=False)
+            got = spec.generate(PROMPTS, params, use_tqdm=False)
+            for w, g in zip(want, got):
+                if params.temperature == 0:
+                    assert g.outputs[0].token_ids == w.outputs[0].token_ids
+                out = g.outputs[0]  # the whole pattern, or a prefix of it where max_tokens cut it
+                assert regex.fullmatch(pattern, out.text, partial=out.finish_reason == "length"), out.text
+    assert spec.llm_engine.get_stats().spec_decode_num_accepted_tokens > before
     assert_pool_full(spec)
 
 

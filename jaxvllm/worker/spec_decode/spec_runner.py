@@ -24,6 +24,7 @@ from jaxvllm.worker.input_batch import InputBatch
 from jaxvllm.worker.logprobs import accepted_logprobs
 from jaxvllm.worker.model_runner import ModelRunner
 from jaxvllm.worker.model_runner_utils import pick_bucket
+from jaxvllm.worker.penalties import apply_token_bitmask
 from jaxvllm.worker.sampler import compute_logprobs
 from jaxvllm.worker.sampling_inputs import sampler_variant, sampler_variants, sampling_metadata
 from jaxvllm.worker.spec_decode.ngram_proposer import NgramProposer
@@ -93,11 +94,15 @@ class SpecDecodeModelRunner(ModelRunner):
         sp, argmax = self.step_params, kwargs["platform"].sampler_argmax()
         abstract_mesh = kwargs.get("abstract_mesh") or kwargs["mesh"].abstract_mesh
 
-        def verify_fn(head_leaves, hidden, sampling_md, num_reqs, draft_ids, num_drafts, all_greedy,
-                      top_k_top_p):
+        def verify_fn(head_leaves, hidden, sampling_md, num_reqs, draft_ids, num_drafts, token_bitmask,
+                      all_greedy, top_k_top_p):
+            """token_bitmask: structured output's allowed tokens per position (i32[R * (K + 1),
+            words]), or None where no request of the step is constrained (a program without it)."""
             with jax.sharding.use_abstract_mesh(abstract_mesh):
                 R = sampling_md.temperature.shape[0]
                 logits = sp.head_model(head_leaves).compute_logits(hidden[:R * (K + 1)], num_reqs * (K + 1))
+                if token_bitmask is not None:
+                    logits = apply_token_bitmask(logits, token_bitmask)
                 return rejection_sample(logits.reshape(R, K + 1, -1), draft_ids, num_drafts, sampling_md,
                                         all_greedy, top_k_top_p, argmax)
 
@@ -148,8 +153,17 @@ class SpecDecodeModelRunner(ModelRunner):
         with jax.profiler.TraceAnnotation("sampling"):
             sampling_md, all_greedy = sampling_metadata(batch, rows, R, self.vocab_size)
             variant = sampler_variant(sampling_md, all_greedy, self.vocab_size, self.step_may_branch)
+            token_bitmask = None
+            if out.grammar_bitmask:
+                words = -(-self.vocab_size // 32)
+                token_bitmask = np.full((R, K1, words), -1, np.int32)  # all allowed
+                index = {r: i for i, r in enumerate(req_ids)}
+                for req_id, flat in out.grammar_bitmask.items():
+                    positions = np.asarray(flat, np.int32).reshape(-1, words)
+                    token_bitmask[index[req_id], :len(positions)] = positions
+                token_bitmask = token_bitmask.reshape(R * K1, words)
             tokens, num_tokens = self._verify(self.head_leaves, hidden, sampling_md, np.int32(N), draft_ids,
-                                              num_drafts, **variant)
+                                              num_drafts, token_bitmask, **variant)
             num_logprobs = batch.num_logprobs[rows]
             logprobs = (self._spec_logprobs(self.head_leaves, hidden, np.int32(N), tokens)
                         if (num_logprobs >= 0).any() else None)
@@ -164,8 +178,9 @@ class SpecDecodeModelRunner(ModelRunner):
         return (self._forward, self._prompt_logprobs, self._verify, self._spec_logprobs)
 
     def warmup_jobs(self):
-        """The forward and prompt logprobs for every token bucket (K + 1 hidden states per request), `verify`
-        for every request bucket and sampler variant and `spec_logprobs` for every request bucket."""
+        """The forward and prompt logprobs for every token bucket (K + 1 hidden states per
+        request), `verify` for every request bucket and sampler variant, with structured
+        output's mask and without, and `spec_logprobs` for every request bucket."""
         S, K1, rep = self.max_num_seqs, self.num_spec_tokens + 1, self._replicated
         jobs = [(program, args[:-1] + (np.zeros(S * K1, np.int32),) if program is self._forward else args, static)
                 for program, args, static in warmup_jobs(self) if program in (self._forward, self._prompt_logprobs)]
@@ -173,9 +188,12 @@ class SpecDecodeModelRunner(ModelRunner):
         no_rows = np.zeros(0, np.int32)
         for R in self.request_buckets:
             md, _ = sampling_metadata(None, no_rows, R, self.vocab_size)
+            bitmask = np.zeros((R * K1, -(-self.vocab_size // 32)), np.int32)
             for variant in sampler_variants(self.step_may_branch):
-                jobs.append((self._verify, (self.head_leaves, hidden, md, np.int32(R), np.zeros((R, K1 - 1), np.int32),
-                                            np.zeros(R, np.int32)), variant))
+                for token_bitmask in (None, bitmask):  # steps with structured output and without
+                    jobs.append((self._verify, (self.head_leaves, hidden, md, np.int32(R),
+                                                np.zeros((R, K1 - 1), np.int32), np.zeros(R, np.int32), token_bitmask),
+                                 variant))
             jobs.append((self._spec_logprobs, (self.head_leaves, hidden, np.int32(R), np.zeros((R, K1), np.int32)), {}))
         return jobs
 
