@@ -1,6 +1,6 @@
 """`speculative_config` as vLLM takes it (a dict, or its JSON on the command line) resolved into
-the SpeculativeConfig section, and the features speculative decoding does not combine with yet,
-refused by name (the engine's config here, each request's parameters in the Processor)."""
+the SpeculativeConfig section, and the engine features speculative decoding does not combine
+with yet, refused by name."""
 from __future__ import annotations
 
 from jaxvllm.config.engine_config import SpeculativeConfig
@@ -57,10 +57,3 @@ def verify_speculative(config) -> None:
                           ("runner='pooling'", config.model.runner == "pooling")):
         if refused:
             raise ValueError(f"speculative_config does not combine with {name} yet.")
-
-
-def verify_request(params) -> None:
-    """Sampling features the verify step does not apply to drafted positions yet."""
-    if params.uses_penalty_row:
-        raise ValueError("presence/frequency/repetition penalties, logit_bias, allowed_token_ids or bad_words "
-                         "with speculative decoding (speculative_config) is not supported yet.")

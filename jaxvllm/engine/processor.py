@@ -12,7 +12,6 @@ import random
 import time
 
 from jaxvllm.config import EngineConfig
-from jaxvllm.config.speculative import verify_request
 from jaxvllm.engine.grammar_sandbox import GrammarSandbox
 from jaxvllm.engine.messages import EngineCoreRequest
 from jaxvllm.lora.peft_helper import read_adapter
@@ -35,7 +34,6 @@ class Processor:
         self.max_model_len = config.scheduler.max_model_len
         self.model_config = config.model
         self.scheduling_policy = config.scheduler.scheduling_policy
-        self.speculative = config.speculative is not None
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
@@ -80,8 +78,6 @@ class Processor:
             sampling, pooling_params, seed = None, self._check_pooling_params(params), 0
         else:
             sampling, pooling_params = self._check_params(params), None
-            if self.speculative:
-                verify_request(sampling)
             seed = sampling.seed if sampling.seed is not None else self._seed_rng.getrandbits(63)
         return EngineCoreRequest(
             request_id=request_id, prompt_token_ids=token_ids, sampling_params=sampling,

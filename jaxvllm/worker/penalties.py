@@ -77,8 +77,11 @@ def apply_token_bitmask(x: jax.Array, token_bitmask: jax.Array) -> jax.Array:
     return jnp.where(allowed, x, -jnp.inf)
 
 
-def apply_penalties(x: jax.Array, state: PenaltyState, md: PenaltyMetadata) -> jax.Array:
-    counts = state.output_counts[md.slot]
+def apply_penalties(x: jax.Array, state: PenaltyState, md: PenaltyMetadata,
+                    counts: jax.Array | None = None) -> jax.Array:
+    """counts: each row's output counts (default: its slot's; speculative decoding adds the
+    drafts before each verified position)."""
+    counts = state.output_counts[md.slot] if counts is None else counts
     output_mask = counts > 0
     seen = output_mask | state.prompt_mask[md.slot]
     rep = jnp.where(seen, md.repetition[:, None], 1.0)
@@ -90,6 +93,29 @@ def record(state: PenaltyState, md: PenaltyMetadata, tokens: jax.Array) -> Penal
     """Counts the sampled tokens of the committing rows ("drop": slot S is no row)."""
     counts = state.output_counts.at[md.commit_slot, tokens].add(1, mode="drop")
     return state.replace(output_counts=counts)
+
+
+def record_accepted(state: PenaltyState, md: PenaltyMetadata, tokens: jax.Array,
+                    num_tokens: jax.Array) -> PenaltyState:
+    """Speculative decoding's record: the first num_tokens i32[R] of each committing row's
+    tokens i32[R, K + 1]."""
+    keep = jnp.arange(tokens.shape[1])[None, :] < num_tokens[:, None]
+    slots = jnp.where(keep, md.commit_slot[:, None], state.output_counts.shape[0])
+    return state.replace(output_counts=state.output_counts.at[slots, tokens].add(1, mode="drop"))
+
+
+def penalized_positions(logits: jax.Array, state: PenaltyState, md: PenaltyMetadata, draft_ids: jax.Array,
+                        num_drafts: jax.Array) -> jax.Array:
+    """Bias and penalties at each verified position f32[R, K + 1, V], the output counts at
+    position j being the row's plus its first j drafts (as if sampled one at a time)."""
+    R, K1, V = logits.shape
+    per_position = jax.tree.map(lambda a: jnp.repeat(a, K1, axis=0), md)
+    x = apply_bias(logits.reshape(R * K1, V), state, per_position)
+    drafted = jnp.where(jnp.arange(K1 - 1)[None, :] < num_drafts[:, None], draft_ids, V)  # V: no token
+    before = jnp.cumsum(jax.nn.one_hot(drafted, V, dtype=jnp.int32), axis=1)
+    before = jnp.concatenate([jnp.zeros((R, 1, V), jnp.int32), before], axis=1)
+    counts = (state.output_counts[md.slot][:, None, :] + before).reshape(R * K1, V)
+    return apply_penalties(x, state, per_position, counts).reshape(R, K1, V)
 
 
 def build_row(params: SamplingParams, prompt: list[int], outputs: list[int],

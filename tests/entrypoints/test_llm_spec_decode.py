@@ -161,10 +161,23 @@ def test_aborts_with_drafts_in_flight_return_every_block(spec):
     assert_pool_full(spec)
 
 
+def test_penalties_and_biases_see_the_drafts_before_each_position(plain, spec):
+    """Each verified position is penalized with the output counts as if the drafts before it
+    had been sampled one at a time, biases and allowed tokens apply at every position, and
+    the accepted tokens are counted for the next step: the plain engine's greedy tokens, with
+    requests without penalties in the same batches."""
+    before = spec.llm_engine.get_stats().spec_decode_num_accepted_tokens
+    plain_params = SamplingParams(temperature=0, max_tokens=N_NEW, ignore_eos=True)
+    for extra in (dict(repetition_penalty=1.2), dict(frequency_penalty=0.3, presence_penalty=0.2),
+                  dict(logit_bias={12: 2.0, 13: -1.0}, bad_words=[]),
+                  dict(allowed_token_ids=list(range(10, 60)))):
+        params = [SamplingParams(temperature=0, max_tokens=N_NEW, ignore_eos=True, **extra), plain_params] * 2
+        assert tokens(spec, params) == tokens(plain, params), extra
+    assert spec.llm_engine.get_stats().spec_decode_num_accepted_tokens > before
+    assert_pool_full(spec)
+
+
 def test_unsupported_combinations_are_refused(tiny_model_dir, spec):
-    for params, name in ((SamplingParams(presence_penalty=0.5), "penalties"),):
-        with pytest.raises(ValueError, match=name):
-            spec.generate([PROMPTS[0]], params, use_tqdm=False)
     with pytest.raises(ValueError, match="async_scheduling"):
         make_llm(tiny_model_dir, speculative_config=SPEC, async_scheduling=True)
     with pytest.raises(ValueError, match="method"):

@@ -14,6 +14,7 @@ accepted tokens on the host before the next step is scheduled); the plain runner
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import jax
@@ -24,9 +25,9 @@ from jaxvllm.worker.input_batch import InputBatch
 from jaxvllm.worker.logprobs import accepted_logprobs
 from jaxvllm.worker.model_runner import ModelRunner
 from jaxvllm.worker.model_runner_utils import pick_bucket
-from jaxvllm.worker.penalties import apply_token_bitmask
+from jaxvllm.worker.penalties import apply_token_bitmask, penalized_positions, record_accepted
 from jaxvllm.worker.sampler import compute_logprobs
-from jaxvllm.worker.sampling_inputs import sampler_variant, sampler_variants, sampling_metadata
+from jaxvllm.worker.sampling_inputs import penalty_metadata, sampler_variant, sampler_variants, sampling_metadata
 from jaxvllm.worker.spec_decode.ngram_proposer import NgramProposer
 from jaxvllm.worker.spec_decode.rejection_sampler import rejection_sample
 from jaxvllm.worker.spec_decode.suffix_proposer import SuffixProposer
@@ -95,18 +96,26 @@ class SpecDecodeModelRunner(ModelRunner):
         abstract_mesh = kwargs.get("abstract_mesh") or kwargs["mesh"].abstract_mesh
 
         def verify_fn(head_leaves, hidden, sampling_md, num_reqs, draft_ids, num_drafts, token_bitmask,
-                      all_greedy, top_k_top_p):
+                      penalty_state, penalty_md, all_greedy, top_k_top_p):
             """token_bitmask: structured output's allowed tokens per position (i32[R * (K + 1),
-            words]), or None where no request of the step is constrained (a program without it)."""
+            words]); penalty_state and penalty_md: where some request of the step has a penalty
+            or bias row. None makes a program without them. Returns (tokens, num_tokens, the
+            penalty state with the emitted tokens counted, or None)."""
             with jax.sharding.use_abstract_mesh(abstract_mesh):
                 R = sampling_md.temperature.shape[0]
                 logits = sp.head_model(head_leaves).compute_logits(hidden[:R * (K + 1)], num_reqs * (K + 1))
                 if token_bitmask is not None:
                     logits = apply_token_bitmask(logits, token_bitmask)
-                return rejection_sample(logits.reshape(R, K + 1, -1), draft_ids, num_drafts, sampling_md,
-                                        all_greedy, top_k_top_p, argmax)
+                logits = logits.reshape(R, K + 1, -1)
+                if penalty_md is not None:
+                    logits = penalized_positions(logits, penalty_state, penalty_md, draft_ids, num_drafts)
+                tokens, num_tokens = rejection_sample(logits, draft_ids, num_drafts, sampling_md, all_greedy,
+                                                      top_k_top_p, argmax)
+                state = None if penalty_md is None else record_accepted(penalty_state, penalty_md, tokens, num_tokens)
+                return tokens, num_tokens, state
 
-        self._verify = self._program("verify", verify_fn, (0,), static_argnames=("all_greedy", "top_k_top_p"))
+        self._verify = self._program("verify", verify_fn, (0,), static_argnames=("all_greedy", "top_k_top_p"),
+                                     donate_argnums=(7,))
 
         def logprobs_fn(head_leaves, hidden, num_reqs, tokens):
             with jax.sharding.use_abstract_mesh(abstract_mesh):
@@ -121,7 +130,9 @@ class SpecDecodeModelRunner(ModelRunner):
         if out.total_num_scheduled_tokens == 0:
             return super().execute_model_async(out)  # states and swaps only; no tokens come back
         batch = self.input_batch
-        batch.update_states(out)  # penalty rows are refused with speculative decoding
+        for state in batch.update_states(out):
+            if state.has_row:
+                self._write_row(state)
         if out.blocks_to_swap_out or out.blocks_to_swap_in:
             self.kv_cache = self.swapper.swap(self.kv_cache, out.blocks_to_swap_out, out.blocks_to_swap_in)
         N, K1 = len(out.num_scheduled_tokens), self.num_spec_tokens + 1
@@ -162,8 +173,14 @@ class SpecDecodeModelRunner(ModelRunner):
                     positions = np.asarray(flat, np.int32).reshape(-1, words)
                     token_bitmask[index[req_id], :len(positions)] = positions
                 token_bitmask = token_bitmask.reshape(R * K1, words)
-            tokens, num_tokens = self._verify(self.head_leaves, hidden, sampling_md, np.int32(N), draft_ids,
-                                              num_drafts, token_bitmask, **variant)
+            penalty = (None, None)
+            if batch.has_row[rows].any():  # penalties, logit bias, allowed tokens, one-token bad words
+                penalty = (self.penalty_state, penalty_metadata(batch, rows, inputs.commit, R, self.max_num_seqs,
+                                                                self.vocab_size))
+            tokens, num_tokens, state = self._verify(self.head_leaves, hidden, sampling_md, np.int32(N), draft_ids,
+                                                     num_drafts, token_bitmask, *penalty, **variant)
+            if state is not None:
+                self.penalty_state = state
             num_logprobs = batch.num_logprobs[rows]
             logprobs = (self._spec_logprobs(self.head_leaves, hidden, np.int32(N), tokens)
                         if (num_logprobs >= 0).any() else None)
@@ -175,25 +192,29 @@ class SpecDecodeModelRunner(ModelRunner):
 
     @property
     def programs(self):
-        return (self._forward, self._prompt_logprobs, self._verify, self._spec_logprobs)
+        return (self._forward, self._prompt_logprobs, self._verify, self._spec_logprobs, self._set_row)
 
     def warmup_jobs(self):
         """The forward and prompt logprobs for every token bucket (K + 1 hidden states per
         request), `verify` for every request bucket and sampler variant, with structured
-        output's mask and without, and `spec_logprobs` for every request bucket."""
+        output's mask or not and penalty rows or not, and `spec_logprobs` for every request bucket."""
         S, K1, rep = self.max_num_seqs, self.num_spec_tokens + 1, self._replicated
         jobs = [(program, args[:-1] + (np.zeros(S * K1, np.int32),) if program is self._forward else args, static)
-                for program, args, static in warmup_jobs(self) if program in (self._forward, self._prompt_logprobs)]
+                for program, args, static in warmup_jobs(self)
+                if program in (self._forward, self._prompt_logprobs, self._set_row)]
         hidden = jax.ShapeDtypeStruct((S * K1, self.hidden_size), self.hidden_dtype, sharding=rep)
         no_rows = np.zeros(0, np.int32)
         for R in self.request_buckets:
             md, _ = sampling_metadata(None, no_rows, R, self.vocab_size)
             bitmask = np.zeros((R * K1, -(-self.vocab_size // 32)), np.int32)
+            penalty = (self.penalty_state, penalty_metadata(None, no_rows, no_rows, R, S, self.vocab_size))
+            no_penalty = (None, None)
             for variant in sampler_variants(self.step_may_branch):
-                for token_bitmask in (None, bitmask):  # steps with structured output and without
+                # Steps with structured output and without, with penalty rows and without.
+                for token_bitmask, with_penalty in itertools.product((None, bitmask), (no_penalty, penalty)):
                     jobs.append((self._verify, (self.head_leaves, hidden, md, np.int32(R),
-                                                np.zeros((R, K1 - 1), np.int32), np.zeros(R, np.int32), token_bitmask),
-                                 variant))
+                                                np.zeros((R, K1 - 1), np.int32), np.zeros(R, np.int32), token_bitmask,
+                                                *with_penalty), variant))
             jobs.append((self._spec_logprobs, (self.head_leaves, hidden, np.int32(R), np.zeros((R, K1), np.int32)), {}))
         return jobs
 
