@@ -93,8 +93,8 @@ def lower_step(platform_name: str, args: LlamaArgs, tensor_parallel_size: int = 
                 program.name in SAMPLERS and job_args[2].temperature.shape[0] == REQUESTS) or (
                 program.name == SPEC_LOGPROBS and job_args[3].shape[0] == REQUESTS):
             name = program.name + "".join(f" {k}={v}" for k, v in static.items())
-            if program.name == "verify":  # with structured output's mask, with penalty rows
-                name += " structured" * (job_args[6] is not None) + " penalties" * (job_args[8] is not None)
+            if program.name == "verify" and job_args[7] is not None:
+                name += " extended"  # penalty rows, structured output's masks
             with chip:
                 texts[name] = program.jitted.trace(*job_args, **static).lower(
                     lowering_platforms=(platform_name,)).as_text()

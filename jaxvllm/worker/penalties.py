@@ -67,12 +67,7 @@ def set_row(state: PenaltyState, slot: jax.Array, counts: jax.Array, prompt_mask
 def apply_bias(x: jax.Array, state: PenaltyState, md: PenaltyMetadata) -> jax.Array:
     """The row's constant bias, then the step's structured-output mask."""
     x = x + jnp.where(md.has_row[:, None], state.bias[md.slot], 0.0)
-    return apply_token_bitmask(x, md.token_bitmask)
-
-
-def apply_token_bitmask(x: jax.Array, token_bitmask: jax.Array) -> jax.Array:
-    """x f32[R, V] with the tokens token_bitmask i32[R, ceil(V / 32)] does not allow at -inf."""
-    bits = token_bitmask[:, :, None] >> jnp.arange(32, dtype=jnp.int32)
+    bits = md.token_bitmask[:, :, None] >> jnp.arange(32, dtype=jnp.int32)
     allowed = (bits & 1).reshape(x.shape[0], -1)[:, :x.shape[1]] == 1
     return jnp.where(allowed, x, -jnp.inf)
 
@@ -106,10 +101,12 @@ def record_accepted(state: PenaltyState, md: PenaltyMetadata, tokens: jax.Array,
 
 def penalized_positions(logits: jax.Array, state: PenaltyState, md: PenaltyMetadata, draft_ids: jax.Array,
                         num_drafts: jax.Array) -> jax.Array:
-    """Bias and penalties at each verified position f32[R, K + 1, V], the output counts at
-    position j being the row's plus its first j drafts (as if sampled one at a time)."""
+    """Bias, structured output's mask and penalties at each verified position f32[R, K + 1, V]
+    (md.token_bitmask holds a row per position), the output counts at position j being the
+    row's plus its first j drafts (as if sampled one at a time)."""
     R, K1, V = logits.shape
-    per_position = jax.tree.map(lambda a: jnp.repeat(a, K1, axis=0), md)
+    per_position = jax.tree.map(lambda a: jnp.repeat(a, K1, axis=0), md.replace(token_bitmask=md.slot))
+    per_position = per_position.replace(token_bitmask=md.token_bitmask)
     x = apply_bias(logits.reshape(R * K1, V), state, per_position)
     drafted = jnp.where(jnp.arange(K1 - 1)[None, :] < num_drafts[:, None], draft_ids, V)  # V: no token
     before = jnp.cumsum(jax.nn.one_hot(drafted, V, dtype=jnp.int32), axis=1)

@@ -14,7 +14,6 @@ accepted tokens on the host before the next step is scheduled); the plain runner
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import jax
@@ -25,7 +24,7 @@ from jaxvllm.worker.input_batch import InputBatch
 from jaxvllm.worker.logprobs import accepted_logprobs
 from jaxvllm.worker.model_runner import ModelRunner
 from jaxvllm.worker.model_runner_utils import pick_bucket
-from jaxvllm.worker.penalties import apply_token_bitmask, penalized_positions, record_accepted
+from jaxvllm.worker.penalties import penalized_positions, record_accepted
 from jaxvllm.worker.sampler import compute_logprobs
 from jaxvllm.worker.sampling_inputs import penalty_metadata, sampler_variant, sampler_variants, sampling_metadata
 from jaxvllm.worker.spec_decode.ngram_proposer import NgramProposer
@@ -95,17 +94,15 @@ class SpecDecodeModelRunner(ModelRunner):
         sp, argmax = self.step_params, kwargs["platform"].sampler_argmax()
         abstract_mesh = kwargs.get("abstract_mesh") or kwargs["mesh"].abstract_mesh
 
-        def verify_fn(head_leaves, hidden, sampling_md, num_reqs, draft_ids, num_drafts, token_bitmask,
-                      penalty_state, penalty_md, all_greedy, top_k_top_p):
-            """token_bitmask: structured output's allowed tokens per position (i32[R * (K + 1),
-            words]); penalty_state and penalty_md: where some request of the step has a penalty
-            or bias row. None makes a program without them. Returns (tokens, num_tokens, the
-            penalty state with the emitted tokens counted, or None)."""
+        def verify_fn(head_leaves, hidden, sampling_md, num_reqs, draft_ids, num_drafts, penalty_state,
+                      penalty_md, all_greedy, top_k_top_p):
+            """penalty_state and penalty_md (its token_bitmask one row per verified position):
+            where some request of the step has a penalty or bias row or structured output, as
+            the plain runner's `sample_extended`; None makes the program without them. Returns
+            (tokens, num_tokens, the penalty state with the emitted tokens counted, or None)."""
             with jax.sharding.use_abstract_mesh(abstract_mesh):
                 R = sampling_md.temperature.shape[0]
                 logits = sp.head_model(head_leaves).compute_logits(hidden[:R * (K + 1)], num_reqs * (K + 1))
-                if token_bitmask is not None:
-                    logits = apply_token_bitmask(logits, token_bitmask)
                 logits = logits.reshape(R, K + 1, -1)
                 if penalty_md is not None:
                     logits = penalized_positions(logits, penalty_state, penalty_md, draft_ids, num_drafts)
@@ -115,7 +112,7 @@ class SpecDecodeModelRunner(ModelRunner):
                 return tokens, num_tokens, state
 
         self._verify = self._program("verify", verify_fn, (0,), static_argnames=("all_greedy", "top_k_top_p"),
-                                     donate_argnums=(7,))
+                                     donate_argnums=(6,))
 
         def logprobs_fn(head_leaves, hidden, num_reqs, tokens):
             with jax.sharding.use_abstract_mesh(abstract_mesh):
@@ -164,21 +161,14 @@ class SpecDecodeModelRunner(ModelRunner):
         with jax.profiler.TraceAnnotation("sampling"):
             sampling_md, all_greedy = sampling_metadata(batch, rows, R, self.vocab_size)
             variant = sampler_variant(sampling_md, all_greedy, self.vocab_size, self.step_may_branch)
-            token_bitmask = None
-            if out.grammar_bitmask:
-                words = -(-self.vocab_size // 32)
-                token_bitmask = np.full((R, K1, words), -1, np.int32)  # all allowed
-                index = {r: i for i, r in enumerate(req_ids)}
-                for req_id, flat in out.grammar_bitmask.items():
-                    positions = np.asarray(flat, np.int32).reshape(-1, words)
-                    token_bitmask[index[req_id], :len(positions)] = positions
-                token_bitmask = token_bitmask.reshape(R * K1, words)
             penalty = (None, None)
-            if batch.has_row[rows].any():  # penalties, logit bias, allowed tokens, one-token bad words
-                penalty = (self.penalty_state, penalty_metadata(batch, rows, inputs.commit, R, self.max_num_seqs,
-                                                                self.vocab_size))
+            # Penalties, logit bias, allowed tokens, one-token bad words, structured output:
+            if batch.has_row[rows].any() or out.grammar_bitmask:
+                pmd = penalty_metadata(batch, rows, inputs.commit, R, self.max_num_seqs, self.vocab_size)
+                penalty = (self.penalty_state, pmd.replace(token_bitmask=self._position_bitmask(
+                    out.grammar_bitmask, req_ids, R)))
             tokens, num_tokens, state = self._verify(self.head_leaves, hidden, sampling_md, np.int32(N), draft_ids,
-                                                     num_drafts, token_bitmask, *penalty, **variant)
+                                                     num_drafts, *penalty, **variant)
             if state is not None:
                 self.penalty_state = state
             num_logprobs = batch.num_logprobs[rows]
@@ -190,14 +180,25 @@ class SpecDecodeModelRunner(ModelRunner):
         return SpecDecodeOutput(batch, req_ids, rows, inputs.commit, d, tokens, num_tokens, self.proposer,
                                 on_ready, logprobs, num_logprobs, prompt_logprobs)
 
+    def _position_bitmask(self, grammar_bitmask: dict[str, list[int]], req_ids: list[str], R: int) -> np.ndarray:
+        """Structured output's allowed tokens at each verified position, i32[R * (K + 1), words]
+        (the scheduler's rows for a request's positions; all bits set elsewhere)."""
+        words, K1 = -(-self.vocab_size // 32), self.num_spec_tokens + 1
+        bitmask = np.full((R, K1, words), -1, np.int32)
+        index = {r: i for i, r in enumerate(req_ids)}
+        for req_id, flat in (grammar_bitmask or {}).items():
+            positions = np.asarray(flat, np.int32).reshape(-1, words)
+            bitmask[index[req_id], :len(positions)] = positions
+        return bitmask.reshape(R * K1, words)
+
     @property
     def programs(self):
         return (self._forward, self._prompt_logprobs, self._verify, self._spec_logprobs, self._set_row)
 
     def warmup_jobs(self):
         """The forward and prompt logprobs for every token bucket (K + 1 hidden states per
-        request), `verify` for every request bucket and sampler variant, with structured
-        output's mask or not and penalty rows or not, and `spec_logprobs` for every request bucket."""
+        request), `verify` for every request bucket and sampler variant, plain and extended
+        (penalty rows, structured output), and `spec_logprobs` for every request bucket."""
         S, K1, rep = self.max_num_seqs, self.num_spec_tokens + 1, self._replicated
         jobs = [(program, args[:-1] + (np.zeros(S * K1, np.int32),) if program is self._forward else args, static)
                 for program, args, static in warmup_jobs(self)
@@ -206,15 +207,13 @@ class SpecDecodeModelRunner(ModelRunner):
         no_rows = np.zeros(0, np.int32)
         for R in self.request_buckets:
             md, _ = sampling_metadata(None, no_rows, R, self.vocab_size)
-            bitmask = np.zeros((R * K1, -(-self.vocab_size // 32)), np.int32)
-            penalty = (self.penalty_state, penalty_metadata(None, no_rows, no_rows, R, S, self.vocab_size))
-            no_penalty = (None, None)
+            pmd = penalty_metadata(None, no_rows, no_rows, R, S, self.vocab_size)
+            extended = (self.penalty_state, pmd.replace(token_bitmask=self._position_bitmask({}, [], R)))
             for variant in sampler_variants(self.step_may_branch):
-                # Steps with structured output and without, with penalty rows and without.
-                for token_bitmask, with_penalty in itertools.product((None, bitmask), (no_penalty, penalty)):
+                for penalty in ((None, None), extended):  # steps with penalty rows or structured output
                     jobs.append((self._verify, (self.head_leaves, hidden, md, np.int32(R),
-                                                np.zeros((R, K1 - 1), np.int32), np.zeros(R, np.int32), token_bitmask,
-                                                *with_penalty), variant))
+                                                np.zeros((R, K1 - 1), np.int32), np.zeros(R, np.int32), *penalty),
+                                 variant))
             jobs.append((self._spec_logprobs, (self.head_leaves, hidden, np.int32(R), np.zeros((R, K1), np.int32)), {}))
         return jobs
 
