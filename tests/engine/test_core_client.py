@@ -144,25 +144,28 @@ def test_engine_rejection_is_reported_not_dropped(async_engine):
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("field,value", [("top_k", 2**31), ("temperature", float("inf")),
-                                         ("seed", 2**64 - 1), ("n", True)])
-def test_a_request_the_engine_cannot_hold_fails_alone(async_engine, field, value):
+def test_requests_the_engine_cannot_hold_fail_alone(async_engine):
     """Values that once overflowed the sampler's int32 rows and killed the busy loop, sent
-    around the front end's validation: that request ends with an error of its own and a
-    normal request right after is served by the same engine process."""
+    around the front end's validation to one engine: each of those requests ends with an
+    error of its own, and a normal request after them is served by the same engine process."""
+    bad_values = {"top_k": 2**31, "temperature": float("inf"), "seed": 2**64 - 1, "n": True}
+
     async def main():
-        request, _ = async_engine.processor.process_inputs(
-            f"bad-{field}", PROMPTS[0], SamplingParams(max_tokens=4))
-        setattr(request.sampling_params, field, value)
         client = async_engine.engine_core
         pid = client.engine_core_pid
-        await client.add_request_async(request)
-        outputs = await asyncio.wait_for(client.get_output_async(), 30)
-        (bad,) = outputs.outputs
-        assert bad.request_id == f"bad-{field}" and bad.finish_reason == FinishReason.ERROR
-        assert field in bad.error
-        outs = [o async for o in async_engine.generate(PROMPTS[1], SamplingParams(max_tokens=3),
-                                                        f"ok-{field}")]
+        for field, value in bad_values.items():
+            request, _ = async_engine.processor.process_inputs(
+                f"bad-{field}", PROMPTS[0], SamplingParams(max_tokens=4))
+            setattr(request.sampling_params, field, value)
+            await client.add_request_async(request)
+        errors = {}
+        while len(errors) < len(bad_values):
+            outputs = await asyncio.wait_for(client.get_output_async(), 30)
+            errors.update({o.request_id: o for o in outputs.outputs})
+        for field in bad_values:
+            bad = errors[f"bad-{field}"]
+            assert bad.finish_reason == FinishReason.ERROR and field in bad.error, bad
+        outs = [o async for o in async_engine.generate(PROMPTS[1], SamplingParams(max_tokens=3), "ok")]
         assert len(outs[-1].outputs[0].token_ids) == 3 and client.engine_core_pid == pid
         assert not async_engine.errored
     asyncio.run(main())

@@ -50,7 +50,12 @@ def models(tmp_path_factory) -> dict[str, str]:
 @pytest.mark.parametrize("model, target", [
     ("tiny", "tpu-v5e-1"), ("tiny", "tpu-v6e-1"), ("smollm2", "tpu-v5e-1"), ("smollm2-2-layers", "tpu-v6e-1")])
 def test_every_forward_bucket_compiles_within_the_plan(models, model, target):
-    report = compile_for_target(models[model], target, programs=("forward",), **ENGINE)
+    # The memory plan compiles every sampler at SmolLM2's vocabulary (about 30 s here); it is
+    # planned for the whole SmolLM2 on v5e and the tiny model on both. The 2-layer cut of it,
+    # whose plan would say little about the real model, checks Mosaic's v6e kernels in a pool
+    # of a set size.
+    fixed_pool = dict(num_gpu_blocks_override=256) if model == "smollm2-2-layers" else {}
+    report = compile_for_target(models[model], target, programs=("forward",), **ENGINE, **fixed_pool)
     rows = report["programs"]
     assert [r["program"] for r in rows] == BUCKETS
     assert [(r["program"], r["error"]) for r in rows if not r["compiled"]] == []
