@@ -73,9 +73,10 @@ def test_default_model_in_two_stages_matches_one_device():
     from jaxvllm.transformers_utils.tokenizer import load_tokenizer
     tok = load_tokenizer(default_model_path())
     prompts = [tok.encode(p) for p in ["The capital of France is", "def fibonacci(n):"]]
-    r = run_pp("default", "1x1,2x1,2x2", prompts, 12)
+    # PP=2 x TP=2 (stages of 15 real layers, 3 KV heads padded to 4); PP=2 alone is the tiny
+    # model's test above.
+    r = run_pp("default", "1x1,2x2", prompts, 12)
     print({layout: v["tokens"] for layout, v in r.items()})
-    assert r["2x1"]["tokens"] == r["1x1"]["tokens"]
     assert r["2x2"]["tokens"] == r["1x1"]["tokens"]
     assert r["2x2"]["kv_shards"] == [[[15, 2, 64, 16, 2, 64]] * 2] * 2  # 3 KV heads padded to 4
 
