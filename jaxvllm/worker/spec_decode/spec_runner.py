@@ -50,7 +50,7 @@ class SpecDecodeOutput:
     on_ready: object = None
     logprobs: tuple | None = None  # spec_logprobs' (device) arrays, if some request asked
     num_logprobs: np.ndarray | None = None  # i32[N]: k asked for, -1 for none
-    prompt_logprobs: dict = None  # req_id -> LogprobsLists, for the prompts done this step
+    prompt_logprobs: dict | None = None  # req_id -> LogprobsLists, for the prompts done this step
 
     def __post_init__(self) -> None:
         for x in (self.tokens, self.num_tokens) + tuple(self.logprobs or ()):
