@@ -38,7 +38,6 @@ TPU_KIND = "TPU v5 lite"  # the chip generation the Mosaic lowering tiles for
 NUM_BLOCKS = 4096
 TOKENS = REQUESTS = 64  # the buckets lowered: a decode step of 64 sequences
 SAMPLERS = ("sample", "sample_extended", "verify")  # verify: speculative decoding's
-SPEC_LOGPROBS = "spec_logprobs"  # speculative decoding's, where a request asks for logprobs
 FORWARDS = ("forward", "forward_lora")  # forward_lora: with enable_lora, steps with adapters
 
 
@@ -82,7 +81,7 @@ def lower_step(platform_name: str, args: LlamaArgs, tensor_parallel_size: int = 
     """{program: StableHLO text} of the forward for TOKENS tokens and of every sampler
     variant for REQUESTS rows (those of `programs`), lowered for `platform_name` (`tpu` or
     `cuda`); and the KV cache's abstract array (step_runner's). engine_args: more of
-    EngineArgs (speculative_config: the forward, `verify` and `spec_logprobs` of speculative decoding;
+    EngineArgs (speculative_config: the forward and `verify` of speculative decoding;
     enable_lora=True: also `forward_lora`, the step with its adapters)."""
     runner, kv_cache, chip = step_runner(platform_name, args, tensor_parallel_size, model_cls, **engine_args)
     texts = {}
@@ -90,11 +89,10 @@ def lower_step(platform_name: str, args: LlamaArgs, tensor_parallel_size: int = 
         if program.name not in programs:
             continue
         if program.name in FORWARDS and job_args[2].shape[0] == TOKENS or (
-                program.name in SAMPLERS and job_args[2].temperature.shape[0] == REQUESTS) or (
-                program.name == SPEC_LOGPROBS and job_args[3].shape[0] == REQUESTS):
+                program.name in SAMPLERS and job_args[2].temperature.shape[0] == REQUESTS):
             name = program.name + "".join(f" {k}={v}" for k, v in static.items())
             if program.name == "verify" and job_args[7] is not None:
-                name += " extended"  # penalty rows, structured output's masks
+                name += " extended"  # penalty rows, logprobs, structured output's masks
             with chip:
                 texts[name] = program.jitted.trace(*job_args, **static).lower(
                     lowering_platforms=(platform_name,)).as_text()

@@ -105,8 +105,8 @@ def penalized_positions(logits: jax.Array, state: PenaltyState, md: PenaltyMetad
     (md.token_bitmask holds a row per position), the output counts at position j being the
     row's plus its first j drafts (as if sampled one at a time)."""
     R, K1, V = logits.shape
-    per_position = jax.tree.map(lambda a: jnp.repeat(a, K1, axis=0), md.replace(token_bitmask=md.slot))
-    per_position = per_position.replace(token_bitmask=md.token_bitmask)
+    per_position = jax.tree.map(lambda a: jnp.repeat(a, K1, axis=0), md.replace(token_bitmask=None)).replace(
+        token_bitmask=md.token_bitmask)  # every field a row per position; the bitmask has them already
     x = apply_bias(logits.reshape(R * K1, V), state, per_position)
     drafted = jnp.where(jnp.arange(K1 - 1)[None, :] < num_drafts[:, None], draft_ids, V)  # V: no token
     before = jnp.cumsum(jax.nn.one_hot(drafted, V, dtype=jnp.int32), axis=1)

@@ -103,13 +103,13 @@ def test_conditionals_and_loops_are_counted(monkeypatch):
 def test_speculative_decoding_step_has_no_conditionals_or_loops(platform):
     """With speculative decoding (n-gram, 4 drafts) the forward returns 5 positions per
     request and every `verify` variant (the LM head over them and the rejection sampler, plain
-    and with penalty rows and structured output's masks), and
-    `spec_logprobs` (the emitted tokens' logprobs), lower with no conditional and no loop."""
-    texts, kv_cache = lower_step(platform, FAMILY_SHAPE, programs=("forward", "verify", "spec_logprobs"),
+    and extended: penalty rows, structured output's masks and the emitted tokens' logprobs)
+    lowers with no conditional and no loop."""
+    texts, kv_cache = lower_step(platform, FAMILY_SHAPE, programs=("forward", "verify"),
                                  speculative_config={"method": "ngram", "num_speculative_tokens": 4})
     rows = program_rows(platform, texts, kv_cache)
     assert sum(row["program"].startswith("verify ") for row in rows) == 6  # 3 variants, plain and extended
-    assert sum(row["program"] == "spec_logprobs" for row in rows) == 1
+    assert sum(row["program"].endswith(" extended") for row in rows) == 3  # logprobs are lowered here
     for row in rows:
         assert (row["case"], row["loops"]) == (0, 0), row
         assert row["kernels"] == (FAMILY_SHAPE.num_layers if row["program"] == "forward" else 0), row

@@ -2,9 +2,10 @@
 through the target model in one forward (the ragged attention kernels take several query
 tokens per sequence, as for a prefill chunk), and one compiled `verify` program computes the
 logits of every drafted position and runs the rejection sampler (rejection_sampler.py) on
-device: no host round trip between scoring and accepting. Where a request asks for logprobs,
-`spec_logprobs` scores the emitted tokens from the same hidden states (the target's raw
-distribution, as without speculation); prompt logprobs come from the forward as without it.
+device: no host round trip between scoring and accepting. As `sample_extended` does for the
+plain runner, verify's extended variant (a step with penalty or bias rows, logprobs or
+structured output) also returns the emitted tokens' raw logprobs; prompt logprobs come from
+the forward as without speculation.
 
 Shapes stay static: K = num_speculative_tokens is fixed per engine, the forward returns K + 1
 hidden states per request row (a request with fewer drafts, or none, pads by repeating its
@@ -48,7 +49,7 @@ class SpecDecodeOutput:
     num_tokens: jax.Array   # i32[R]
     proposer: NgramProposer | SuffixProposer
     on_ready: object = None
-    logprobs: tuple | None = None  # spec_logprobs' (device) arrays, if some request asked
+    logprobs: tuple | None = None  # verify's (device) logprobs arrays, if some request asked
     num_logprobs: np.ndarray | None = None  # i32[N]: k asked for, -1 for none
     prompt_logprobs: dict | None = None  # req_id -> LogprobsLists, for the prompts done this step
 
@@ -97,30 +98,25 @@ class SpecDecodeModelRunner(ModelRunner):
         def verify_fn(head_leaves, hidden, sampling_md, num_reqs, draft_ids, num_drafts, penalty_state,
                       penalty_md, all_greedy, top_k_top_p):
             """penalty_state and penalty_md (its token_bitmask one row per verified position):
-            where some request of the step has a penalty or bias row or structured output, as
-            the plain runner's `sample_extended`; None makes the program without them. Returns
-            (tokens, num_tokens, the penalty state with the emitted tokens counted, or None)."""
+            the extended variant, for steps where some request has a penalty or bias row,
+            logprobs or structured output; None makes the program without them. Returns
+            (tokens, num_tokens, the penalty state with the emitted tokens counted, and every
+            position's raw logprobs of its token), the last two None in the plain variant."""
             with jax.sharding.use_abstract_mesh(abstract_mesh):
                 R = sampling_md.temperature.shape[0]
-                logits = sp.head_model(head_leaves).compute_logits(hidden[:R * (K + 1)], num_reqs * (K + 1))
-                logits = logits.reshape(R, K + 1, -1)
+                raw = sp.head_model(head_leaves).compute_logits(hidden[:R * (K + 1)], num_reqs * (K + 1))
+                logits = raw.reshape(R, K + 1, -1)
                 if penalty_md is not None:
                     logits = penalized_positions(logits, penalty_state, penalty_md, draft_ids, num_drafts)
                 tokens, num_tokens = rejection_sample(logits, draft_ids, num_drafts, sampling_md, all_greedy,
                                                       top_k_top_p, argmax)
-                state = None if penalty_md is None else record_accepted(penalty_state, penalty_md, tokens, num_tokens)
-                return tokens, num_tokens, state
+                if penalty_md is None:
+                    return tokens, num_tokens, None, None
+                return (tokens, num_tokens, record_accepted(penalty_state, penalty_md, tokens, num_tokens),
+                        compute_logprobs(raw, tokens.reshape(-1)))
 
         self._verify = self._program("verify", verify_fn, (0,), static_argnames=("all_greedy", "top_k_top_p"),
                                      donate_argnums=(6,))
-
-        def logprobs_fn(head_leaves, hidden, num_reqs, tokens):
-            with jax.sharding.use_abstract_mesh(abstract_mesh):
-                R = tokens.shape[0]
-                logits = sp.head_model(head_leaves).compute_logits(hidden[:R * (K + 1)], num_reqs * (K + 1))
-                return compute_logprobs(logits, tokens.reshape(-1))
-
-        self._spec_logprobs = self._program("spec_logprobs", logprobs_fn, (0,))
 
     def execute_model_async(self, out) -> SpecDecodeOutput:
         self.proposer.finish_requests(out.finished_req_ids)
@@ -162,18 +158,17 @@ class SpecDecodeModelRunner(ModelRunner):
             sampling_md, all_greedy = sampling_metadata(batch, rows, R, self.vocab_size)
             variant = sampler_variant(sampling_md, all_greedy, self.vocab_size, self.step_may_branch)
             penalty = (None, None)
-            # Penalties, logit bias, allowed tokens, one-token bad words, structured output:
-            if batch.has_row[rows].any() or out.grammar_bitmask:
+            if batch.extended[rows].any():  # penalty or bias rows, logprobs, structured output
                 pmd = penalty_metadata(batch, rows, inputs.commit, R, self.max_num_seqs, self.vocab_size)
                 penalty = (self.penalty_state, pmd.replace(token_bitmask=self._position_bitmask(
                     out.grammar_bitmask, req_ids, R)))
-            tokens, num_tokens, state = self._verify(self.head_leaves, hidden, sampling_md, np.int32(N), draft_ids,
-                                                     num_drafts, *penalty, **variant)
+            tokens, num_tokens, state, logprobs = self._verify(
+                self.head_leaves, hidden, sampling_md, np.int32(N), draft_ids, num_drafts, *penalty, **variant)
             if state is not None:
                 self.penalty_state = state
             num_logprobs = batch.num_logprobs[rows]
-            logprobs = (self._spec_logprobs(self.head_leaves, hidden, np.int32(N), tokens)
-                        if (num_logprobs >= 0).any() else None)
+            if not (num_logprobs >= 0).any():
+                logprobs = None
         batch.num_computed_tokens[rows] += counts
         self._check_recompilation()
         on_ready, self.after_first_step = self.after_first_step, None
@@ -193,12 +188,12 @@ class SpecDecodeModelRunner(ModelRunner):
 
     @property
     def programs(self):
-        return (self._forward, self._prompt_logprobs, self._verify, self._spec_logprobs, self._set_row)
+        return (self._forward, self._prompt_logprobs, self._verify, self._set_row)
 
     def warmup_jobs(self):
         """The forward and prompt logprobs for every token bucket (K + 1 hidden states per
-        request), `verify` for every request bucket and sampler variant, plain and extended
-        (penalty rows, structured output), and `spec_logprobs` for every request bucket."""
+        request), and `verify` for every request bucket and sampler variant, plain and
+        extended (penalty rows, logprobs, structured output)."""
         S, K1, rep = self.max_num_seqs, self.num_spec_tokens + 1, self._replicated
         jobs = [(program, args[:-1] + (np.zeros(S * K1, np.int32),) if program is self._forward else args, static)
                 for program, args, static in warmup_jobs(self)
@@ -210,11 +205,10 @@ class SpecDecodeModelRunner(ModelRunner):
             pmd = penalty_metadata(None, no_rows, no_rows, R, S, self.vocab_size)
             extended = (self.penalty_state, pmd.replace(token_bitmask=self._position_bitmask({}, [], R)))
             for variant in sampler_variants(self.step_may_branch):
-                for penalty in ((None, None), extended):  # steps with penalty rows or structured output
+                for penalty in ((None, None), extended):
                     jobs.append((self._verify, (self.head_leaves, hidden, md, np.int32(R),
                                                 np.zeros((R, K1 - 1), np.int32), np.zeros(R, np.int32), *penalty),
                                  variant))
-            jobs.append((self._spec_logprobs, (self.head_leaves, hidden, np.int32(R), np.zeros((R, K1), np.int32)), {}))
         return jobs
 
 

@@ -66,8 +66,7 @@ class ContinuationCounts:
 class _Request:
     def __init__(self, depth: int):
         self.prompt = ContinuationCounts(depth)
-        self.response: list[int] = []
-        self.num_seen = 0  # tokens of the request already counted
+        self.response: list[int] = []  # its tokens after the prompt, as counted so far
 
 
 class SuffixProposer:
@@ -91,10 +90,10 @@ class SuffixProposer:
             if req is None:
                 req = self.active[req_id] = _Request(self.depth)
                 req.prompt.add(token_ids[row, :p].tolist())
-            if n > req.num_seen:
-                req.response = token_ids[row, p:n].tolist()
-                self.responses.add(req.response, max(req.num_seen - p, 0))
-                req.num_seen = n
+            start = len(req.response)
+            if n > p + start:  # only the new tokens cross to Python, and only they are counted
+                req.response.extend(token_ids[row, p + start:n].tolist())
+                self.responses.add(req.response, start)
             k = min(self.k, self.max_model_len - 1 - n)
             context = token_ids[row, max(n - self.depth, 0):n].tolist()
             best = max((t.speculate(context, k, self.max_spec_factor, self.min_token_prob)
