@@ -12,6 +12,7 @@ import torch
 from conftest import run_prefill
 from jaxvllm import LLM, SamplingParams
 from jaxvllm.sampling_params import StructuredOutputsParams
+from jaxvllm.transformers_utils.model_path import default_model_path
 
 pytestmark = pytest.mark.slow
 
@@ -149,7 +150,8 @@ def test_logprobs_and_json_output(llm, prompts, hf_default_model):
 
 @pytest.mark.parametrize("spec_config", [
     {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4},
-    {"method": "suffix", "num_speculative_tokens": 4}], ids=["ngram", "suffix"])
+    {"method": "suffix", "num_speculative_tokens": 4},
+    {"method": "draft_model", "model": None, "num_speculative_tokens": 4}], ids=["ngram", "suffix", "draft_model"])
 def test_speculative_decoding_keeps_greedy_output(llm, spec_config):
     """Prompts whose continuation repeats them (a counting pattern, a quoted line): drafts are
     accepted, and the tokens are the plain engine's."""
@@ -157,11 +159,16 @@ def test_speculative_decoding_keeps_greedy_output(llm, spec_config):
     prompts = [tok.encode("1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2,"),
                tok.encode('He said "the quick brown fox jumps over the lazy dog", and again: "the quick')]
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    if spec_config["method"] == "draft_model":  # the default model drafting for itself
+        spec_config = dict(spec_config, model=default_model_path())
     spec = LLM(max_num_seqs=4, max_model_len=256, skip_warmup=True, speculative_config=spec_config)
     expected = [o.outputs[0].token_ids for o in llm.generate(
         [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)]
     outputs = spec.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outputs] == expected
-    assert spec.llm_engine.get_stats().spec_decode_num_accepted_tokens > 0
+    stats = spec.llm_engine.get_stats()
+    assert stats.spec_decode_num_accepted_tokens > 0
+    if spec_config["method"] == "draft_model":  # its own draft: right but where float32 rounding breaks a tie
+        assert stats.spec_decode_num_accepted_tokens >= 0.95 * stats.spec_decode_num_draft_tokens
     assert _pool_is_full(spec)
     spec.llm_engine.shutdown()

@@ -15,7 +15,7 @@ from jaxvllm.config.engine_config import (CacheConfig, CompilationConfig, Engine
                                           LoRAConfig, ModelConfig, ParallelConfig, QuantizationConfig,
                                           SchedulerConfig)
 from jaxvllm.config.pooler import resolve_runner
-from jaxvllm.config.speculative import parse_speculative_config
+from jaxvllm.config.speculative import parse_speculative_config, resolve_draft_model
 from jaxvllm.layers.quantization.compressed_tensors import resolve_quantization
 from jaxvllm.platforms import get_platform
 
@@ -182,7 +182,8 @@ class EngineArgs:
             swap_space=self.swap_space,
             kv_cache_dtype=self.kv_cache_dtype,
         )
-        speculative = parse_speculative_config(self.speculative_config)
+        speculative = resolve_draft_model(parse_speculative_config(self.speculative_config), None,
+                                          self.download_dir)
         sched = SchedulerConfig(
             max_num_seqs=self.max_num_seqs or platform.default_max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens or platform.default_max_num_batched_tokens,

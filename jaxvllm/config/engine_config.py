@@ -145,9 +145,14 @@ class SpeculativeConfig:
     suffix_decoding_max_cached_requests requests, matched up to suffix_decoding_max_tree_depth
     tokens back; a match of m tokens drafts up to m * suffix_decoding_max_spec_factor tokens,
     while the draft's path probability stays >= suffix_decoding_min_token_prob (vLLM's names
-    and defaults; num_speculative_tokens unset: the tree depth, at most 16 here)."""
+    and defaults; num_speculative_tokens unset: the tree depth, at most 16 here).
+    draft_model: `model`, a smaller checkpoint with the target's vocabulary, runs in the same
+    worker on the same mesh, its KV in the target's pool, and drafts greedily, k tokens per
+    step in one compiled program (worker/spec_decode/draft_model.py)."""
     method: str = "ngram"
     num_speculative_tokens: int = 4
+    model: str | None = None
+    """The draft model of method draft_model (a path or hub id, resolved to a local path)."""
     prompt_lookup_min: int = 5
     prompt_lookup_max: int = 5
     suffix_decoding_max_tree_depth: int = 24

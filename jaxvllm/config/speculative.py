@@ -3,10 +3,12 @@ the SpeculativeConfig section, and the engine features speculative decoding does
 with yet, refused by name."""
 from __future__ import annotations
 
+import dataclasses
+
 from jaxvllm.config.engine_config import SpeculativeConfig
 from jaxvllm.config.json_section import section_fields
 
-METHODS = ("ngram", "suffix")  # draft_model and eagle3 are the next proposers (issue 38)
+METHODS = ("ngram", "suffix", "draft_model")  # eagle3 is the next proposer (issue 38)
 MAX_SPECULATIVE_TOKENS = 16
 
 
@@ -15,6 +17,8 @@ def parse_speculative_config(value) -> SpeculativeConfig | None:
     value = section_fields(value, SpeculativeConfig, "speculative_config")
     if value is None or isinstance(value, SpeculativeConfig):
         return value
+    if "method" not in value and value.get("model") is not None:  # vLLM: a model alone is a draft model
+        value = dict(value, method="draft_model")
     if value.get("method") == "suffix" and "num_speculative_tokens" not in value:  # vLLM: the tree depth
         depth = value.get("suffix_decoding_max_tree_depth", SpeculativeConfig.suffix_decoding_max_tree_depth)
         value = dict(value, num_speculative_tokens=min(depth, MAX_SPECULATIVE_TOKENS) if type(depth) is int else depth)
@@ -47,6 +51,11 @@ def verify_speculative(config) -> None:
         value = getattr(spec, name)
         if type(value) not in (int, float) or not low <= value <= high:
             raise ValueError(f"speculative_config.{name} must be a number in [{low}, {high}], got {value!r}.")
+    if (spec.method == "draft_model") != (spec.model is not None):
+        raise ValueError("speculative_config.model names the draft model of method 'draft_model', and only "
+                         f"of it (method {spec.method!r}, model {spec.model!r}).")
+    if spec.model is not None:
+        _verify_draft_model(config)
     if not 1 <= spec.prompt_lookup_min <= spec.prompt_lookup_max:
         raise ValueError(f"speculative_config needs 1 <= prompt_lookup_min <= prompt_lookup_max, got "
                          f"{spec.prompt_lookup_min} and {spec.prompt_lookup_max}.")
@@ -57,3 +66,21 @@ def verify_speculative(config) -> None:
                           ("runner='pooling'", config.model.runner == "pooling")):
         if refused:
             raise ValueError(f"speculative_config does not combine with {name} yet.")
+
+
+def resolve_draft_model(spec: SpeculativeConfig | None, revision: str | None, download_dir: str | None):
+    """The config with its draft model resolved to a local path, as the target's is."""
+    if spec is None or spec.model is None:
+        return spec
+    from jaxvllm.transformers_utils.model_path import resolve_model
+    return dataclasses.replace(spec, model=resolve_model(spec.model, revision, download_dir))
+
+
+def _verify_draft_model(config) -> None:
+    from jaxvllm.models.registry import get_model_class
+    from jaxvllm.transformers_utils.config import load_hf_config
+    draft, target = load_hf_config(config.speculative.model), config.model.hf_config
+    get_model_class(draft)  # an architecture the engine loads, or its error
+    if draft.vocab_size != target.vocab_size:
+        raise ValueError(f"speculative_config.model has a vocabulary of {draft.vocab_size} tokens, the target "
+                         f"{target.vocab_size}: a draft model must share the target's tokenizer.")

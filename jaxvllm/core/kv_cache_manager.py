@@ -114,9 +114,10 @@ class KVCacheManager:
     # ---- allocation ----------------------------------------------------------------
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        new_computed_blocks: KVCacheBlocks | None = None,
-                       num_new_computed_tokens: int = 0) -> KVCacheBlocks | None:
+                       num_new_computed_tokens: int = 0, num_lookahead_tokens: int = 0) -> KVCacheBlocks | None:
         """Grow the request's block table to hold `num_new_tokens` more tokens, after
-        taking `new_computed_blocks` (a prefix hit, at admission) into it.
+        taking `new_computed_blocks` (a prefix hit, at admission) into it, and room for
+        `num_lookahead_tokens` past them (a draft model's KV for its drafts), within max_model_len.
 
         Returns the newly added blocks (possibly none), or None when the pool cannot
         satisfy the request; then nothing is allocated and the caller may preempt.
@@ -128,7 +129,8 @@ class KVCacheManager:
             manager.remove_skipped_blocks(req_id, request.num_computed_tokens)
         tables = [m.req_to_blocks.setdefault(req_id, []) for m in self.managers]
         num_tokens = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
-        num_required = -(-num_tokens // self.block_size)
+        num_required = -(-min(num_tokens + num_lookahead_tokens, max(num_tokens, self.max_model_len))
+                         // self.block_size)
         computed = new_computed_blocks.blocks if new_computed_blocks is not None else None
         # Equal in every group, but where a swapped request resumes: its sliding groups
         # start with null entries up to their window.

@@ -44,9 +44,12 @@ class Scheduler:
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
                  kv_cache_config: KVCacheConfig, *, model_name: str = "",
                  structured_output_manager: StructuredOutputManager | None = None,
-                 max_concurrent_batches: int = 1, num_spec_tokens: int = 0, max_loras: int = 0):
+                 max_concurrent_batches: int = 1, num_spec_tokens: int = 0, num_lookahead_tokens: int = 0,
+                 max_loras: int = 0):
         """num_spec_tokens: speculative decoding's most drafts per request (0: off); the
-        drafts themselves come back with each step's tokens (ModelRunnerOutput). max_loras:
+        drafts themselves come back with each step's tokens (ModelRunnerOutput).
+        num_lookahead_tokens: slots allocated past each step's tokens (a draft model writes
+        its drafts' KV there, vLLM's name). max_loras:
         most distinct LoRA adapters in one step (the worker's device slots); 0: none served."""
         s = scheduler_config
         if s.preemption_mode not in ("recompute", "swap"):
@@ -56,6 +59,7 @@ class Scheduler:
         self.max_model_len = s.max_model_len
         self.long_prefill_token_threshold = s.long_prefill_token_threshold
         self.max_loras = max_loras
+        self.num_lookahead_tokens = num_lookahead_tokens
         self.policy = s.scheduling_policy
         self.kv_cache_manager = KVCacheManager(
             kv_cache_config.num_blocks, kv_cache_config.block_size, s.max_model_len,
@@ -165,7 +169,8 @@ class Scheduler:
             if num_new == 0:
                 index += 1
                 continue
-            while (blocks := self.kv_cache_manager.allocate_slots(request, num_new)) is None:
+            while (blocks := self.kv_cache_manager.allocate_slots(
+                    request, num_new, num_lookahead_tokens=self.num_lookahead_tokens)) is None:
                 victim = pick_victim(self.running, index, self.policy)
                 self.running.remove(victim)
                 swap_out.extend(self._preempt(victim))
@@ -205,7 +210,8 @@ class Scheduler:
             if num_new == 0:
                 break
             blocks = self.kv_cache_manager.allocate_slots(
-                request, num_new, None if request.status == RequestStatus.SWAPPED else hit, num_hit)
+                request, num_new, None if request.status == RequestStatus.SWAPPED else hit, num_hit,
+                self.num_lookahead_tokens)
             if blocks is None:
                 break
             self.waiting.pop_request()

@@ -60,7 +60,7 @@ def layer_groups_and_slots(groups: list[KVCacheGroupSpec] | None, num_layers: in
     if not groups or len(groups) == 1:
         return None, None
     where = {int(name.split(".")[1]): (g, i) for g, group in enumerate(groups)
-             for i, name in enumerate(group.layer_names)}
+             for i, name in enumerate(group.layer_names) if name.startswith("layers.")}  # not a draft's
     return tuple(where[i][0] for i in range(num_layers)), tuple(where[i][1] for i in range(num_layers))
 
 

@@ -28,12 +28,14 @@ from jaxvllm.models.model_loader import get_model
 from jaxvllm.models.orbax_checkpoint import is_orbax_checkpoint
 from jaxvllm.models.weight_update import WeightUpdater
 from jaxvllm.outputs import ModelRunnerOutput
+from jaxvllm.transformers_utils.config import load_hf_config
 from jaxvllm.platforms.huge_pages import advise_huge_pages, huge_page_ranges, run_at_idle_priority
 from jaxvllm.worker import sleep_mode
 from jaxvllm.worker.async_output import AsyncModelRunnerOutput
 from jaxvllm.worker.memory_profiling import MemoryProfile, peak_step_bytes
 from jaxvllm.worker.model_runner import ModelRunner
 from jaxvllm.worker.pooling_runner import PoolingModelRunner
+from jaxvllm.worker.spec_decode.draft_model import DRAFT_PREFIX
 from jaxvllm.worker.spec_decode.spec_runner import runner_class
 
 logger = logging.getLogger(__name__)
@@ -93,10 +95,18 @@ class Worker:
                                             expert_parallel=config.parallel.enable_expert_parallel)
         del weights
         self.args = self.model.args
+        spec = config.speculative
+        self.draft_model = None
+        if spec is not None and spec.method == "draft_model":  # unquantized, on the same mesh
+            self.draft_model = get_model(config, spec.model, load_hf_config(spec.model), self.mesh,
+                                         linear_method=platform.linear_method(config.model.attention_backend,
+                                                                              self.mesh.size),
+                                         moe_method=platform.fused_moe_method(None, config.model.attention_backend,
+                                                                              self.mesh.size))
 
     # ---- the KV cache: specs, memory, allocation (engine/engine_core.py sizes it) ------
-    def _kv_cache_shape(self, num_layers: int, num_blocks: int) -> tuple[int, ...]:
-        a = self.args
+    def _kv_cache_shape(self, num_layers: int, num_blocks: int, args=None) -> tuple[int, ...]:
+        a = args or self.args
         return platforms.current_platform.kv_cache_shape(num_layers, num_blocks, self.config.cache.block_size,
                                                          a.num_kv_heads, a.head_dim)
 
@@ -110,8 +120,21 @@ class Worker:
         bs, max_len = self.config.cache.block_size, self.config.scheduler.max_model_len
         windows = (self.model.sliding_windows() if len(self.layer_ranges) == 1
                    and not self.config.scheduler.disable_hybrid_kv_cache_manager else [None] * self.args.num_layers)
-        return {f"layers.{i}.self_attn": KVCacheSpec(bs, page, w if w is not None and w < max_len else None)
-                for layers in self.layer_ranges for i in layers for w in [windows[i]]}
+        specs = {f"layers.{i}.self_attn": KVCacheSpec(bs, page, w if w is not None and w < max_len else None)
+                 for layers in self.layer_ranges for i in layers for w in [windows[i]]}
+        if self.draft_model is not None:  # its layers share the target's blocks (spec_decode/draft_model.py)
+            draft_page = math.prod(self._kv_cache_shape(1, 1, self.draft_model.args)) * self.kv_dtype.storage.itemsize
+            if draft_page != page:
+                a, d = self.args, self.draft_model.args
+                raise ValueError(
+                    f"speculative_config.model keeps {draft_page} bytes of KV per page ({d.num_kv_heads} KV heads of "
+                    f"{d.head_dim}), the target {page} ({a.num_kv_heads} of {a.head_dim}): a draft model's KV "
+                    "shares the target's pages and needs the same KV heads and head size.")
+            windows = self.draft_model.sliding_windows()
+            specs.update({f"{DRAFT_PREFIX}layers.{i}.self_attn": KVCacheSpec(bs, page, w if w is not None
+                                                                             and w < max_len else None)
+                          for i, w in enumerate(windows)})
+        return specs
 
     @property
     def block_bytes(self) -> int:
@@ -147,10 +170,13 @@ class Worker:
         """The largest step's memory beyond its arguments, from its programs compiled for a
         small abstract KV cache (a step's temporaries scale with its tokens, not the cache)."""
         blocks = -(-self.config.scheduler.max_model_len // self.config.cache.block_size) + 1
-        kv_cache = jax.ShapeDtypeStruct(self._kv_cache_shape(self.args.num_layers, blocks), self.kv_dtype.storage,
+        draft = {} if self.draft_model is None else {"draft_model": self.draft_model}
+        slots = self.args.num_layers + (self.draft_model.args.num_layers if draft else 0)
+        kv_cache = jax.ShapeDtypeStruct(self._kv_cache_shape(slots, blocks), self.kv_dtype.storage,
                                         sharding=kv_cache_sharding(self.mesh))
         return peak_step_bytes(runner_class(self.config)(self.config, self.model, kv_cache, self.attend,
-                                                         mesh=self.mesh, platform=platforms.current_platform))
+                                                         mesh=self.mesh, platform=platforms.current_platform,
+                                                         **draft))
 
     def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> ModelRunner:
         """Allocate the pool the engine chose (each stage its layers' part of every block),
@@ -195,9 +221,10 @@ class Worker:
 
     def _make_runner(self, kv_caches: list[jax.Array], num_swap_blocks: int) -> ModelRunner:
         runner_cls = PoolingModelRunner if self.config.model.runner == "pooling" else runner_class(self.config)
+        draft = {} if self.draft_model is None else {"draft_model": self.draft_model}
         return runner_cls(self.config, self.model, kv_caches[0], self.attend, num_swap_blocks,
                           mesh=self.mesh, platform=platforms.current_platform,
-                          kv_cache_groups=self.kv_cache_config.kv_cache_groups)
+                          kv_cache_groups=self.kv_cache_config.kv_cache_groups, **draft)
 
     @staticmethod
     def _advise_huge_pages(ranges, stop: threading.Event) -> None:

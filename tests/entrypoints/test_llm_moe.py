@@ -59,19 +59,40 @@ def test_greedy_matches_transformers_chunked_and_preempted(moe_model_dir, arch):
         model = core.model_executor.driver_worker.model
         assert isinstance(model.quant_config.moe_method, PackedFusedMoEMethod)
         assert model.layers[0]["experts_gate_up"].get_value().shape[-1] == PANEL
-    # Speculative decoding (ngram; the dense families run suffix in tests/models/test_families.py)
-    # in the same small pool gives the same greedy tokens (ignore_eos: min_tokens gets no drafts).
+    # Speculative decoding (the dense families run suffix in tests/models/test_families.py) in
+    # the same small pool gives the same greedy tokens (ignore_eos: min_tokens gets no drafts).
     params = SamplingParams(temperature=0, max_tokens=N_NEW, ignore_eos=True)
     plain = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
     llm.llm_engine.shutdown()
-    spec = LLM(str(path), max_num_seqs=4, max_num_batched_tokens=32, max_model_len=128, num_gpu_blocks_override=10,
-               skip_warmup=True, speculative_config={"method": "ngram", "num_speculative_tokens": 3,
-                                                     "prompt_lookup_min": 1, "prompt_lookup_max": 3})
-    assert [o.outputs[0].token_ids for o in spec.generate(PROMPTS, params, use_tqdm=False)] == plain
-    assert spec.llm_engine.get_stats().spec_decode_num_draft_tokens > 0
-    pool = spec.llm_engine.engine_core.scheduler.kv_cache_manager.block_pool
-    assert pool.get_num_free_blocks() == pool.num_blocks - 1
-    spec.llm_engine.shutdown()
+    assert_spec_decoding_keeps(path, plain, params)
+
+
+def assert_spec_decoding_keeps(path, plain, params):
+    """ngram, and the model as its own draft model, give the plain engine's greedy tokens
+    in a pool of 10 pages, every draft of the draft model accepted, every block returned."""
+    for config in ({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
+                   {"method": "draft_model", "model": str(path), "num_speculative_tokens": 3}):
+        spec = LLM(str(path), max_num_seqs=4, max_num_batched_tokens=32, max_model_len=128,
+                   num_gpu_blocks_override=10, skip_warmup=True, speculative_config=config)
+        assert [o.outputs[0].token_ids for o in spec.generate(PROMPTS, params, use_tqdm=False)] == plain, config
+        stats = spec.llm_engine.get_stats()
+        assert stats.spec_decode_num_draft_tokens > 0
+        if config["method"] == "draft_model":
+            assert stats.spec_decode_num_accepted_tokens == stats.spec_decode_num_draft_tokens
+        pool = spec.llm_engine.engine_core.scheduler.kv_cache_manager.block_pool
+        assert pool.get_num_free_blocks() == pool.num_blocks - 1
+        spec.llm_engine.shutdown()
+
+
+def test_spec_decoding_keeps_greedy_output_on_qwen2_moe(moe_model_dir):
+    """Qwen2-MoE (shared experts) too; its transformers parity is tested with the others' in
+    tests/models."""
+    path = moe_model_dir("Qwen2Moe")
+    params = SamplingParams(temperature=0, max_tokens=N_NEW, ignore_eos=True)
+    llm = LLM(str(path), max_num_seqs=4, max_num_batched_tokens=32, max_model_len=128, skip_warmup=True)
+    plain = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+    llm.llm_engine.shutdown()
+    assert_spec_decoding_keeps(path, plain, params)
 
 
 def test_compilations_fixed_after_warmup(moe_model_dir, fresh_executables):

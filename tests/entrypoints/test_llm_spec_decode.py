@@ -1,4 +1,4 @@
-"""Speculative decoding (methods ngram and suffix) end to end on a tiny random Llama: greedy output
+"""Speculative decoding (methods ngram, suffix and draft_model) end to end on a tiny random Llama: greedy output
 identical with and without it (stop tokens, max_tokens and chunked prefill included), drafts
 accepted and counted, seeded random sampling reproducible, aborts and finishes return every
 block, and the combinations not supported yet refused by name."""
@@ -8,6 +8,7 @@ import regex  # partial matches (transformers' dependency)
 
 import pytest
 
+from conftest import write_tiny_llama
 from jaxvllm import LLM, SamplingParams
 from jaxvllm.sampling_params import StructuredOutputsParams
 
@@ -16,6 +17,16 @@ PROMPTS = [[10, 11, 12, 13, 14] * 4, [40, 41, 42] * 6 + [40], [7, 8, 9, 100, 7, 
 N_NEW = 24
 SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 SUFFIX = {"method": "suffix", "num_speculative_tokens": 3}
+DRAFT = {"method": "draft_model", "num_speculative_tokens": 3}  # "model": the draft fixture's
+
+
+@pytest.fixture(scope="module")
+def draft_dir(tmp_path_factory):
+    """The tiny Llama's first layer alone (write_tiny_llama draws the weights in order: the same
+    embeddings, head and layer 0): a real draft, right often but not always."""
+    path = tmp_path_factory.mktemp("draft")
+    write_tiny_llama(path, num_layers=1)
+    return path
 
 
 def make_llm(path, **kwargs):
@@ -29,9 +40,10 @@ def plain(tiny_model_dir):
     return make_llm(tiny_model_dir)
 
 
-@pytest.fixture(scope="module", params=[SPEC, SUFFIX], ids=["ngram", "suffix"])
-def spec(tiny_model_dir, request):
-    llm = make_llm(tiny_model_dir, speculative_config=request.param)
+@pytest.fixture(scope="module", params=[SPEC, SUFFIX, DRAFT], ids=["ngram", "suffix", "draft_model"])
+def spec(tiny_model_dir, draft_dir, request):
+    config = dict(request.param, model=str(draft_dir)) if request.param is DRAFT else request.param
+    llm = make_llm(tiny_model_dir, speculative_config=config)
     yield llm
     llm.llm_engine.shutdown()
 
@@ -78,8 +90,8 @@ def test_chunked_prefill_and_seeded_sampling(tiny_model_dir, spec):
     first = tokens(spec, seeded[0], PROMPTS[:2]), tokens(spec, seeded[1], PROMPTS[:2])
     assert first[0] != first[1]
     # A seeded sample follows from its drafts; suffix decoding's drafts depend on the responses
-    # cached since (as in vLLM), prompt lookup's on the request alone.
-    if spec.llm_engine.config.speculative.method == "ngram":
+    # cached since (as in vLLM), prompt lookup's and a draft model's on the request alone.
+    if spec.llm_engine.config.speculative.method != "suffix":
         assert tokens(spec, seeded[0], PROMPTS[:2]) == first[0]
     assert_pool_full(spec)
     assert_pool_full(chunked)
@@ -186,3 +198,30 @@ def test_unsupported_combinations_are_refused(tiny_model_dir, spec):
         make_llm(tiny_model_dir, speculative_config={"method": "suffix", "suffix_decoding_min_token_prob": 2})
     with pytest.raises(ValueError, match="unknown fields"):
         make_llm(tiny_model_dir, speculative_config='{"method": "ngram", "num_speculative_tokens": 2, "k": 1}')
+
+
+def test_a_draft_model_drafting_for_itself_is_always_right(tiny_model_dir, plain):
+    """The target as its own draft: every draft accepted (the drafts' KV, written in the
+    lookahead slots and again over the step's tokens, is the target's own), whatever the
+    chunking; the stats count them all."""
+    llm = make_llm(tiny_model_dir, max_num_batched_tokens=16,
+                   speculative_config=dict(DRAFT, model=str(tiny_model_dir)))
+    params = SamplingParams(temperature=0, max_tokens=N_NEW, ignore_eos=True)
+    assert tokens(llm, params) == tokens(plain, params)
+    stats = llm.llm_engine.get_stats()
+    assert stats.spec_decode_num_draft_tokens == stats.spec_decode_num_accepted_tokens > 0
+    assert_pool_full(llm)
+    llm.llm_engine.shutdown()
+
+
+def test_a_draft_model_must_share_the_vocabulary_and_the_kv_pages(tmp_path, tiny_model_dir):
+    write_tiny_llama(tmp_path / "vocab", vocab_size=128, num_layers=1)
+    with pytest.raises(ValueError, match="vocabulary of 128 tokens, the target 256"):
+        make_llm(tiny_model_dir, speculative_config=dict(DRAFT, model=str(tmp_path / "vocab")))
+    write_tiny_llama(tmp_path / "heads", num_kv_heads=1, num_layers=1)
+    with pytest.raises(ValueError, match="same KV heads and head size"):
+        make_llm(tiny_model_dir, speculative_config=dict(DRAFT, model=str(tmp_path / "heads")))
+    with pytest.raises(ValueError, match="speculative_config.model names the draft model"):
+        make_llm(tiny_model_dir, speculative_config=dict(SPEC, model=str(tiny_model_dir)))
+    with pytest.raises(FileNotFoundError, match="Model path does not exist"):
+        make_llm(tiny_model_dir, speculative_config=dict(DRAFT, model=str(tmp_path / "nowhere")))

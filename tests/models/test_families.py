@@ -79,7 +79,7 @@ N_NEW = 32
 
 
 def test_greedy_matches_transformers_chunked_and_preempted(family):
-    """Also with speculative decoding. One engine both chunks prefills (a 32-token budget: the 70-token prompt takes three
+    """Also with speculative decoding (suffix, and the model drafting for itself). One engine both chunks prefills (a 32-token budget: the 70-token prompt takes three
     steps) and preempts (9 usable pages of 16 for three requests needing 14; Gemma's
     3 layers are 3 KV cache groups of 1 layer, its sliding ones holding 12-token windows:
     19 usable blocks of one layer's page for requests needing about 33)."""
@@ -104,15 +104,49 @@ def test_greedy_matches_transformers_chunked_and_preempted(family):
     plain = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params,
                                                            use_tqdm=False)]
     llm.llm_engine.shutdown()
-    spec = LLM(str(path), max_num_seqs=4, max_num_batched_tokens=32, max_model_len=128,
-               num_gpu_blocks_override=20 if arch.startswith("Gemma") else 10, skip_warmup=True,
-               speculative_config={"method": "suffix", "num_speculative_tokens": 3})
-    outputs = spec.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
-    assert [o.outputs[0].token_ids for o in outputs] == plain
-    assert spec.llm_engine.get_stats().spec_decode_num_draft_tokens > 0
-    pool = spec.llm_engine.engine_core.scheduler.kv_cache_manager.block_pool
-    assert pool.get_num_free_blocks() == pool.num_blocks - 1
-    spec.llm_engine.shutdown()
+    # The model as its own draft model too: its layers join the pool's groups (Gemma's sliding
+    # ones their own), and every draft is accepted.
+    for config in ({"method": "suffix", "num_speculative_tokens": 3},
+                   {"method": "draft_model", "model": str(path), "num_speculative_tokens": 3}):
+        spec = LLM(str(path), max_num_seqs=4, max_num_batched_tokens=32, max_model_len=128,
+                   num_gpu_blocks_override=20 if arch.startswith("Gemma") else 10, skip_warmup=True,
+                   speculative_config=config)
+        outputs = spec.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in outputs] == plain, config["method"]
+        stats = spec.llm_engine.get_stats()
+        assert stats.spec_decode_num_draft_tokens > 0
+        if config["method"] == "draft_model":
+            assert stats.spec_decode_num_accepted_tokens == stats.spec_decode_num_draft_tokens
+        pool = spec.llm_engine.engine_core.scheduler.kv_cache_manager.block_pool
+        assert pool.get_num_free_blocks() == pool.num_blocks - 1
+        spec.llm_engine.shutdown()
+
+
+SPEC_METHODS = [{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
+                {"method": "suffix", "num_speculative_tokens": 3},
+                {"method": "draft_model", "num_speculative_tokens": 3}]  # "model": the checkpoint itself
+
+
+@pytest.mark.parametrize("arch", ["MistralForCausalLM", "Qwen2ForCausalLM"])
+def test_every_speculative_method_keeps_greedy_output_on_the_llama_class(arch, tmp_path):
+    """The Llama class's other architectures (Llama itself: tests/entrypoints/test_llm_spec_decode.py)."""
+    from jaxvllm import LLM, SamplingParams
+    write_family_checkpoint(arch, tmp_path)
+    args = dict(max_num_seqs=4, max_num_batched_tokens=32, max_model_len=128, num_gpu_blocks_override=16,
+                skip_warmup=True)
+    params = SamplingParams(temperature=0, max_tokens=N_NEW, ignore_eos=True)
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+    llm = LLM(str(tmp_path), **args)
+    plain = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    llm.llm_engine.shutdown()
+    for config in SPEC_METHODS:
+        config = dict(config, model=str(tmp_path)) if config["method"] == "draft_model" else config
+        spec = LLM(str(tmp_path), speculative_config=config, **args)
+        assert [o.outputs[0].token_ids for o in spec.generate(prompts, params, use_tqdm=False)] == plain, config
+        assert spec.llm_engine.get_stats().spec_decode_num_draft_tokens > 0
+        pool = spec.llm_engine.engine_core.scheduler.kv_cache_manager.block_pool
+        assert pool.get_num_free_blocks() == pool.num_blocks - 1
+        spec.llm_engine.shutdown()
 
 
 # Windows of 16-32 tokens, and pools far smaller than every layer keeping every page would

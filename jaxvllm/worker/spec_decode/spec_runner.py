@@ -28,6 +28,7 @@ from jaxvllm.worker.model_runner_utils import pick_bucket
 from jaxvllm.worker.penalties import penalized_positions, record_accepted
 from jaxvllm.worker.sampler import compute_logprobs
 from jaxvllm.worker.sampling_inputs import penalty_metadata, sampler_variant, sampler_variants, sampling_metadata
+from jaxvllm.worker.spec_decode.draft_model import DraftModel
 from jaxvllm.worker.spec_decode.ngram_proposer import NgramProposer
 from jaxvllm.worker.spec_decode.rejection_sampler import rejection_sample
 from jaxvllm.worker.spec_decode.suffix_proposer import SuffixProposer
@@ -47,14 +48,16 @@ class SpecDecodeOutput:
     num_drafts: np.ndarray  # i32[N]
     tokens: jax.Array       # i32[R, K + 1]
     num_tokens: jax.Array   # i32[R]
-    proposer: NgramProposer | SuffixProposer
+    proposer: NgramProposer | SuffixProposer | None  # None: the draft model's `drafts`
+    drafts: jax.Array | None  # i32[R, K]: the draft model's, on device
     on_ready: object = None
     logprobs: tuple | None = None  # verify's (device) logprobs arrays, if some request asked
     num_logprobs: np.ndarray | None = None  # i32[N]: k asked for, -1 for none
     prompt_logprobs: dict | None = None  # req_id -> LogprobsLists, for the prompts done this step
 
     def __post_init__(self) -> None:
-        for x in (self.tokens, self.num_tokens) + tuple(self.logprobs or ()):
+        for x in (self.tokens, self.num_tokens) + tuple(self.logprobs or ()) + (
+                () if self.drafts is None else (self.drafts,)):
             x.copy_to_host_async()
 
     def get_output(self) -> ModelRunnerOutput:
@@ -70,8 +73,11 @@ class SpecDecodeOutput:
         batch.num_computed_tokens[rows] -= np.where(n > 0, self.num_drafts + 1 - n, 0)
         drafts = [[] for _ in range(N)]
         which = np.flatnonzero((n > 0) & ~batch.suppresses[rows])  # min_tokens, bad words: no drafts
-        proposals = self.proposer.propose(batch.token_ids, batch.num_host_tokens, rows[which], batch.num_prompt_tokens,
-                                          [self.req_ids[i] for i in which.tolist()])
+        if self.proposer is None:
+            proposals = np.asarray(self.drafts)[which].tolist()
+        else:
+            proposals = self.proposer.propose(batch.token_ids, batch.num_host_tokens, rows[which],
+                                              batch.num_prompt_tokens, [self.req_ids[i] for i in which.tolist()])
         for i, d in zip(which.tolist(), proposals):
             drafts[i] = d
         token_lists = [t[:k] for t, k in zip(tokens.tolist(), n.tolist())]
@@ -82,18 +88,24 @@ class SpecDecodeOutput:
 
 
 class SpecDecodeModelRunner(ModelRunner):
-    def __init__(self, config, *args, **kwargs):
-        super().__init__(config, *args, **kwargs)
+    def __init__(self, config, model, kv_cache, attend, *args, draft_model=None, **kwargs):
+        """draft_model: method draft_model's model, its layers in kv_cache after the target's."""
+        super().__init__(config, model, kv_cache, attend, *args, **kwargs)
         spec = config.speculative
         self.num_spec_tokens = K = spec.num_speculative_tokens
         max_len = config.scheduler.max_model_len
-        self.proposer = (SuffixProposer(K, max_len, spec.suffix_decoding_max_tree_depth,
-                                        spec.suffix_decoding_max_cached_requests,
-                                        spec.suffix_decoding_max_spec_factor, spec.suffix_decoding_min_token_prob)
-                         if spec.method == "suffix" else
-                         NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max, K, max_len))
         sp, argmax = self.step_params, kwargs["platform"].sampler_argmax()
         abstract_mesh = kwargs.get("abstract_mesh") or kwargs["mesh"].abstract_mesh
+        self.proposer = self.draft = None
+        if spec.method == "draft_model":
+            self.draft = DraftModel(self, draft_model, attend, kwargs.get("kv_cache_groups"), model.args.num_layers,
+                                    kwargs["platform"], abstract_mesh)
+        elif spec.method == "suffix":
+            self.proposer = SuffixProposer(K, max_len, spec.suffix_decoding_max_tree_depth,
+                                           spec.suffix_decoding_max_cached_requests,
+                                           spec.suffix_decoding_max_spec_factor, spec.suffix_decoding_min_token_prob)
+        else:
+            self.proposer = NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max, K, max_len)
 
         def verify_fn(head_leaves, hidden, sampling_md, num_reqs, draft_ids, num_drafts, penalty_state,
                       penalty_md, all_greedy, top_k_top_p):
@@ -116,10 +128,11 @@ class SpecDecodeModelRunner(ModelRunner):
                         compute_logprobs(raw, tokens.reshape(-1)))
 
         self._verify = self._program("verify", verify_fn, (0,), static_argnames=("all_greedy", "top_k_top_p"),
-                                     donate_argnums=(6,))
+                                     donate_argnums=(6,), out_shardings=self._replicated)
 
     def execute_model_async(self, out) -> SpecDecodeOutput:
-        self.proposer.finish_requests(out.finished_req_ids)
+        if self.proposer is not None:
+            self.proposer.finish_requests(out.finished_req_ids)
         if out.total_num_scheduled_tokens == 0:
             return super().execute_model_async(out)  # states and swaps only; no tokens come back
         batch = self.input_batch
@@ -153,6 +166,9 @@ class SpecDecodeModelRunner(ModelRunner):
             hidden, all_hidden, self.kv_cache = self._forward(
                 self.param_leaves, self.kv_cache, inputs.input_ids, inputs.prev_rows, self.last_sampled,
                 inputs.md, logits_indices)
+            if self.draft is not None:
+                self.kv_cache = self.draft._draft_forward(self.draft.leaves, self.kv_cache, inputs.input_ids,
+                                                          inputs.md)
         prompt_logprobs = self._prompt_logprobs_of(rows, counts, inputs.commit, all_hidden, T)
         with jax.profiler.TraceAnnotation("sampling"):
             sampling_md, all_greedy = sampling_metadata(batch, rows, R, self.vocab_size)
@@ -169,11 +185,21 @@ class SpecDecodeModelRunner(ModelRunner):
             num_logprobs = batch.num_logprobs[rows]
             if not (num_logprobs >= 0).any():
                 logprobs = None
+        drafts = None
+        if self.draft is not None:
+            with jax.profiler.TraceAnnotation("propose"):
+                commit = np.zeros(R, bool)
+                commit[:N] = inputs.commit
+                next_pos = np.zeros(R, np.int32)
+                next_pos[:N] = batch.num_computed_tokens[rows] + counts - d
+                drafts, self.kv_cache = self.draft._propose(
+                    self.draft.leaves, self.kv_cache, tokens, num_tokens, commit, next_pos,
+                    self.draft.page_tables(batch.block_table, rows, R), np.int32(N))
         batch.num_computed_tokens[rows] += counts
         self._check_recompilation()
         on_ready, self.after_first_step = self.after_first_step, None
         return SpecDecodeOutput(batch, req_ids, rows, inputs.commit, d, tokens, num_tokens, self.proposer,
-                                on_ready, logprobs, num_logprobs, prompt_logprobs)
+                                drafts, on_ready, logprobs, num_logprobs, prompt_logprobs)
 
     def _position_bitmask(self, grammar_bitmask: dict[str, list[int]], req_ids: list[str], R: int) -> np.ndarray:
         """Structured output's allowed tokens at each verified position, i32[R * (K + 1), words]
@@ -188,7 +214,8 @@ class SpecDecodeModelRunner(ModelRunner):
 
     @property
     def programs(self):
-        return (self._forward, self._prompt_logprobs, self._verify, self._set_row)
+        draft = () if self.draft is None else self.draft.programs
+        return (self._forward, self._prompt_logprobs, self._verify, self._set_row, *draft)
 
     def warmup_jobs(self):
         """The forward and prompt logprobs for every token bucket (K + 1 hidden states per
@@ -198,6 +225,8 @@ class SpecDecodeModelRunner(ModelRunner):
         jobs = [(program, args[:-1] + (np.zeros(S * K1, np.int32),) if program is self._forward else args, static)
                 for program, args, static in warmup_jobs(self)
                 if program in (self._forward, self._prompt_logprobs, self._set_row)]
+        if self.draft is not None:
+            jobs += self.draft.warmup_jobs(self, [job for job in jobs if job[0] is self._forward])
         hidden = jax.ShapeDtypeStruct((S * K1, self.hidden_size), self.hidden_dtype, sharding=rep)
         no_rows = np.zeros(0, np.int32)
         for R in self.request_buckets:
