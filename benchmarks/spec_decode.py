@@ -1,5 +1,9 @@
 """Speculative decoding against plain decoding, in one run: output tokens per second at batch 1
-and batch 16 with `ngram` and `suffix` drafts and without, and how many drafts were accepted.
+and batch 16 with `ngram`, `suffix` and `draft_model` drafts and without, and how many drafts
+were accepted. `draft_model` is the model drafting for itself (every draft right: the upper
+bound of a draft model, at the cost of a second full model); `draft_model:N` drafts with the
+model's first N layers (with its embeddings, final norm and head: a truncation written to a
+temporary directory by transformers, so it needs the test extra's torch).
 
 The workload is one where the output repeats the input: chat prompts asking the model to copy
 a Python function from the standard library (a different function per request) verbatim, as a
@@ -14,7 +18,7 @@ prompt holds n-grams to look up. What such a model generates is noise, and how m
 drafts guess is whatever it is: the row measures the verify step's cost at that acceptance.
 
     python benchmarks/spec_decode.py                       # default model, k=4, batch 1 and 16
-    python benchmarks/spec_decode.py --methods suffix
+    python benchmarks/spec_decode.py --methods suffix draft_model:4
     python benchmarks/spec_decode.py --num-speculative-tokens 3 --output-len 96 --json r.json
     python benchmarks/spec_decode.py --model /tmp/llama3-8b-random --batch-sizes 1 64 --max-model-len 1024
 """
@@ -63,6 +67,29 @@ def make_id_prompts(vocab_size: int, n: int, prompt_len: int, period: int = 32, 
     return [np.resize(rng.integers(2, vocab_size, period), prompt_len).tolist() for _ in range(n)]
 
 
+def truncated_model(model_path: str | None, num_layers: int, out: str) -> str:
+    """The checkpoint's first num_layers decoder layers as a Hugging Face directory in `out`."""
+    import os
+
+    import torch
+    import transformers
+    from jaxvllm.transformers_utils.model_path import resolve_model
+    path = resolve_model(model_path)
+    directory, name = (os.path.split(path) if path.endswith(".gguf") else (path, None))
+    kwargs = {"gguf_file": name} if name else {}
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, **kwargs)
+    from safetensors.torch import save_file
+    config = model.config
+    config.num_hidden_layers = num_layers
+    config.__dict__.pop("quantization_config", None)  # transformers' GGUF marker: the tensors are plain
+    config.save_pretrained(out)
+    keep = tuple(f"model.layers.{i}." for i in range(num_layers))
+    save_file({k: v.detach().clone().contiguous() for k, v in model.state_dict().items()
+               if not k.startswith("model.layers.") or k.startswith(keep)}, f"{out}/model.safetensors")
+    transformers.AutoTokenizer.from_pretrained(directory, **kwargs).save_pretrained(out)
+    return out
+
+
 def run(llm, prompts, output_len: int, repeats: int) -> tuple[float, list[list[int]]]:
     """Best output tokens per second over `repeats` runs of the whole batch (after one warm-up
     run that compiles), and the outputs."""
@@ -84,7 +111,8 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--model", default=None, help="model path (default: SmolLM2-135M-Instruct GGUF)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16])
     p.add_argument("--output-len", type=int, default=64)
-    p.add_argument("--methods", nargs="+", choices=["ngram", "suffix"], default=["ngram", "suffix"])
+    p.add_argument("--methods", nargs="+", default=["ngram", "suffix", "draft_model", "draft_model:4"],
+                   help="ngram, suffix, draft_model (the model itself), draft_model:N (its first N layers)")
     p.add_argument("--num-speculative-tokens", type=int, default=4)
     p.add_argument("--prompt-lookup-min", type=int, default=2)
     p.add_argument("--prompt-lookup-max", type=int, default=4)
@@ -96,11 +124,24 @@ def main(argv=None) -> list[dict]:
                    help="prompt length of the token-id workload (models without a chat template)")
     p.add_argument("--json", default=None, help="write the rows to this path")
     args = p.parse_args(argv)
-    from jaxvllm import LLM
+    import tempfile
 
-    specs = {"ngram": {"method": "ngram", "num_speculative_tokens": args.num_speculative_tokens,
+    from jaxvllm import LLM
+    from jaxvllm.transformers_utils.model_path import resolve_model
+
+    k = args.num_speculative_tokens
+    specs = {"ngram": {"method": "ngram", "num_speculative_tokens": k,
                        "prompt_lookup_min": args.prompt_lookup_min, "prompt_lookup_max": args.prompt_lookup_max},
-             "suffix": {"method": "suffix", "num_speculative_tokens": args.num_speculative_tokens}}
+             "suffix": {"method": "suffix", "num_speculative_tokens": k}}
+    scratch = tempfile.TemporaryDirectory(prefix="spec-draft-")
+    for method in args.methods:
+        name, _, layers = method.partition(":")
+        if name == "draft_model":
+            draft = (truncated_model(args.model, int(layers), f"{scratch.name}/{layers}") if layers
+                     else resolve_model(args.model))
+            specs[method] = {"method": "draft_model", "model": draft, "num_speculative_tokens": k}
+        elif name not in specs or layers:
+            p.error(f"--methods: unknown method {method!r}")
     engines = {"off": {}, **{m: {"speculative_config": specs[m]} for m in args.methods}}
     results: dict[str, dict] = {}
     for name, extra in engines.items():  # one engine at a time: two default models fit, but need not
@@ -127,8 +168,8 @@ def main(argv=None) -> list[dict]:
     rows = []
     workload = "copy-the-code" if tokenizer.chat_template else f"repeated-ids ({args.prompt_len}-token)"
     print(f"k={args.num_speculative_tokens} (ngram: prompt_lookup {args.prompt_lookup_min}-{args.prompt_lookup_max}; "
-          f"suffix: vLLM's defaults), {args.output_len} output tokens per request, {workload} prompts")
-    print(f"{'method':>7} {'batch':>5} {'off tok/s':>10} {'spec tok/s':>11} {'speedup':>8} {'accepted len':>13} "
+          f"suffix: vLLM's defaults; draft_model: the model itself, :N its first N layers), {args.output_len} output tokens per request, {workload} prompts")
+    print(f"{'method':>13} {'batch':>5} {'off tok/s':>10} {'spec tok/s':>11} {'speedup':>8} {'accepted len':>13} "
           f"{'accept rate':>12} {'same tokens':>12}")
     for method in args.methods:
         for batch_size in args.batch_sizes:
@@ -138,7 +179,7 @@ def main(argv=None) -> list[dict]:
                        mean_accepted_length=on["mean_accepted_length"], acceptance_rate=on["acceptance_rate"],
                        identical_tokens=off["outputs"] == on["outputs"])
             rows.append(row)
-            print(f"{method:>7} {batch_size:>5} {row['off_tok_s']:>10} {row['spec_tok_s']:>11} {row['speedup']:>8} "
+            print(f"{method:>13} {batch_size:>5} {row['off_tok_s']:>10} {row['spec_tok_s']:>11} {row['speedup']:>8} "
                   f"{row['mean_accepted_length']!s:>13} {row['acceptance_rate']!s:>12} {row['identical_tokens']!s:>12}")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "workload": workload, "rows": rows}, indent=1))
