@@ -39,29 +39,39 @@ NUM_BLOCKS = 4096
 TOKENS = REQUESTS = 64  # the buckets lowered: a decode step of 64 sequences
 SAMPLERS = ("sample", "sample_extended", "verify")  # verify: speculative decoding's
 FORWARDS = ("forward", "forward_lora")  # forward_lora: with enable_lora, steps with adapters
+DRAFTS = ("draft_forward", "propose")  # speculative decoding's draft model (step_runner's draft_layers)
 
 
 def step_runner(platform_name: str, args: LlamaArgs, tensor_parallel_size: int = 1,
-                model_cls=LlamaForCausalLM, num_blocks: int = NUM_BLOCKS, **engine_args):
+                model_cls=LlamaForCausalLM, num_blocks: int = NUM_BLOCKS, draft_layers: int = 0, **engine_args):
     """(ModelRunner, KV cache, chip context) of the engine's step for `platform_name`, its
     weights and KV cache `jax.ShapeDtypeStruct`s. Tensor parallel over that many of this
     machine's devices, which stand in for the accelerators (on a CPU:
     --xla_force_host_platform_device_count). model_cls: the family whose args these are
     (models/registry.py); a mixture-of-experts class gets the platform's grouped matmul.
-    The chip context is where a TPU step must be traced (Mosaic asks which chip it tiles for)."""
+    The chip context is where a TPU step must be traced (Mosaic asks which chip it tiles for).
+    draft_layers: speculative decoding's method draft_model, the draft the target's first
+    draft_layers layers (its speculative_config's num_speculative_tokens kept), its KV in the
+    same cache after the target's layers."""
     platform = get_platform(platform_name)
     # max_num_seqs: the batch lowered (the penalty rows ModelRunner allocates grow with it).
     engine_args = dict(dict(max_num_seqs=REQUESTS), **engine_args)
     config = EngineArgs(num_gpu_blocks_override=num_blocks, skip_warmup=True, **engine_args).create_engine_config(
         types.SimpleNamespace(max_position_embeddings=args.max_position_embeddings), platform_name)
+    if draft_layers:  # no checkpoint to resolve: the draft is abstract like the target
+        config = dataclasses.replace(config, speculative=dataclasses.replace(
+            config.speculative, method="draft_model", model="(abstract)"))
     dtype = jnp.dtype(config.dtype)
     mesh = make_mesh(tensor_parallel_size)
     num_heads, num_kv_heads = padded_heads(args.num_heads, args.num_kv_heads, tensor_parallel_size)
     args = dataclasses.replace(args, num_heads=num_heads, num_kv_heads=num_kv_heads)
     model = shard_abstract(nnx.eval_shape(lambda: model_cls(args, dtype=dtype, moe_method=platform.fused_moe_method())),
                            mesh)
+    draft = ({"draft_model": shard_abstract(nnx.eval_shape(lambda: model_cls(
+        dataclasses.replace(args, num_layers=draft_layers), dtype=dtype, moe_method=platform.fused_moe_method())),
+        mesh)} if draft_layers else {})
     kv_cache = jax.ShapeDtypeStruct(
-        platform.kv_cache_shape(args.num_layers, num_blocks, config.cache.block_size, args.num_kv_heads,
+        platform.kv_cache_shape(args.num_layers + draft_layers, num_blocks, config.cache.block_size, args.num_kv_heads,
                                 args.head_dim), dtype, sharding=kv_cache_sharding(mesh))
     chip = contextlib.nullcontext()
     abstract_mesh = None
@@ -71,7 +81,7 @@ def step_runner(platform_name: str, args: LlamaArgs, tensor_parallel_size: int =
         chip = jax.sharding.use_abstract_mesh(abstract_mesh)
     attend = get_attention(config.model.attention_backend, platform, abstract_mesh or mesh)
     runner = runner_class(config)(config, model, kv_cache, attend, mesh=mesh, platform=platform,
-                                  abstract_mesh=abstract_mesh)
+                                  abstract_mesh=abstract_mesh, **draft)
     return runner, kv_cache, chip
 
 
@@ -88,8 +98,9 @@ def lower_step(platform_name: str, args: LlamaArgs, tensor_parallel_size: int = 
     for program, job_args, static in runner.warmup_jobs():
         if program.name not in programs:
             continue
-        if program.name in FORWARDS and job_args[2].shape[0] == TOKENS or (
-                program.name in SAMPLERS and job_args[2].temperature.shape[0] == REQUESTS):
+        if program.name in FORWARDS + DRAFTS[:1] and job_args[2].shape[0] == TOKENS or (
+                program.name in SAMPLERS and job_args[2].temperature.shape[0] == REQUESTS) or (
+                program.name == "propose" and job_args[2].shape[0] == REQUESTS):
             name = program.name + "".join(f" {k}={v}" for k, v in static.items())
             if program.name == "verify" and job_args[7] is not None:
                 name += " extended"  # penalty rows, logprobs, structured output's masks
@@ -128,5 +139,5 @@ def program_rows(platform_name: str, texts: dict[str, str], kv_cache) -> list[di
     target = KERNEL_TARGETS[platform_name]
     return [dict(program=name, case=text.count("stablehlo.case"), loops=text.count("stablehlo.while"),
                  kernels=kernel_calls(text, target),
-                 kv_donated=donated(text, kv_cache) if name in FORWARDS else None)
+                 kv_donated=donated(text, kv_cache) if name in FORWARDS + DRAFTS else None)
             for name, text in texts.items()]

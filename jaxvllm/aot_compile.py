@@ -26,9 +26,10 @@ def _per_device_bytes(tree) -> int:
     return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
 
-def _abstract_model(config, hf_config, mesh, platform):
+def _abstract_model(config, hf_config, mesh, platform, quantization: str | None = "engine"):
     """The model as the worker builds it on this mesh (padded heads, the platform's matmuls),
-    every weight a ShapeDtypeStruct with its sharding."""
+    every weight a ShapeDtypeStruct with its sharding; quantization None: unquantized (a
+    draft model, as the worker loads it)."""
     import jax.numpy as jnp
 
     from jaxvllm.models.model_loader import build_model, model_args, shard_abstract
@@ -37,17 +38,18 @@ def _abstract_model(config, hf_config, mesh, platform):
     model_cls, args_cls = get_model_class(hf_config)
     ep = config.parallel.enable_expert_parallel
     args = model_args(model_cls, args_cls.from_hf_config(hf_config), mesh.size, expert_parallel=ep)
+    quantization = config.quantization if quantization == "engine" else quantization
     model = build_model(model_cls, args, dtype=jnp.dtype(config.dtype),
-                        linear_method=platform.linear_method(config.model.attention_backend, mesh.size, config.quantization),
-                        moe_method=platform.fused_moe_method(config.quantization, config.model.attention_backend,
-                                                             mesh.size))
+                        linear_method=platform.linear_method(config.model.attention_backend, mesh.size, quantization),
+                        moe_method=platform.fused_moe_method(quantization, config.model.attention_backend, mesh.size))
     shard_abstract(model, mesh, ep)
     return model
 
 
 def _program_name(runner, program, args, static) -> str:
     bucket = (f" R={int(args[3])}" if program in (runner._sample, runner._sample_extended)
-              else f" T={len(args[2])}" if program.name in ("forward", "forward_lora", "prompt_logprobs") else "")
+              else f" T={len(args[2])}" if program.name in ("forward", "forward_lora", "prompt_logprobs", "draft_forward")
+              else f" R={args[2].shape[0]}" if program.name == "propose" else "")
     return program.name + bucket + "".join(f" {k}={v}" for k, v in static.items())
 
 
@@ -115,18 +117,27 @@ def compile_for_target(model: str, target: str, *, programs: tuple[str, ...] | N
     mesh = make_mesh(tp, spec.devices())
     abstract_model = _abstract_model(config, hf_config, mesh, platform)
     a = abstract_model.args
+    draft = {}  # speculative decoding's draft model: its layers' KV in the same blocks, after the target's
+    if config.speculative is not None and config.speculative.method == "draft_model":
+        draft["draft_model"] = _abstract_model(config, load_hf_config(config.speculative.model), mesh, platform, None)
+        d = draft["draft_model"].args
+        if (d.num_kv_heads, d.head_dim) != (a.num_kv_heads, a.head_dim):
+            raise ValueError(f"speculative_config.model has {d.num_kv_heads} KV heads of {d.head_dim}, the target "
+                             f"{a.num_kv_heads} of {a.head_dim}: a draft model's KV shares the target's pages.")
+    num_layers = a.num_layers + sum(m.args.num_layers for m in draft.values())
     kv_format = kv_cache_dtype(config.cache.kv_cache_dtype, jax.numpy.dtype(config.dtype), platform.kv_cache_fp8_as_bits)
     attend = get_attention(config.model.attention_backend, platform, mesh, kv_format)
     bs, max_len = config.cache.block_size, config.scheduler.max_model_len
     pages_per_request = -(-max_len // bs)
 
     def runner_for(num_blocks: int):
-        shape = platform.kv_cache_shape(a.num_layers, num_blocks, bs, a.num_kv_heads, a.head_dim)
+        shape = platform.kv_cache_shape(num_layers, num_blocks, bs, a.num_kv_heads, a.head_dim)
         kv = jax.ShapeDtypeStruct(shape, kv_format.storage, sharding=kv_cache_sharding(mesh))
-        return runner_class(config)(config, abstract_model, kv, attend, mesh=mesh, platform=platform, abstract=True)
+        return runner_class(config)(config, abstract_model, kv, attend, mesh=mesh, platform=platform, abstract=True,
+                                    **draft)
 
-    weights = _per_device_bytes(nnx.state(abstract_model))
-    block_bytes = math.prod(platform.kv_cache_shape(a.num_layers, 1, bs, a.num_kv_heads, a.head_dim)) \
+    weights = sum(_per_device_bytes(nnx.state(m)) for m in (abstract_model, *draft.values()))
+    block_bytes = math.prod(platform.kv_cache_shape(num_layers, 1, bs, a.num_kv_heads, a.head_dim)) \
         * kv_format.storage.itemsize  # whole mesh, as the worker counts it
     utilization = config.cache.hbm_utilization
     peak = None

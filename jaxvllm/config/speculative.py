@@ -4,11 +4,13 @@ with yet, refused by name."""
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from jaxvllm.config.engine_config import SpeculativeConfig
 from jaxvllm.config.json_section import section_fields
 
-METHODS = ("ngram", "suffix", "draft_model")  # eagle3 is the next proposer (issue 38)
+METHODS = ("ngram", "suffix", "draft_model", "eagle3")
+DRAFT_METHODS = ("draft_model", "eagle3")  # a model of their own, speculative_config.model
 MAX_SPECULATIVE_TOKENS = 16
 
 
@@ -51,9 +53,9 @@ def verify_speculative(config) -> None:
         value = getattr(spec, name)
         if type(value) not in (int, float) or not low <= value <= high:
             raise ValueError(f"speculative_config.{name} must be a number in [{low}, {high}], got {value!r}.")
-    if (spec.method == "draft_model") != (spec.model is not None):
-        raise ValueError("speculative_config.model names the draft model of method 'draft_model', and only "
-                         f"of it (method {spec.method!r}, model {spec.model!r}).")
+    if (spec.method in DRAFT_METHODS) != (spec.model is not None):
+        raise ValueError(f"speculative_config.model names the draft of methods {DRAFT_METHODS}, and only of "
+                         f"them (method {spec.method!r}, model {spec.model!r}).")
     if spec.model is not None:
         _verify_draft_model(config)
     if not 1 <= spec.prompt_lookup_min <= spec.prompt_lookup_max:
@@ -69,18 +71,26 @@ def verify_speculative(config) -> None:
 
 
 def resolve_draft_model(spec: SpeculativeConfig | None, revision: str | None, download_dir: str | None):
-    """The config with its draft model resolved to a local path, as the target's is."""
+    """The config with its draft model resolved to a local path, as the target's is; a
+    directory with a config.json is taken as it is (`jaxvllm compile` needs no weights; the
+    worker's loader names what is missing)."""
     if spec is None or spec.model is None:
         return spec
     from jaxvllm.transformers_utils.model_path import resolve_model
-    return dataclasses.replace(spec, model=resolve_model(spec.model, revision, download_dir))
+    path = os.path.abspath(os.path.expanduser(spec.model))
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        path = resolve_model(spec.model, revision, download_dir)
+    return dataclasses.replace(spec, model=path)
 
 
 def _verify_draft_model(config) -> None:
-    from jaxvllm.models.registry import get_model_class
+    from jaxvllm.models.registry import get_model_class, is_draft_model
     from jaxvllm.transformers_utils.config import load_hf_config
     draft, target = load_hf_config(config.speculative.model), config.model.hf_config
     get_model_class(draft)  # an architecture the engine loads, or its error
+    if is_draft_model(draft) != (config.speculative.method == "eagle3"):
+        raise ValueError(f"speculative_config.model is {'an' if is_draft_model(draft) else 'no'} EAGLE-3 head "
+                         f"({draft.architectures}): method 'eagle3' takes one, 'draft_model' a whole model.")
     if draft.vocab_size != target.vocab_size:
         raise ValueError(f"speculative_config.model has a vocabulary of {draft.vocab_size} tokens, the target "
                          f"{target.vocab_size}: a draft model must share the target's tokenizer.")

@@ -11,6 +11,7 @@ def verify_engine_config(config) -> None:
     if config.quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {config.quantization!r}.")
     from jaxvllm.config.speculative import verify_speculative
+    verify_target_model(config.model.hf_config, config.model.name)
     verify_speculative(config)
     c, p, s = config.compilation, config.parallel, config.scheduler
     if config.model.runner == "pooling" and p.pipeline_parallel_size > 1:
@@ -29,6 +30,14 @@ def verify_engine_config(config) -> None:
     if p.pipeline_parallel_size > 1 and s.preemption_mode == "swap":
         raise ValueError("preemption_mode='swap' is not supported with pipeline_parallel_size > 1 "
                          "(each stage holds its own KV cache); use 'recompute'.")
+
+
+def verify_target_model(hf_config, name: str) -> None:
+    """A draft head cannot be served on its own (checked before its tokenizer is looked for)."""
+    from jaxvllm.models.registry import is_draft_model
+    if is_draft_model(hf_config):
+        raise ValueError(f"{name} is a draft head ({hf_config.architectures}); serve its target model with "
+                         "speculative_config={'method': 'eagle3', 'model': ...}.")
 
 
 def _verify_lora(config) -> None:

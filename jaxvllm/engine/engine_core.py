@@ -49,7 +49,7 @@ class EngineCore:
             max_concurrent_batches=self.model_executor.max_concurrent_batches,
             num_spec_tokens=config.speculative.num_speculative_tokens if config.speculative else 0,
             num_lookahead_tokens=(config.speculative.num_speculative_tokens
-                                  if config.speculative and config.speculative.method == "draft_model" else 0),
+                                  if config.speculative and config.speculative.model is not None else 0),
             max_loras=config.lora.max_loras if config.lora is not None else 0)
         self.vocab_size = hf_config.vocab_size
         # Async scheduling: the step dispatched last, whose tokens are read after the next

@@ -25,6 +25,7 @@ from jaxvllm.engine.parallel_sampling import ParentRequest
 from jaxvllm.engine.processor import Processor, eos_token_id
 from jaxvllm.outputs import RequestOutput
 from jaxvllm.sampling_params import SamplingParams
+from jaxvllm.config.verify import verify_target_model
 from jaxvllm.transformers_utils.config import load_hf_config
 from jaxvllm.transformers_utils.model_path import resolve_model
 from jaxvllm.transformers_utils.tokenizer import load_tokenizer
@@ -36,6 +37,7 @@ class LLMEngine:
         model_path = resolve_model(args.model, args.revision, args.download_dir)
         args = dataclasses.replace(args, model=model_path)  # the engine process loads the same
         self.hf_config = hf_config = load_hf_config(model_path)
+        verify_target_model(hf_config, model_path)
         self.tokenizer = tokenizer = load_tokenizer(model_path)
         if args.data_parallel_size > 1:
             self.engine_core_client = DPSyncMPClient(args)

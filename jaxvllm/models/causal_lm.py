@@ -48,7 +48,7 @@ class CausalLM(nnx.Module):
                 shape = method.weight_shape(w.shape[0], w.shape[1:])
             else:
                 shape = method.weight_shape(w.shape, dtype) if w.kind == EXPERTS else w.shape
-            param = nnx.Param(jnp.full(shape, w.init, dtype))
+            param = nnx.Param(jnp.full(shape, w.init, w.dtype or dtype))
             if path.startswith("layers."):
                 _, i, leaf = path.split(".", 2)
                 layers[int(i)][leaf] = param

@@ -35,3 +35,25 @@ def switched_layers(weights: list, qkv, attend, mlp, h: jax.Array, kv_cache: jax
         return jax.lax.switch(i, mlps, h, o), kv_cache
 
     return jax.lax.fori_loop(0, len(weights), layer, (h, kv_cache))
+
+
+def capturing_layers(layer_loop, layer_ids: tuple[int, ...], captured: list):
+    """layer_loop, also appending to `captured` the hidden states entering each of layer_ids
+    (ascending; an EAGLE-3 draft reads three of the target's): the loop runs over the
+    layers in segments between them, each layer keeping its own index into the KV cache."""
+    def loop(weights: list, qkv, attend, mlp, h: jax.Array, kv_cache: jax.Array):
+        start = 0
+        for end in [*sorted(layer_ids), None]:
+            stop = len(weights) if end is None else end
+            if stop > start:
+                h, kv_cache = layer_loop(weights[start:stop], qkv, functools.partial(_offset, attend, start),
+                                         mlp, h, kv_cache)
+            if end is not None:
+                captured.append(h)
+            start = stop
+        return h, kv_cache
+    return loop
+
+
+def _offset(attend, start: int, q, k, v, kv_cache, layer):
+    return attend(q, k, v, kv_cache, layer + start)

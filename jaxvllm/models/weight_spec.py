@@ -34,6 +34,7 @@ class Weight:
     tied_to: str | None = None       # a tied head: made from this weight (transposed), not read
     name: str | None = None          # what errors call it (a fused one's checkpoint-style name)
     source_shape: tuple | None = None  # each source's shape, where it is fixed (checked before the transform)
+    dtype: str | None = None         # its own dtype (an index map's int32); None: the model's
 
     @property
     def key(self) -> str:
@@ -111,7 +112,7 @@ def convert(spec: Mapping[str, Weight], weights: Mapping, dtype, only: set[str] 
                 raise ValueError(f"Tensor {key!r} has shape {tuple(array.shape)}; the model config "
                                  f"needs {w.source_shape}.")
         value = w.transform(w.key, *arrays) if w.transform is not None else arrays[0]
-        yield w.path, fit(w.key, value, w.shape, dtype)
+        yield w.path, fit(w.key, value, w.shape, w.dtype or dtype)
 
 
 def _get(weights: Mapping, key: str):

@@ -30,6 +30,7 @@ from jaxvllm.core.kv_cache_interface import KVCacheGroupSpec
 from jaxvllm.core.sched_output import SchedulerOutput
 from jaxvllm.layers.attention import in_kv_cache_groups
 from jaxvllm.layers.lora import with_lora
+from jaxvllm.models.layer_loops import capturing_layers
 from jaxvllm.outputs import LogprobsLists, ModelRunnerOutput
 from jaxvllm.platforms import Platform
 from jaxvllm.worker import penalties
@@ -65,6 +66,9 @@ def layer_groups_and_slots(groups: list[KVCacheGroupSpec] | None, num_layers: in
 
 
 class ModelRunner:
+    # Target layers whose entering hidden states the forward also returns (an EAGLE-3 draft's).
+    aux_hidden_state_layers: tuple[int, ...] = ()
+
     def __init__(self, config: EngineConfig, model: nnx.Module, kv_cache: jax.Array, attend,
                  num_swap_blocks: int = 0, *, mesh: Mesh, platform: Platform,
                  abstract_mesh: AbstractMesh | None = None, abstract: bool = False,
@@ -119,13 +123,21 @@ class ModelRunner:
                                          self._count_compilation, abstract)
                              if config.lora is not None else None)
 
+        aux_layers, aux = self.aux_hidden_state_layers, []
+
         def forward(param_leaves, kv_cache, input_ids, prev_rows, last_sampled, md, logits_indices, *lora):
+            """Also the hidden states entering aux_layers, side by side, where a runner asks."""
             input_ids = with_tokens_in_flight(input_ids, prev_rows, last_sampled)
             layer_loop = (with_lora(platform.layer_loop, self.lora_manager.layouts,
                                     self.lora_manager.num_slots, *lora[0]) if lora
                           else platform.layer_loop)
+            if aux_layers:
+                aux.clear()
+                layer_loop = capturing_layers(layer_loop, aux_layers, aux)
             with jax.sharding.use_abstract_mesh(abstract_mesh):  # for the model's constraints
                 hidden, kv_cache = sp.model(param_leaves)(input_ids, kv_cache, md, attend, layer_loop)
+            if aux_layers:
+                return hidden[logits_indices], hidden, kv_cache, jnp.concatenate(aux, axis=-1)
             return hidden[logits_indices], hidden, kv_cache
 
         # num_reqs: the real rows of the request bucket; the LM head skips the others.
@@ -166,8 +178,9 @@ class ModelRunner:
         self.last_sampled = (jax.ShapeDtypeStruct((S,), np.int32, sharding=rep) if abstract
                              else jax.device_put(np.zeros(S, np.int32), rep))
         forward_shardings = (params_sharding, kv_cache.sharding, rep, rep, rep, rep, rep)
+        forward_out = (rep, rep, kv_cache.sharding) + ((rep,) if aux_layers else ())
         self._forward = program("forward", forward, (0, 1, 4), donate_argnums=(1,),
-                                in_shardings=forward_shardings, out_shardings=(rep, rep, kv_cache.sharding))
+                                in_shardings=forward_shardings, out_shardings=forward_out)
         # With enable_lora, a step where some token has an adapter runs this one; a step with
         # none runs the plain forward above (the host picks by the step's slots): the adapters'
         # products cost nothing while no request uses one, and no program branches on it.

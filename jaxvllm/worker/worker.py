@@ -11,6 +11,7 @@ import threading
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
@@ -97,8 +98,14 @@ class Worker:
         self.args = self.model.args
         spec = config.speculative
         self.draft_model = None
-        if spec is not None and spec.method == "draft_model":  # unquantized, on the same mesh
+        if spec is not None and spec.method in ("draft_model", "eagle3"):  # unquantized, on the same mesh
+            draft_weights = load_weights(spec.model)
+            if spec.method == "eagle3" and not {"embed_tokens.weight",
+                                                "model.embed_tokens.weight"} & draft_weights.keys():
+                # An EAGLE-3 head without its own embedding shares the target's (as vLLM does).
+                draft_weights["model.embed_tokens.weight"] = np.asarray(self.model.embed_tokens.get_value())
             self.draft_model = get_model(config, spec.model, load_hf_config(spec.model), self.mesh,
+                                         weights=draft_weights,
                                          linear_method=platform.linear_method(config.model.attention_backend,
                                                                               self.mesh.size),
                                          moe_method=platform.fused_moe_method(None, config.model.attention_backend,

@@ -113,3 +113,18 @@ def test_speculative_decoding_step_has_no_conditionals_or_loops(platform):
     for row in rows:
         assert (row["case"], row["loops"]) == (0, 0), row
         assert row["kernels"] == (FAMILY_SHAPE.num_layers if row["program"] == "forward" else 0), row
+
+
+@pytest.mark.parametrize("platform", sorted(KERNEL_TARGETS))
+def test_draft_model_programs_have_no_conditionals_or_loops(platform):
+    """A draft model of 2 layers (method draft_model, 4 drafts): its forward over the step's
+    tokens only writes K/V, so its last layer's attention is dead code and the kernel runs for
+    the first layer alone; `propose` calls it once per layer and draft step (4 greedy steps
+    unrolled); both update the shared KV cache in place, with no conditional and no loop."""
+    texts, kv_cache = lower_step(platform, FAMILY_SHAPE, programs=("draft_forward", "propose"), draft_layers=2,
+                                 speculative_config={"method": "ngram", "num_speculative_tokens": 4})
+    rows = {row["program"]: row for row in program_rows(platform, texts, kv_cache)}
+    assert rows.keys() == {"draft_forward", "propose"}
+    for name, kernels in (("draft_forward", 1), ("propose", 2 * 4)):
+        assert (rows[name]["case"], rows[name]["loops"], rows[name]["kernels"], rows[name]["kv_donated"]) == (
+            0, 0, kernels, True), rows[name]

@@ -29,6 +29,7 @@ CONFIGS = {
 # SmolLM2's shapes with 2 of its 30 layers: the same kernels and matmuls (every layer compiles
 # the same), in a fifteenth of the compile time.
 CONFIGS["smollm2-2-layers"] = dict(CONFIGS["smollm2"], num_hidden_layers=2)
+CONFIGS["tiny-draft"] = dict(CONFIGS["tiny"], num_hidden_layers=1)  # a draft model for the tiny one
 # Small batches keep the buckets few (16 and 32 tokens: each bucket is a full compile of the
 # same kernels and matmuls at another token count) and the compiles quick.
 ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=32, max_model_len=1024)
@@ -87,3 +88,20 @@ def test_the_lora_forward_compiles_with_abstract_adapter_stacks(models, target):
     assert [r["program"] for r in rows] == ["forward_lora T=16", "forward_lora T=32"]
     assert [(r["program"], r["error"]) for r in rows if not r["compiled"]] == []
     assert report["fits"] and all(r["alias_bytes"] >= report["kv_cache_bytes"] for r in rows), report
+
+
+def test_a_draft_models_programs_compile_in_the_shared_pool(models):
+    """Speculative decoding with a draft model (method draft_model): its forward over a step's
+    tokens and `propose` (3 greedy steps unrolled) compile, Mosaic kernels included, against
+    the KV cache of target and draft layers, which both update in place; the plan counts the
+    draft's weights and its layers' pages."""
+    spec = {"method": "draft_model", "model": models["tiny-draft"], "num_speculative_tokens": 3}
+    report = compile_for_target(models["tiny"], "tpu-v5e-1", programs=("draft_forward", "propose R=8"),
+                                speculative_config=spec, **ENGINE)
+    rows = report["programs"]
+    assert [r["program"] for r in rows] == ["draft_forward T=16", "draft_forward T=32", "propose R=8"]
+    assert [(r["program"], r["error"]) for r in rows if not r["compiled"]] == []
+    assert report["fits"] and all(r["alias_bytes"] >= report["kv_cache_bytes"] for r in rows), report
+    plain = compile_for_target(models["tiny"], "tpu-v5e-1", programs=("forward T=16",), **ENGINE)
+    assert report["weights_bytes"] > plain["weights_bytes"]
+    assert report["kv_cache_bytes"] // report["kv_blocks"] == plain["kv_cache_bytes"] // plain["kv_blocks"] * 3 // 2

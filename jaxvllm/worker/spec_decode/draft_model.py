@@ -42,6 +42,19 @@ def draft_groups_and_slots(groups: list[KVCacheGroupSpec] | None, num_target_lay
     return tuple(g for g, _ in pairs), tuple(s for _, s in pairs)
 
 
+def one_token_metadata(q: jax.Array, live: jax.Array, page_tables: jax.Array, block_size: int) -> AttentionMetadata:
+    """A draft step's attention metadata: row r's one token at position q[r], written to its
+    slot where live[r] and the position has a page (else to the null block, reading one
+    slot); page_tables i32[G, R, pages]."""
+    R, P = q.shape[0], page_tables.shape[2]
+    rows, page = jnp.arange(R), q // block_size
+    live = live & (page < P)
+    slots = page_tables[:, rows, jnp.minimum(page, P - 1)] * block_size + q % block_size
+    return AttentionMetadata(positions=q, slot_mapping=jnp.where(live, slots, rows % block_size),
+                             kv_lens=jnp.where(live, q + 1, 1), page_indices=page_tables,
+                             cu_q_lens=jnp.arange(R + 1, dtype=jnp.int32), num_seqs=jnp.full(1, R, jnp.int32))
+
+
 class DraftModel:
     """The draft's weights and its two programs, built by the spec runner (spec_runner.py)."""
 
@@ -69,21 +82,13 @@ class DraftModel:
             page_tables i32[G, R, pages]. Returns the drafts, i32[R, K], and the cache."""
             with jax.sharding.use_abstract_mesh(abstract_mesh):
                 model = draft(leaves)
-                R, P = tokens.shape[0], page_tables.shape[2]
-                rows = jnp.arange(R)
+                rows = jnp.arange(tokens.shape[0])
                 n = jnp.where(commit & (rows < num_reqs), num_tokens, 0)
                 ids = tokens[rows, jnp.maximum(n - 1, 0)]
                 pos = next_pos + n - 1  # the last emitted token's: the first draft step's input
                 drafts = []
                 for j in range(K):
-                    q = pos + j
-                    page = q // bs
-                    live = (n > 0) & (page < P)
-                    slots = page_tables[:, rows, jnp.minimum(page, P - 1)] * bs + q % bs
-                    md = AttentionMetadata(
-                        positions=q, slot_mapping=jnp.where(live, slots, rows % bs),  # else the null block
-                        kv_lens=jnp.where(live, q + 1, 1), page_indices=page_tables,
-                        cu_q_lens=jnp.arange(R + 1, dtype=jnp.int32), num_seqs=jnp.full(1, R, jnp.int32))
+                    md = one_token_metadata(pos + j, n > 0, page_tables, bs)
                     hidden, kv_cache = model(ids, kv_cache, md, attend, layer_loop)
                     ids = argmax(model.compute_logits(hidden, num_reqs))
                     drafts.append(ids)

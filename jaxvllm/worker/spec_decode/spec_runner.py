@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxvllm.outputs import ModelRunnerOutput
@@ -29,6 +30,7 @@ from jaxvllm.worker.penalties import penalized_positions, record_accepted
 from jaxvllm.worker.sampler import compute_logprobs
 from jaxvllm.worker.sampling_inputs import penalty_metadata, sampler_variant, sampler_variants, sampling_metadata
 from jaxvllm.worker.spec_decode.draft_model import DraftModel
+from jaxvllm.worker.spec_decode.eagle import EagleProposer
 from jaxvllm.worker.spec_decode.ngram_proposer import NgramProposer
 from jaxvllm.worker.spec_decode.rejection_sampler import rejection_sample
 from jaxvllm.worker.spec_decode.suffix_proposer import SuffixProposer
@@ -89,15 +91,22 @@ class SpecDecodeOutput:
 
 class SpecDecodeModelRunner(ModelRunner):
     def __init__(self, config, model, kv_cache, attend, *args, draft_model=None, **kwargs):
-        """draft_model: method draft_model's model, its layers in kv_cache after the target's."""
-        super().__init__(config, model, kv_cache, attend, *args, **kwargs)
+        """draft_model: method draft_model's model or eagle3's head, its layers in kv_cache
+        after the target's."""
         spec = config.speculative
+        if spec.method == "eagle3":  # the target's forward also returns the head's input
+            self.aux_hidden_state_layers = draft_model.args.aux_layers(model.args.num_layers)
+        super().__init__(config, model, kv_cache, attend, *args, **kwargs)
         self.num_spec_tokens = K = spec.num_speculative_tokens
         max_len = config.scheduler.max_model_len
         sp, argmax = self.step_params, kwargs["platform"].sampler_argmax()
+        pad_rows = self.max_num_seqs if spec.method == "eagle3" else 0
         abstract_mesh = kwargs.get("abstract_mesh") or kwargs["mesh"].abstract_mesh
-        self.proposer = self.draft = None
-        if spec.method == "draft_model":
+        self.proposer = self.draft = self.eagle = None
+        if spec.method == "eagle3":
+            self.eagle = EagleProposer(self, draft_model, attend, kwargs.get("kv_cache_groups"), model.args.num_layers,
+                                       kwargs["platform"], abstract_mesh)
+        elif spec.method == "draft_model":
             self.draft = DraftModel(self, draft_model, attend, kwargs.get("kv_cache_groups"), model.args.num_layers,
                                     kwargs["platform"], abstract_mesh)
         elif spec.method == "suffix":
@@ -122,10 +131,13 @@ class SpecDecodeModelRunner(ModelRunner):
                     logits = penalized_positions(logits, penalty_state, penalty_md, draft_ids, num_drafts)
                 tokens, num_tokens = rejection_sample(logits, draft_ids, num_drafts, sampling_md, all_greedy,
                                                       top_k_top_p, argmax)
-                if penalty_md is None:
-                    return tokens, num_tokens, None, None
-                return (tokens, num_tokens, record_accepted(penalty_state, penalty_md, tokens, num_tokens),
-                        compute_logprobs(raw, tokens.reshape(-1)))
+                extended = (None, None) if penalty_md is None else (
+                    record_accepted(penalty_state, penalty_md, tokens, num_tokens),
+                    compute_logprobs(raw, tokens.reshape(-1)))
+                if pad_rows:  # to max_num_seqs: the EAGLE proposer is compiled per token bucket alone
+                    tokens, num_tokens = (jnp.pad(x, ((0, pad_rows - R),) + ((0, 0),) * (x.ndim - 1))
+                                          for x in (tokens, num_tokens))
+                return tokens, num_tokens, *extended
 
         self._verify = self._program("verify", verify_fn, (0,), static_argnames=("all_greedy", "top_k_top_p"),
                                      donate_argnums=(6,), out_shardings=self._replicated)
@@ -163,7 +175,7 @@ class SpecDecodeModelRunner(ModelRunner):
             logits_indices[:N * K1] = ((np.cumsum(counts) - 1 - d)[:, None]
                                        + np.minimum(np.arange(K1), d[:, None])).ravel()
         with jax.profiler.TraceAnnotation("model_step"):
-            hidden, all_hidden, self.kv_cache = self._forward(
+            hidden, all_hidden, self.kv_cache, *aux = self._forward(
                 self.param_leaves, self.kv_cache, inputs.input_ids, inputs.prev_rows, self.last_sampled,
                 inputs.md, logits_indices)
             if self.draft is not None:
@@ -186,6 +198,12 @@ class SpecDecodeModelRunner(ModelRunner):
             if not (num_logprobs >= 0).any():
                 logprobs = None
         drafts = None
+        if self.eagle is not None:
+            with jax.profiler.TraceAnnotation("propose"):
+                host = self.eagle.host_inputs(batch, rows, counts, d, inputs.commit, T, len(inputs.md.kv_lens))
+                drafts, self.kv_cache = self.eagle._propose(
+                    self.eagle.leaves, self.kv_cache, aux[0], *host[:3], tokens, num_tokens, *host[3:], inputs.md,
+                    np.int32(N))
         if self.draft is not None:
             with jax.profiler.TraceAnnotation("propose"):
                 commit = np.zeros(R, bool)
@@ -214,7 +232,7 @@ class SpecDecodeModelRunner(ModelRunner):
 
     @property
     def programs(self):
-        draft = () if self.draft is None else self.draft.programs
+        draft = self.draft.programs if self.draft else self.eagle.programs if self.eagle else ()
         return (self._forward, self._prompt_logprobs, self._verify, self._set_row, *draft)
 
     def warmup_jobs(self):
@@ -225,8 +243,9 @@ class SpecDecodeModelRunner(ModelRunner):
         jobs = [(program, args[:-1] + (np.zeros(S * K1, np.int32),) if program is self._forward else args, static)
                 for program, args, static in warmup_jobs(self)
                 if program in (self._forward, self._prompt_logprobs, self._set_row)]
-        if self.draft is not None:
-            jobs += self.draft.warmup_jobs(self, [job for job in jobs if job[0] is self._forward])
+        for proposer in (self.draft, self.eagle):
+            if proposer is not None:
+                jobs += proposer.warmup_jobs(self, [job for job in jobs if job[0] is self._forward])
         hidden = jax.ShapeDtypeStruct((S * K1, self.hidden_size), self.hidden_dtype, sharding=rep)
         no_rows = np.zeros(0, np.int32)
         for R in self.request_buckets:
