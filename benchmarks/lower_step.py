@@ -27,6 +27,7 @@ from jaxvllm.config import EngineArgs  # noqa: E402
 from jaxvllm.distributed.mesh import MODEL_AXIS, make_mesh  # noqa: E402
 from jaxvllm.distributed.partition import kv_cache_sharding, padded_heads  # noqa: E402
 from jaxvllm.layers.attention import get_attention  # noqa: E402
+from jaxvllm.models.eagle3 import Eagle3Args, Eagle3LlamaForCausalLM  # noqa: E402
 from jaxvllm.models.llama import LlamaArgs, LlamaForCausalLM  # noqa: E402
 from jaxvllm.models.model_loader import shard_abstract  # noqa: E402
 from jaxvllm.platforms import get_platform  # noqa: E402
@@ -39,11 +40,12 @@ NUM_BLOCKS = 4096
 TOKENS = REQUESTS = 64  # the buckets lowered: a decode step of 64 sequences
 SAMPLERS = ("sample", "sample_extended", "verify")  # verify: speculative decoding's
 FORWARDS = ("forward", "forward_lora")  # forward_lora: with enable_lora, steps with adapters
-DRAFTS = ("draft_forward", "propose")  # speculative decoding's draft model (step_runner's draft_layers)
+DRAFTS = ("draft_forward", "propose", "propose_eagle")  # speculative decoding's draft model or EAGLE-3 head
 
 
 def step_runner(platform_name: str, args: LlamaArgs, tensor_parallel_size: int = 1,
-                model_cls=LlamaForCausalLM, num_blocks: int = NUM_BLOCKS, draft_layers: int = 0, **engine_args):
+                model_cls=LlamaForCausalLM, num_blocks: int = NUM_BLOCKS, draft_layers: int = 0,
+                eagle3: bool = False, **engine_args):
     """(ModelRunner, KV cache, chip context) of the engine's step for `platform_name`, its
     weights and KV cache `jax.ShapeDtypeStruct`s. Tensor parallel over that many of this
     machine's devices, which stand in for the accelerators (on a CPU:
@@ -52,15 +54,16 @@ def step_runner(platform_name: str, args: LlamaArgs, tensor_parallel_size: int =
     The chip context is where a TPU step must be traced (Mosaic asks which chip it tiles for).
     draft_layers: speculative decoding's method draft_model, the draft the target's first
     draft_layers layers (its speculative_config's num_speculative_tokens kept), its KV in the
-    same cache after the target's layers."""
+    same cache after the target's layers. eagle3: method eagle3, an EAGLE-3 head of the
+    target's shapes (a draft vocabulary half the target's)."""
     platform = get_platform(platform_name)
     # max_num_seqs: the batch lowered (the penalty rows ModelRunner allocates grow with it).
     engine_args = dict(dict(max_num_seqs=REQUESTS), **engine_args)
     config = EngineArgs(num_gpu_blocks_override=num_blocks, skip_warmup=True, **engine_args).create_engine_config(
         types.SimpleNamespace(max_position_embeddings=args.max_position_embeddings), platform_name)
-    if draft_layers:  # no checkpoint to resolve: the draft is abstract like the target
+    if draft_layers or eagle3:  # no checkpoint to resolve: the draft is abstract like the target
         config = dataclasses.replace(config, speculative=dataclasses.replace(
-            config.speculative, method="draft_model", model="(abstract)"))
+            config.speculative, method="eagle3" if eagle3 else "draft_model", model="(abstract)"))
     dtype = jnp.dtype(config.dtype)
     mesh = make_mesh(tensor_parallel_size)
     num_heads, num_kv_heads = padded_heads(args.num_heads, args.num_kv_heads, tensor_parallel_size)
@@ -70,6 +73,12 @@ def step_runner(platform_name: str, args: LlamaArgs, tensor_parallel_size: int =
     draft = ({"draft_model": shard_abstract(nnx.eval_shape(lambda: model_cls(
         dataclasses.replace(args, num_layers=draft_layers), dtype=dtype, moe_method=platform.fused_moe_method())),
         mesh)} if draft_layers else {})
+    if eagle3:
+        head = Eagle3Args(**{f.name: getattr(args, f.name) for f in dataclasses.fields(LlamaArgs)},
+                          draft_vocab_size=args.vocab_size // 2, target_hidden_size=args.hidden_size)
+        draft = {"draft_model": shard_abstract(nnx.eval_shape(lambda: Eagle3LlamaForCausalLM(
+            dataclasses.replace(head, num_layers=1), dtype=dtype)), mesh)}
+        draft_layers = 1
     kv_cache = jax.ShapeDtypeStruct(
         platform.kv_cache_shape(args.num_layers + draft_layers, num_blocks, config.cache.block_size, args.num_kv_heads,
                                 args.head_dim), dtype, sharding=kv_cache_sharding(mesh))
@@ -100,7 +109,8 @@ def lower_step(platform_name: str, args: LlamaArgs, tensor_parallel_size: int = 
             continue
         if program.name in FORWARDS + DRAFTS[:1] and job_args[2].shape[0] == TOKENS or (
                 program.name in SAMPLERS and job_args[2].temperature.shape[0] == REQUESTS) or (
-                program.name == "propose" and job_args[2].shape[0] == REQUESTS):
+                program.name == "propose" and job_args[2].shape[0] == REQUESTS) or (
+                program.name == "propose_eagle" and job_args[3].shape[0] == TOKENS):
             name = program.name + "".join(f" {k}={v}" for k, v in static.items())
             if program.name == "verify" and job_args[7] is not None:
                 name += " extended"  # penalty rows, logprobs, structured output's masks

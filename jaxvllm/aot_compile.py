@@ -49,7 +49,8 @@ def _abstract_model(config, hf_config, mesh, platform, quantization: str | None 
 def _program_name(runner, program, args, static) -> str:
     bucket = (f" R={int(args[3])}" if program in (runner._sample, runner._sample_extended)
               else f" T={len(args[2])}" if program.name in ("forward", "forward_lora", "prompt_logprobs", "draft_forward")
-              else f" R={args[2].shape[0]}" if program.name == "propose" else "")
+              else f" R={args[2].shape[0]}" if program.name == "propose"
+              else f" T={len(args[3])}" if program.name == "propose_eagle" else "")
     return program.name + bucket + "".join(f" {k}={v}" for k, v in static.items())
 
 
@@ -118,7 +119,7 @@ def compile_for_target(model: str, target: str, *, programs: tuple[str, ...] | N
     abstract_model = _abstract_model(config, hf_config, mesh, platform)
     a = abstract_model.args
     draft = {}  # speculative decoding's draft model: its layers' KV in the same blocks, after the target's
-    if config.speculative is not None and config.speculative.method == "draft_model":
+    if config.speculative is not None and config.speculative.model is not None:  # draft_model, eagle3
         draft["draft_model"] = _abstract_model(config, load_hf_config(config.speculative.model), mesh, platform, None)
         d = draft["draft_model"].args
         if (d.num_kv_heads, d.head_dim) != (a.num_kv_heads, a.head_dim):

@@ -128,3 +128,18 @@ def test_draft_model_programs_have_no_conditionals_or_loops(platform):
     for name, kernels in (("draft_forward", 1), ("propose", 2 * 4)):
         assert (rows[name]["case"], rows[name]["loops"], rows[name]["kernels"], rows[name]["kv_donated"]) == (
             0, 0, kernels, True), rows[name]
+
+
+@pytest.mark.parametrize("platform", sorted(KERNEL_TARGETS))
+def test_eagle3_programs_have_no_conditionals_or_loops(platform):
+    """With an EAGLE-3 head (4 drafts) the forward also returns the three captured hidden
+    states, its layers still one kernel call each, and `propose_eagle` (the head over the
+    step's tokens, then 3 more steps unrolled) calls the kernel 4 times; both update the KV
+    cache in place, with no conditional and no loop."""
+    texts, kv_cache = lower_step(platform, FAMILY_SHAPE, programs=("forward", "propose_eagle"), eagle3=True,
+                                 speculative_config={"method": "ngram", "num_speculative_tokens": 4})
+    rows = {row["program"]: row for row in program_rows(platform, texts, kv_cache)}
+    assert rows.keys() == {"forward", "propose_eagle"}
+    for name, kernels in (("forward", FAMILY_SHAPE.num_layers), ("propose_eagle", 4)):
+        assert (rows[name]["case"], rows[name]["loops"], rows[name]["kernels"], rows[name]["kv_donated"]) == (
+            0, 0, kernels, True), rows[name]

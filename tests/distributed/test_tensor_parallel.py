@@ -63,13 +63,13 @@ TINY_PROMPTS = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15], [40, 41]]
 @pytest.fixture(scope="module")
 def tiny_runs(tiny_model_dir, tmp_path_factory) -> dict:
     """Every tiny-model run of this module in one subprocess: TP=1, 2, 4 and TP=2 with
-    speculative decoding ("auto"), TP=4 with
+    speculative decoding, suffix and a draft model ("auto"), TP=4 with
     each Pallas kernel, and TP=2, 4 from an Orbax checkpoint converted on one device."""
     from jaxvllm.entrypoints.cli import main
     ckpt = tmp_path_factory.mktemp("orbax") / "ckpt"
     assert main(["convert", str(tiny_model_dir), str(ckpt)]) == 0
     model = str(tiny_model_dir)
-    jobs = {"auto": (model, "1,2,4,spec2", TINY_PROMPTS, 8, "auto"),
+    jobs = {"auto": (model, "1,2,4,spec2,draft2", TINY_PROMPTS, 8, "auto"),
             "pallas-tpu": (model, "4", TINY_PROMPTS, 8, "pallas-tpu"),
             "pallas-gpu": (model, "4", TINY_PROMPTS, 8, "pallas-gpu"),
             "orbax": (str(ckpt), "2,4", TINY_PROMPTS, 8, "auto")}
@@ -86,6 +86,9 @@ def test_tiny_model_tp2_tp4_match_tp1_and_are_sharded(tiny_tp):
     assert r["2"]["tokens"] == r["1"]["tokens"]
     assert r["4"]["tokens"] == r["1"]["tokens"]
     assert r["spec2"]["ignore_eos"] == r["1"]["ignore_eos"] and r["spec2"]["draft_tokens"] > 0
+    # The model drafting for itself on the same 2 devices: every draft accepted.
+    assert r["draft2"]["ignore_eos"] == r["1"]["ignore_eos"]
+    assert r["draft2"]["accepted_tokens"] == r["draft2"]["draft_tokens"] > 0
     for tp in ("2", "4"):
         for (tokens, cum), (ref_tokens, ref_cum) in zip(r[tp]["extended"], r["1"]["extended"]):
             assert tokens == ref_tokens and abs(cum - ref_cum) < 1e-4

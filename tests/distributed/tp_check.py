@@ -6,7 +6,8 @@ the last stdout line: per TP, the greedy tokens (and, but for the default model,
 compare greedy tokens only, those of the extended sampler) and the per-device shard shapes of
 every weight and the KV cache. A TP of "ppN" runs N pipeline stages of one device instead (greedy tokens and each
 stage's KV cache shape only); "specN" runs TP=N with speculative decoding (suffix; greedy tokens
-with ignore_eos, which the other runs of a random model report too, and the draft tokens).
+with ignore_eos, which the other runs of a random model report too, and the draft tokens),
+"draftN" the same with the model as its own draft model (method draft_model, on the same mesh).
 """
 import json
 import os
@@ -19,6 +20,7 @@ import jax  # noqa: E402
 
 from jaxvllm import LLM, SamplingParams  # noqa: E402
 from jaxvllm.distributed.partition import param_name  # noqa: E402
+from jaxvllm.transformers_utils.model_path import default_model_path  # noqa: E402
 
 
 def shard_shapes(array) -> list[list[int]]:
@@ -34,15 +36,20 @@ def main(model: str, tps: str, prompts: str, max_tokens: str, attention_backend:
     ignore_eos = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)  # min_tokens gets no drafts
     for tp in tps.split(","):
         pp = int(tp.removeprefix("pp")) if tp.startswith("pp") else 1
-        spec = {"method": "suffix", "num_speculative_tokens": 3} if tp.startswith("spec") else None
-        llm = LLM(None if model == "default" else model, tensor_parallel_size=1 if pp > 1 else int(tp.removeprefix("spec")),
+        spec = ({"method": "suffix", "num_speculative_tokens": 3} if tp.startswith("spec") else
+                {"method": "draft_model", "model": default_model_path() if model == "default" else model,
+                 "num_speculative_tokens": 3} if tp.startswith("draft") else None)
+        size = int(tp.removeprefix("spec").removeprefix("draft"))
+        llm = LLM(None if model == "default" else model, tensor_parallel_size=1 if pp > 1 else size,
                   pipeline_parallel_size=pp, skip_warmup=True,
                   max_num_seqs=8, max_num_batched_tokens=128, max_model_len=256,
                   num_gpu_blocks_override=64, attention_backend=attention_backend, speculative_config=spec)
         if spec:
             outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], ignore_eos, use_tqdm=False)
+            stats = llm.llm_engine.get_stats()
             result[tp] = {"ignore_eos": [o.outputs[0].token_ids for o in outputs],
-                          "draft_tokens": llm.llm_engine.get_stats().spec_decode_num_draft_tokens}
+                          "draft_tokens": stats.spec_decode_num_draft_tokens,
+                          "accepted_tokens": stats.spec_decode_num_accepted_tokens}
             del llm
             continue
         outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy, use_tqdm=False)

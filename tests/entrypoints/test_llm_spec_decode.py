@@ -221,7 +221,7 @@ def test_a_draft_model_must_share_the_vocabulary_and_the_kv_pages(tmp_path, tiny
     write_tiny_llama(tmp_path / "heads", num_kv_heads=1, num_layers=1)
     with pytest.raises(ValueError, match="same KV heads and head size"):
         make_llm(tiny_model_dir, speculative_config=dict(DRAFT, model=str(tmp_path / "heads")))
-    with pytest.raises(ValueError, match="speculative_config.model names the draft model"):
+    with pytest.raises(ValueError, match="speculative_config.model names the draft of methods"):
         make_llm(tiny_model_dir, speculative_config=dict(SPEC, model=str(tiny_model_dir)))
     with pytest.raises(FileNotFoundError, match="Model path does not exist"):
         make_llm(tiny_model_dir, speculative_config=dict(DRAFT, model=str(tmp_path / "nowhere")))

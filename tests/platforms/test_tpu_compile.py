@@ -39,6 +39,11 @@ BUCKETS = ["forward T=16", "forward T=32"]
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, str]:
     out = {}
+    eagle3 = tmp_path_factory.mktemp("tiny-eagle3")  # an EAGLE-3 head for the tiny model
+    (eagle3 / "config.json").write_text(json.dumps(dict(
+        CONFIGS["tiny"], num_hidden_layers=1, draft_vocab_size=512, architectures=["LlamaForCausalLMEagle3"],
+        model_type="llama", rms_norm_eps=1e-5, hidden_act="silu")))
+    out["tiny-eagle3"] = str(eagle3)
     for name, fields in CONFIGS.items():
         path = tmp_path_factory.mktemp(name)
         config = dict(architectures=["LlamaForCausalLM"], model_type="llama", rms_norm_eps=1e-5,
@@ -92,7 +97,8 @@ def test_the_lora_forward_compiles_with_abstract_adapter_stacks(models, target):
 
 def test_a_draft_models_programs_compile_in_the_shared_pool(models):
     """Speculative decoding with a draft model (method draft_model): its forward over a step's
-    tokens and `propose` (3 greedy steps unrolled) compile, Mosaic kernels included, against
+    tokens and `propose` (3 greedy steps unrolled) compile, Mosaic kernels included, as do
+    eagle3's forward (with the captured hidden states) and `propose_eagle`, against
     the KV cache of target and draft layers, which both update in place; the plan counts the
     draft's weights and its layers' pages."""
     spec = {"method": "draft_model", "model": models["tiny-draft"], "num_speculative_tokens": 3}
@@ -100,8 +106,12 @@ def test_a_draft_models_programs_compile_in_the_shared_pool(models):
                                 speculative_config=spec, **ENGINE)
     rows = report["programs"]
     assert [r["program"] for r in rows] == ["draft_forward T=16", "draft_forward T=32", "propose R=8"]
-    assert [(r["program"], r["error"]) for r in rows if not r["compiled"]] == []
-    assert report["fits"] and all(r["alias_bytes"] >= report["kv_cache_bytes"] for r in rows), report
+    eagle3 = compile_for_target(models["tiny"], "tpu-v5e-1", programs=("forward T=16", "propose_eagle T=16"),
+                                speculative_config=dict(spec, method="eagle3", model=models["tiny-eagle3"]), **ENGINE)
+    assert [r["program"] for r in eagle3["programs"]] == ["forward T=16", "propose_eagle T=16"]
+    for r in (report, eagle3):
+        assert [(row["program"], row["error"]) for row in r["programs"] if not row["compiled"]] == []
+        assert r["fits"] and all(row["alias_bytes"] >= r["kv_cache_bytes"] for row in r["programs"]), r
     plain = compile_for_target(models["tiny"], "tpu-v5e-1", programs=("forward T=16",), **ENGINE)
     assert report["weights_bytes"] > plain["weights_bytes"]
     assert report["kv_cache_bytes"] // report["kv_blocks"] == plain["kv_cache_bytes"] // plain["kv_blocks"] * 3 // 2
