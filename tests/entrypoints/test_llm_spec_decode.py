@@ -225,3 +225,23 @@ def test_a_draft_model_must_share_the_vocabulary_and_the_kv_pages(tmp_path, tiny
         make_llm(tiny_model_dir, speculative_config=dict(SPEC, model=str(tiny_model_dir)))
     with pytest.raises(FileNotFoundError, match="Model path does not exist"):
         make_llm(tiny_model_dir, speculative_config=dict(DRAFT, model=str(tmp_path / "nowhere")))
+
+
+@pytest.mark.parametrize("preemption_mode", ["recompute", "swap"])
+def test_preemption_and_parallel_samples_keep_greedy_output(tiny_model_dir, plain, spec, preemption_mode):
+    """n=2 greedy samples of each prompt in a pool of 10 blocks, far less than the 8 sequences
+    need: requests are preempted (recomputed, or swapped out with their drafts' KV and back),
+    and every sample is the plain engine's greedy output."""
+    llm = make_llm(tiny_model_dir, speculative_config=spec.llm_engine.config.speculative, num_gpu_blocks_override=10,
+                   preemption_mode=preemption_mode, swap_space=0.01)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    want = tokens(plain, params)
+    outputs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, n=2),
+                           use_tqdm=False)
+    assert [[c.token_ids for c in o.outputs] for o in outputs] == [[w, w] for w in want]
+    core = llm.llm_engine.engine_core
+    assert core.scheduler.num_preemptions > 0 and llm.llm_engine.get_stats().spec_decode_num_accepted_tokens > 0
+    if preemption_mode == "swap":
+        assert core.scheduler.num_swap_outs > 0
+    assert_pool_full(llm)
+    llm.llm_engine.shutdown()
