@@ -9,8 +9,9 @@ The workload is one where the output repeats the input: chat prompts asking the 
 a Python function from the standard library (a different function per request) verbatim, as a
 code-editing assistant re-emits the code it changes. Greedy decoding, a fixed number of output
 tokens (ignore_eos), so both engines do the same work; their token ids are compared as well.
-Plain decoding runs with the platform's default (async scheduling on the CPU), speculative
-decoding synchronously (its proposer reads each step's tokens).
+Plain decoding runs with the platform's default (async scheduling on the CPU) and, as
+`off sync`, with synchronous steps, as speculative decoding runs here (its proposer reads each
+step's tokens): the gap between the two is the cost of that fallback.
 
 A model without a chat template (the random-weight checkpoints of benchmarks/random_weights.py,
 which the device check uses) gets token-id prompts instead: a random run of ids repeated, so the
@@ -142,7 +143,9 @@ def main(argv=None) -> list[dict]:
             specs[method] = {"method": "draft_model", "model": draft, "num_speculative_tokens": k}
         elif name not in specs or layers:
             p.error(f"--methods: unknown method {method!r}")
-    engines = {"off": {}, **{m: {"speculative_config": specs[m]} for m in args.methods}}
+    # off-sync: plain decoding with synchronous steps, as speculative decoding runs them here.
+    engines = {"off": {}, "off-sync": {"async_scheduling": False},
+               **{m: {"speculative_config": specs[m]} for m in args.methods}}
     results: dict[str, dict] = {}
     for name, extra in engines.items():  # one engine at a time: two default models fit, but need not
         sizes = {k: v for k, v in dict(max_num_batched_tokens=args.max_num_batched_tokens).items() if v}
@@ -169,17 +172,18 @@ def main(argv=None) -> list[dict]:
     workload = "copy-the-code" if tokenizer.chat_template else f"repeated-ids ({args.prompt_len}-token)"
     print(f"k={args.num_speculative_tokens} (ngram: prompt_lookup {args.prompt_lookup_min}-{args.prompt_lookup_max}; "
           f"suffix: vLLM's defaults; draft_model: the model itself, :N its first N layers), {args.output_len} output tokens per request, {workload} prompts")
-    print(f"{'method':>13} {'batch':>5} {'off tok/s':>10} {'spec tok/s':>11} {'speedup':>8} {'accepted len':>13} "
+    print(f"{'method':>13} {'batch':>5} {'off tok/s':>10} {'off sync':>9} {'spec tok/s':>11} {'speedup':>8} {'accepted len':>13} "
           f"{'accept rate':>12} {'same tokens':>12}")
     for method in args.methods:
         for batch_size in args.batch_sizes:
             off, on = results[f"off-{batch_size}"], results[f"{method}-{batch_size}"]
             row = dict(method=method, batch_size=batch_size, off_tok_s=off["output_tok_s"],
+                       off_sync_tok_s=results[f"off-sync-{batch_size}"]["output_tok_s"],
                        spec_tok_s=on["output_tok_s"], speedup=round(on["output_tok_s"] / off["output_tok_s"], 2),
                        mean_accepted_length=on["mean_accepted_length"], acceptance_rate=on["acceptance_rate"],
                        identical_tokens=off["outputs"] == on["outputs"])
             rows.append(row)
-            print(f"{method:>13} {batch_size:>5} {row['off_tok_s']:>10} {row['spec_tok_s']:>11} {row['speedup']:>8} "
+            print(f"{method:>13} {batch_size:>5} {row['off_tok_s']:>10} {row['off_sync_tok_s']:>9} {row['spec_tok_s']:>11} {row['speedup']:>8} "
                   f"{row['mean_accepted_length']!s:>13} {row['acceptance_rate']!s:>12} {row['identical_tokens']!s:>12}")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "workload": workload, "rows": rows}, indent=1))
