@@ -171,9 +171,10 @@ def main(argv=None) -> list[dict]:
     rows = []
     workload = "copy-the-code" if tokenizer.chat_template else f"repeated-ids ({args.prompt_len}-token)"
     print(f"k={args.num_speculative_tokens} (ngram: prompt_lookup {args.prompt_lookup_min}-{args.prompt_lookup_max}; "
-          f"suffix: vLLM's defaults; draft_model: the model itself, :N its first N layers), {args.output_len} output tokens per request, {workload} prompts")
-    print(f"{'method':>13} {'batch':>5} {'off tok/s':>10} {'off sync':>9} {'spec tok/s':>11} {'speedup':>8} {'accepted len':>13} "
-          f"{'accept rate':>12} {'same tokens':>12}")
+          f"suffix: vLLM's defaults; draft_model: the model itself, :N its first N layers), "
+          f"{args.output_len} output tokens per request, {workload} prompts")
+    print(f"{'method':>13} {'batch':>5} {'off tok/s':>10} {'off sync':>9} {'spec tok/s':>11} {'speedup':>8} "
+          f"{'accepted len':>13} {'accept rate':>12} {'same tokens':>12}")
     for method in args.methods:
         for batch_size in args.batch_sizes:
             off, on = results[f"off-{batch_size}"], results[f"{method}-{batch_size}"]
@@ -183,8 +184,9 @@ def main(argv=None) -> list[dict]:
                        mean_accepted_length=on["mean_accepted_length"], acceptance_rate=on["acceptance_rate"],
                        identical_tokens=off["outputs"] == on["outputs"])
             rows.append(row)
-            print(f"{method:>13} {batch_size:>5} {row['off_tok_s']:>10} {row['off_sync_tok_s']:>9} {row['spec_tok_s']:>11} {row['speedup']:>8} "
-                  f"{row['mean_accepted_length']!s:>13} {row['acceptance_rate']!s:>12} {row['identical_tokens']!s:>12}")
+            print(f"{method:>13} {batch_size:>5} {row['off_tok_s']:>10} {row['off_sync_tok_s']:>9} "
+                  f"{row['spec_tok_s']:>11} {row['speedup']:>8} {row['mean_accepted_length']!s:>13} "
+                  f"{row['acceptance_rate']!s:>12} {row['identical_tokens']!s:>12}")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "workload": workload, "rows": rows}, indent=1))
     return rows

@@ -48,7 +48,8 @@ def _abstract_model(config, hf_config, mesh, platform, quantization: str | None 
 
 def _program_name(runner, program, args, static) -> str:
     bucket = (f" R={int(args[3])}" if program in (runner._sample, runner._sample_extended)
-              else f" T={len(args[2])}" if program.name in ("forward", "forward_lora", "prompt_logprobs", "draft_forward")
+              else f" T={len(args[2])}" if program.name in ("forward", "forward_lora", "prompt_logprobs",
+                                                            "draft_forward")
               else f" R={args[2].shape[0]}" if program.name == "propose"
               else f" T={len(args[3])}" if program.name == "propose_eagle" else "")
     return program.name + bucket + "".join(f" {k}={v}" for k, v in static.items())

@@ -53,6 +53,43 @@ def write_tiny_llama(path, *, seed=0, vocab_size=256, hidden_size=64, intermedia
     return cfg, t
 
 
+def write_tiny_eagle3(path, *, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, vocab_size=256,
+                      draft_vocab_size=160, aux_layer_ids=None, own_embedding=False, seed=1) -> dict:
+    """A random EAGLE-3 head in the published layout (vLLM's LlamaForCausalLMEagle3: `fc`,
+    `midlayer.*`, `norm`, `lm_head` over a draft vocabulary, `d2t`, `t2d`; no embedding of its
+    own unless own_embedding) for a target of hidden_size and vocab_size; aux_layer_ids: its
+    eagle_config's captured layers (None: vLLM's default). Returns its tensors."""
+    import json
+    from safetensors.numpy import save_file
+    rng = np.random.default_rng(seed)
+    H, inter, m = hidden_size, 96, "midlayer."
+
+    def w(*shape, scale=0.1):
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+    targets = np.sort(rng.choice(vocab_size, draft_vocab_size, replace=False))
+    t = {"fc.weight": w(H, 3 * H), m + "input_layernorm.weight": 1 + w(H), m + "hidden_norm.weight": 1 + w(H),
+         m + "self_attn.q_proj.weight": w(num_heads * head_dim, 2 * H),
+         m + "self_attn.k_proj.weight": w(num_kv_heads * head_dim, 2 * H),
+         m + "self_attn.v_proj.weight": w(num_kv_heads * head_dim, 2 * H),
+         m + "self_attn.o_proj.weight": w(H, num_heads * head_dim),
+         m + "post_attention_layernorm.weight": 1 + w(H), m + "mlp.gate_proj.weight": w(inter, H),
+         m + "mlp.up_proj.weight": w(inter, H), m + "mlp.down_proj.weight": w(H, inter),
+         "norm.weight": 1 + w(H), "lm_head.weight": w(draft_vocab_size, H, scale=0.5),
+         "d2t": (targets - np.arange(draft_vocab_size)).astype(np.int64),
+         "t2d": np.isin(np.arange(vocab_size), targets)}
+    if own_embedding:
+        t["embed_tokens.weight"] = w(vocab_size, H, scale=0.5)
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(t, str(path / "model.safetensors"))
+    eagle = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": list(aux_layer_ids)}} if aux_layer_ids else {}
+    (path / "config.json").write_text(json.dumps(dict(
+        architectures=["LlamaForCausalLMEagle3"], model_type="llama", hidden_size=H, intermediate_size=inter,
+        num_hidden_layers=1, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads, head_dim=head_dim,
+        rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=512, vocab_size=vocab_size,
+        draft_vocab_size=draft_vocab_size, tie_word_embeddings=False, **eagle)))
+    return t
+
+
 def run_prefill(model, token_ids: list[int], num_blocks: int = 16, layer_loop=None) -> np.ndarray:
     """Logits at every position of one sequence written to pages 1..n of a fresh cache
     (the layers run in the CPU's loop unless `layer_loop` is given)."""

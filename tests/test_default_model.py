@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import run_prefill
+from conftest import run_prefill, write_tiny_eagle3
 from jaxvllm import LLM, SamplingParams
 from jaxvllm.sampling_params import StructuredOutputsParams
 from jaxvllm.transformers_utils.model_path import default_model_path
@@ -151,8 +151,9 @@ def test_logprobs_and_json_output(llm, prompts, hf_default_model):
 @pytest.mark.parametrize("spec_config", [
     {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4},
     {"method": "suffix", "num_speculative_tokens": 4},
-    {"method": "draft_model", "model": None, "num_speculative_tokens": 4}], ids=["ngram", "suffix", "draft_model"])
-def test_speculative_decoding_keeps_greedy_output(llm, spec_config):
+    {"method": "draft_model", "model": None, "num_speculative_tokens": 4},
+    {"method": "eagle3", "model": None, "num_speculative_tokens": 4}], ids=["ngram", "suffix", "draft_model", "eagle3"])
+def test_speculative_decoding_keeps_greedy_output(llm, spec_config, tmp_path):
     """Prompts whose continuation repeats them (a counting pattern, a quoted line): drafts are
     accepted, and the tokens are the plain engine's."""
     tok = llm.get_tokenizer()
@@ -161,13 +162,18 @@ def test_speculative_decoding_keeps_greedy_output(llm, spec_config):
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     if spec_config["method"] == "draft_model":  # the default model drafting for itself
         spec_config = dict(spec_config, model=default_model_path())
+    if spec_config["method"] == "eagle3":  # a random EAGLE-3 head of its shapes: few drafts right
+        write_tiny_eagle3(tmp_path, hidden_size=576, num_heads=9, num_kv_heads=3, head_dim=64, vocab_size=49152,
+                          draft_vocab_size=4096)
+        spec_config = dict(spec_config, model=str(tmp_path))
     spec = LLM(max_num_seqs=4, max_model_len=256, skip_warmup=True, speculative_config=spec_config)
     expected = [o.outputs[0].token_ids for o in llm.generate(
         [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)]
     outputs = spec.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outputs] == expected
     stats = spec.llm_engine.get_stats()
-    assert stats.spec_decode_num_accepted_tokens > 0
+    assert stats.spec_decode_num_accepted_tokens > 0 or spec_config["method"] == "eagle3"
+    assert stats.spec_decode_num_draft_tokens > 0
     if spec_config["method"] == "draft_model":  # its own draft: right but where float32 rounding breaks a tie
         assert stats.spec_decode_num_accepted_tokens >= 0.95 * stats.spec_decode_num_draft_tokens
     assert _pool_is_full(spec)

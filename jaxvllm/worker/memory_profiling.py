@@ -35,17 +35,24 @@ class MemoryProfile:
                 f"({num_devices} device(s))")
 
 
+# The programs of a step and where their warm-up arguments say their bucket: per token
+# bucket (the forward, its LoRA variant, a draft model's forward, EAGLE-3's proposer) or per
+# request bucket (the samplers, speculative decoding's verify, a draft model's proposer).
+_TOKEN_BUCKETED = {"forward": 2, "forward_lora": 2, "draft_forward": 2, "propose_eagle": 3}
+_REQUEST_BUCKETED = {"sample": 3, "sample_extended": 3, "verify": 3, "propose": 2}
+
+
 def peak_step_bytes(runner) -> int:
-    """The most memory one step needs beyond its arguments, per device: the forward (and its
-    LoRA variant) at the largest token bucket and each sampler at the largest request bucket, compiled (not run)
-    with the runner's abstract or real arguments."""
-    jobs = runner.warmup_jobs()
-    forwards = (runner._forward, runner._forward_lora)  # the latter: with enable_lora, else None
-    largest_t = max(len(args[2]) for program, args, _ in jobs if program is runner._forward)
-    largest_r = max(runner.request_buckets)
-    chosen = [(p, args, static) for p, args, static in jobs
-              if (p in forwards and len(args[2]) == largest_t)
-              or (p in (runner._sample, runner._sample_extended) and int(args[3]) == largest_r)]
+    """The most memory one step needs beyond its arguments, per device: each of its programs
+    at the largest token or request bucket, compiled (not run) with the runner's abstract or
+    real arguments."""
+    def bucket(program, args) -> int:
+        arg = args[{**_TOKEN_BUCKETED, **_REQUEST_BUCKETED}[program.name]]
+        return int(arg) if not hasattr(arg, "shape") or arg.ndim == 0 else arg.shape[0]
+    largest = {**dict.fromkeys(_TOKEN_BUCKETED, max(runner.token_buckets)),
+               **dict.fromkeys(_REQUEST_BUCKETED, max(runner.request_buckets))}
+    chosen = [(p, args, static) for p, args, static in runner.warmup_jobs()
+              if p.name in largest and bucket(p, args) == largest[p.name]]
     return max(_extra_bytes(p.jitted.lower(*args, **static).compile()) for p, args, static in chosen)
 
 

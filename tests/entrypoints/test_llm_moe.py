@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import write_tiny_moe
+from conftest import write_tiny_eagle3, write_tiny_moe
 from jaxvllm import LLM, SamplingParams
 from jaxvllm.kernels.cpu import build as native_build
 from jaxvllm.kernels.cpu.packed_matmul import PANEL, PackedFusedMoEMethod
 from jaxvllm.sampling_params import StructuredOutputsParams
+from jaxvllm.transformers_utils.config import load_hf_config
 
 PROMPTS = [[int(t) for t in np.random.default_rng(i).integers(3, 256, n)] for i, n in enumerate([5, 40, 17, 70])]
 N_NEW = 32
@@ -59,8 +60,8 @@ def test_greedy_matches_transformers_chunked_and_preempted(moe_model_dir, arch):
         model = core.model_executor.driver_worker.model
         assert isinstance(model.quant_config.moe_method, PackedFusedMoEMethod)
         assert model.layers[0]["experts_gate_up"].get_value().shape[-1] == PANEL
-    # Speculative decoding (the dense families run suffix in tests/models/test_families.py) in
-    # the same small pool gives the same greedy tokens (ignore_eos: min_tokens gets no drafts).
+    # Speculative decoding in the same small pool gives the same greedy tokens (ignore_eos:
+    # min_tokens gets no drafts).
     params = SamplingParams(temperature=0, max_tokens=N_NEW, ignore_eos=True)
     plain = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
     llm.llm_engine.shutdown()
@@ -68,10 +69,18 @@ def test_greedy_matches_transformers_chunked_and_preempted(moe_model_dir, arch):
 
 
 def assert_spec_decoding_keeps(path, plain, params):
-    """ngram, and the model as its own draft model, give the plain engine's greedy tokens
-    in a pool of 10 pages, every draft of the draft model accepted, every block returned."""
+    """Every method (the model as its own draft model; a random EAGLE-3 head reading the
+    hidden states entering layers 0, 1 and after the last) gives the plain engine's greedy
+    tokens in a pool of 10 pages, every draft of the draft model accepted, every block returned."""
+    cfg = load_hf_config(str(path))
+    eagle3 = path.parent / f"{path.name}-eagle3"
+    write_tiny_eagle3(eagle3, num_heads=cfg.num_attention_heads, num_kv_heads=cfg.num_key_value_heads,
+                      head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
+                      aux_layer_ids=(0, 1, 2))
     for config in ({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
-                   {"method": "draft_model", "model": str(path), "num_speculative_tokens": 3}):
+                   {"method": "suffix", "num_speculative_tokens": 3},
+                   {"method": "draft_model", "model": str(path), "num_speculative_tokens": 3},
+                   {"method": "eagle3", "model": str(eagle3), "num_speculative_tokens": 3}):
         spec = LLM(str(path), max_num_seqs=4, max_num_batched_tokens=32, max_model_len=128,
                    num_gpu_blocks_override=10, skip_warmup=True, speculative_config=config)
         assert [o.outputs[0].token_ids for o in spec.generate(PROMPTS, params, use_tqdm=False)] == plain, config

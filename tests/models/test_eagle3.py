@@ -1,52 +1,22 @@
 """EAGLE-3 (method eagle3) on a tiny random Llama and a random head in the published layout
-(`fc`, `midlayer.*`, `norm`, `lm_head` over a draft vocabulary, `d2t`; no embedding of its
-own, so the target's is shared): every draft the engine proposes, step after step with
-chunked prefill, is the one a float32 torch reference of vLLM's EAGLE-3 computes from
-transformers' hidden states of the target; greedy output is the plain engine's."""
+(conftest.write_tiny_eagle3; no embedding of its own, so the target's is shared; vLLM's
+default captured layers, 2, 1 and 0 of the 3-layer target): every draft the engine
+proposes, step after step with chunked prefill, is the one a float32 torch reference of
+vLLM's EAGLE-3 computes from transformers' hidden states of the target; greedy output is
+the plain engine's."""
 from __future__ import annotations
-
-import json
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import write_tiny_llama
+from conftest import write_tiny_eagle3, write_tiny_llama
 from jaxvllm import LLM, SamplingParams
 
 TARGET = dict(hidden_size=64, num_heads=4, num_kv_heads=2, num_layers=3, vocab_size=256)
 DRAFT_VOCAB = 160
 K = 3
 PROMPTS = [[int(t) for t in np.random.default_rng(i).integers(3, 256, n)] for i, n in enumerate([7, 40])]
-
-
-def write_eagle3(path, seed: int = 1) -> dict[str, np.ndarray]:
-    """A random EAGLE-3 head for TARGET; its vLLM-default captured layers are 2, 1 and 0."""
-    from safetensors.numpy import save_file
-    rng = np.random.default_rng(seed)
-    H, nh, kv, d = TARGET["hidden_size"], TARGET["num_heads"], TARGET["num_kv_heads"], 16
-    inter = 96
-
-    def w(*shape, scale=0.1):
-        return (rng.standard_normal(shape) * scale).astype(np.float32)
-    targets = np.sort(rng.choice(TARGET["vocab_size"], DRAFT_VOCAB, replace=False))
-    m = "midlayer."
-    t = {"fc.weight": w(H, 3 * H), m + "input_layernorm.weight": 1 + w(H), m + "hidden_norm.weight": 1 + w(H),
-         m + "self_attn.q_proj.weight": w(nh * d, 2 * H), m + "self_attn.k_proj.weight": w(kv * d, 2 * H),
-         m + "self_attn.v_proj.weight": w(kv * d, 2 * H), m + "self_attn.o_proj.weight": w(H, nh * d),
-         m + "post_attention_layernorm.weight": 1 + w(H), m + "mlp.gate_proj.weight": w(inter, H),
-         m + "mlp.up_proj.weight": w(inter, H), m + "mlp.down_proj.weight": w(H, inter),
-         "norm.weight": 1 + w(H), "lm_head.weight": w(DRAFT_VOCAB, H, scale=0.5),
-         "d2t": (targets - np.arange(DRAFT_VOCAB)).astype(np.int64),
-         "t2d": np.isin(np.arange(TARGET["vocab_size"]), targets)}
-    path.mkdir(parents=True, exist_ok=True)
-    save_file(t, str(path / "model.safetensors"))
-    (path / "config.json").write_text(json.dumps(dict(
-        architectures=["LlamaForCausalLMEagle3"], model_type="llama", hidden_size=H, intermediate_size=inter,
-        num_hidden_layers=1, num_attention_heads=nh, num_key_value_heads=kv, head_dim=d, rms_norm_eps=1e-6,
-        rope_theta=10000.0, max_position_embeddings=512, vocab_size=TARGET["vocab_size"],
-        draft_vocab_size=DRAFT_VOCAB, tie_word_embeddings=False)))
-    return t
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +27,7 @@ def models(tmp_path_factory):
     from jaxvllm.transformers_utils.tokenizer import load_tokenizer
     load_tokenizer(default_model_path()).save_pretrained(target)
     head = tmp_path_factory.mktemp("eagle3")
-    return target, head, write_eagle3(head), target_weights
+    return target, head, write_tiny_eagle3(head, draft_vocab_size=DRAFT_VOCAB), target_weights
 
 
 def reference_drafts(target_path, head: dict, embed: np.ndarray, sequence: list[int], k: int) -> list[int]:

@@ -11,7 +11,7 @@ import pytest
 import torch
 from flax import nnx
 
-from conftest import run_prefill
+from conftest import run_prefill, write_tiny_eagle3
 from family_checkpoints import FAMILIES, write_family_checkpoint
 from jaxvllm.models.layer_loops import unrolled_layers
 from jaxvllm.models.loader import load_weights
@@ -79,8 +79,8 @@ N_NEW = 32
 
 
 def test_greedy_matches_transformers_chunked_and_preempted(family):
-    """Also with speculative decoding (suffix, and the model drafting for itself). One engine both chunks prefills (a 32-token budget: the 70-token prompt takes three
-    steps) and preempts (9 usable pages of 16 for three requests needing 14; Gemma's
+    """Also with speculative decoding (suffix, and the model drafting for itself). One engine
+    both chunks prefills (a 32-token budget: the 70-token prompt takes three steps) and preempts (9 usable pages of 16 for three requests needing 14; Gemma's
     3 layers are 3 KV cache groups of 1 layer, its sliding ones holding 12-token windows:
     19 usable blocks of one layer's page for requests needing about 33)."""
     from jaxvllm import LLM, SamplingParams
@@ -105,9 +105,17 @@ def test_greedy_matches_transformers_chunked_and_preempted(family):
                                                            use_tqdm=False)]
     llm.llm_engine.shutdown()
     # The model as its own draft model too: its layers join the pool's groups (Gemma's sliding
-    # ones their own), and every draft is accepted.
+    # ones their own), and every draft is accepted. And a random EAGLE-3 head reading three of
+    # its layers' hidden states (OPT's embedding is narrower than its layers: the head has its own).
+    cfg = load_hf_config(str(path))
+    layers, heads = cfg.num_hidden_layers, cfg.num_attention_heads
+    eagle3 = path.parent / f"{path.name}-eagle3"
+    write_tiny_eagle3(eagle3, num_heads=heads, num_kv_heads=getattr(cfg, "num_key_value_heads", heads),
+                      head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+                      aux_layer_ids=(0, layers // 2, layers - 1), own_embedding=arch.startswith("OPT"))
     for config in ({"method": "suffix", "num_speculative_tokens": 3},
-                   {"method": "draft_model", "model": str(path), "num_speculative_tokens": 3}):
+                   {"method": "draft_model", "model": str(path), "num_speculative_tokens": 3},
+                   {"method": "eagle3", "model": str(eagle3), "num_speculative_tokens": 3}):
         spec = LLM(str(path), max_num_seqs=4, max_num_batched_tokens=32, max_model_len=128,
                    num_gpu_blocks_override=20 if arch.startswith("Gemma") else 10, skip_warmup=True,
                    speculative_config=config)
