@@ -101,11 +101,19 @@ class DraftModel:
     def programs(self):
         return self._draft_forward, self._propose
 
-    def page_tables(self, block_table: np.ndarray, rows: np.ndarray, R: int) -> np.ndarray:
-        """The step's requests' block tables of every group, i32[G, R, pages] (padding: block 0)."""
-        tables = np.zeros((block_table.shape[0], R, block_table.shape[2]), np.int32)
-        tables[:, :len(rows)] = block_table[:, rows]
-        return tables
+    def after_forward(self, kv_cache, inputs):
+        """The draft's KV at the step's positions, from the target's inputs."""
+        return self._draft_forward(self.leaves, kv_cache, inputs.input_ids, inputs.md)
+
+    def propose(self, kv_cache, batch, rows, counts, num_drafts, inputs, R: int, tokens, num_tokens, aux):
+        """(drafts i32[R, K], the cache) after verify: the step's requests sit in batch `rows`
+        with `counts` tokens and `num_drafts` drafts each; tokens and num_tokens: verify's."""
+        N = len(rows)
+        commit, next_pos, tables = (np.zeros(R, bool), np.zeros(R, np.int32),
+                                    np.zeros((batch.block_table.shape[0], R, batch.block_table.shape[2]), np.int32))
+        commit[:N], tables[:, :N] = inputs.commit, batch.block_table[:, rows]
+        next_pos[:N] = batch.num_computed_tokens[rows] + counts - num_drafts  # (not yet advanced by the step)
+        return self._propose(self.leaves, kv_cache, tokens, num_tokens, commit, next_pos, tables, np.int32(N))
 
     def warmup_jobs(self, runner, forward_jobs) -> list:
         """draft_forward for every token bucket (the forward's inputs) and propose for every

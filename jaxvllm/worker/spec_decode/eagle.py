@@ -68,6 +68,17 @@ class EagleProposer:
     def programs(self):
         return (self._propose,)
 
+    def after_forward(self, kv_cache, inputs):
+        return kv_cache  # the head runs after verify, on the tokens it accepted
+
+    def propose(self, kv_cache, batch, rows, counts, num_drafts, inputs, R: int, tokens, num_tokens, aux):
+        """(drafts i32[M, K], the cache) after verify (draft_model.DraftModel.propose's
+        arguments; aux: the forward's captured hidden states)."""
+        host = self.host_inputs(batch, rows, counts, num_drafts, inputs.commit, len(inputs.input_ids),
+                                len(inputs.md.kv_lens))
+        return self._propose(self.leaves, kv_cache, aux[0], *host[:3], tokens, num_tokens, *host[3:], inputs.md,
+                             np.int32(len(rows)))
+
     def host_inputs(self, batch, rows: np.ndarray, counts: np.ndarray, num_drafts: np.ndarray,
                     commit: np.ndarray, T: int, M: int) -> tuple[np.ndarray, ...]:
         """step_ids, verify_index, req_of, commit and p0_index (see propose) for a step whose

@@ -12,6 +12,10 @@ hidden states per request row (a request with fewer drafts, or none, pads by rep
 last position, masked in the sampler), and `verify` is compiled per request bucket and sampler
 variant, like `sample`, which it replaces. Steps run synchronously (the proposer reads the
 accepted tokens on the host before the next step is scheduled); the plain runner is untouched.
+
+Drafts come from a proposer on the host (ngram_proposer.py, suffix_proposer.py), or from a
+drafter on device that runs after verify on its tokens, without the host in between: a draft
+model (draft_model.py) or an EAGLE-3 head (eagle.py), their KV in the target's blocks.
 """
 from __future__ import annotations
 
@@ -50,8 +54,8 @@ class SpecDecodeOutput:
     num_drafts: np.ndarray  # i32[N]
     tokens: jax.Array       # i32[R, K + 1]
     num_tokens: jax.Array   # i32[R]
-    proposer: NgramProposer | SuffixProposer | None  # None: the draft model's `drafts`
-    drafts: jax.Array | None  # i32[R, K]: the draft model's, on device
+    proposer: NgramProposer | SuffixProposer | None  # None: the drafter's `drafts`
+    drafts: jax.Array | None  # i32[rows, K]: a drafter's, on device
     on_ready: object = None
     logprobs: tuple | None = None  # verify's (device) logprobs arrays, if some request asked
     num_logprobs: np.ndarray | None = None  # i32[N]: k asked for, -1 for none
@@ -102,13 +106,12 @@ class SpecDecodeModelRunner(ModelRunner):
         sp, argmax = self.step_params, kwargs["platform"].sampler_argmax()
         pad_rows = self.max_num_seqs if spec.method == "eagle3" else 0
         abstract_mesh = kwargs.get("abstract_mesh") or kwargs["mesh"].abstract_mesh
-        self.proposer = self.draft = self.eagle = None
-        if spec.method == "eagle3":
-            self.eagle = EagleProposer(self, draft_model, attend, kwargs.get("kv_cache_groups"), model.args.num_layers,
-                                       kwargs["platform"], abstract_mesh)
-        elif spec.method == "draft_model":
-            self.draft = DraftModel(self, draft_model, attend, kwargs.get("kv_cache_groups"), model.args.num_layers,
-                                    kwargs["platform"], abstract_mesh)
+        # A proposer on the host (n-gram, suffix) or a drafter on device (a draft model, EAGLE-3).
+        self.proposer = self.drafter = None
+        if spec.method in ("draft_model", "eagle3"):
+            self.drafter = (EagleProposer if spec.method == "eagle3" else DraftModel)(
+                self, draft_model, attend, kwargs.get("kv_cache_groups"), model.args.num_layers, kwargs["platform"],
+                abstract_mesh)
         elif spec.method == "suffix":
             self.proposer = SuffixProposer(K, max_len, spec.suffix_decoding_max_tree_depth,
                                            spec.suffix_decoding_max_cached_requests,
@@ -178,9 +181,8 @@ class SpecDecodeModelRunner(ModelRunner):
             hidden, all_hidden, self.kv_cache, *aux = self._forward(
                 self.param_leaves, self.kv_cache, inputs.input_ids, inputs.prev_rows, self.last_sampled,
                 inputs.md, logits_indices)
-            if self.draft is not None:
-                self.kv_cache = self.draft._draft_forward(self.draft.leaves, self.kv_cache, inputs.input_ids,
-                                                          inputs.md)
+            if self.drafter is not None:
+                self.kv_cache = self.drafter.after_forward(self.kv_cache, inputs)
         prompt_logprobs = self._prompt_logprobs_of(rows, counts, inputs.commit, all_hidden, T)
         with jax.profiler.TraceAnnotation("sampling"):
             sampling_md, all_greedy = sampling_metadata(batch, rows, R, self.vocab_size)
@@ -198,21 +200,10 @@ class SpecDecodeModelRunner(ModelRunner):
             if not (num_logprobs >= 0).any():
                 logprobs = None
         drafts = None
-        if self.eagle is not None:
+        if self.drafter is not None:  # from verify's tokens, still on device
             with jax.profiler.TraceAnnotation("propose"):
-                host = self.eagle.host_inputs(batch, rows, counts, d, inputs.commit, T, len(inputs.md.kv_lens))
-                drafts, self.kv_cache = self.eagle._propose(
-                    self.eagle.leaves, self.kv_cache, aux[0], *host[:3], tokens, num_tokens, *host[3:], inputs.md,
-                    np.int32(N))
-        if self.draft is not None:
-            with jax.profiler.TraceAnnotation("propose"):
-                commit = np.zeros(R, bool)
-                commit[:N] = inputs.commit
-                next_pos = np.zeros(R, np.int32)
-                next_pos[:N] = batch.num_computed_tokens[rows] + counts - d
-                drafts, self.kv_cache = self.draft._propose(
-                    self.draft.leaves, self.kv_cache, tokens, num_tokens, commit, next_pos,
-                    self.draft.page_tables(batch.block_table, rows, R), np.int32(N))
+                drafts, self.kv_cache = self.drafter.propose(self.kv_cache, batch, rows, counts, d, inputs, R,
+                                                             tokens, num_tokens, aux)
         batch.num_computed_tokens[rows] += counts
         self._check_recompilation()
         on_ready, self.after_first_step = self.after_first_step, None
@@ -232,8 +223,8 @@ class SpecDecodeModelRunner(ModelRunner):
 
     @property
     def programs(self):
-        draft = self.draft.programs if self.draft else self.eagle.programs if self.eagle else ()
-        return (self._forward, self._prompt_logprobs, self._verify, self._set_row, *draft)
+        drafter = () if self.drafter is None else self.drafter.programs
+        return (self._forward, self._prompt_logprobs, self._verify, self._set_row, *drafter)
 
     def warmup_jobs(self):
         """The forward and prompt logprobs for every token bucket (K + 1 hidden states per
@@ -243,9 +234,8 @@ class SpecDecodeModelRunner(ModelRunner):
         jobs = [(program, args[:-1] + (np.zeros(S * K1, np.int32),) if program is self._forward else args, static)
                 for program, args, static in warmup_jobs(self)
                 if program in (self._forward, self._prompt_logprobs, self._set_row)]
-        for proposer in (self.draft, self.eagle):
-            if proposer is not None:
-                jobs += proposer.warmup_jobs(self, [job for job in jobs if job[0] is self._forward])
+        if self.drafter is not None:
+            jobs += self.drafter.warmup_jobs(self, [job for job in jobs if job[0] is self._forward])
         hidden = jax.ShapeDtypeStruct((S * K1, self.hidden_size), self.hidden_dtype, sharding=rep)
         no_rows = np.zeros(0, np.int32)
         for R in self.request_buckets:
