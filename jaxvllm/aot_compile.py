@@ -26,19 +26,19 @@ def _per_device_bytes(tree) -> int:
     return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
 
-def _abstract_model(config, hf_config, mesh, platform, quantization: str | None = "engine"):
+def _abstract_model(config, hf_config, mesh, platform, draft: bool = False):
     """The model as the worker builds it on this mesh (padded heads, the platform's matmuls),
-    every weight a ShapeDtypeStruct with its sharding; quantization None: unquantized (a
-    draft model, as the worker loads it)."""
+    every weight a ShapeDtypeStruct with its sharding; a draft as the worker loads one:
+    unquantized, without expert parallelism."""
     import jax.numpy as jnp
 
     from jaxvllm.models.model_loader import build_model, model_args, shard_abstract
     from jaxvllm.models.registry import get_model_class
 
     model_cls, args_cls = get_model_class(hf_config)
-    ep = config.parallel.enable_expert_parallel
+    ep = config.parallel.enable_expert_parallel and not draft
     args = model_args(model_cls, args_cls.from_hf_config(hf_config), mesh.size, expert_parallel=ep)
-    quantization = config.quantization if quantization == "engine" else quantization
+    quantization = None if draft else config.quantization
     model = build_model(model_cls, args, dtype=jnp.dtype(config.dtype),
                         linear_method=platform.linear_method(config.model.attention_backend, mesh.size, quantization),
                         moe_method=platform.fused_moe_method(quantization, config.model.attention_backend, mesh.size))
@@ -121,7 +121,8 @@ def compile_for_target(model: str, target: str, *, programs: tuple[str, ...] | N
     a = abstract_model.args
     draft = {}  # speculative decoding's draft model: its layers' KV in the same blocks, after the target's
     if config.speculative is not None and config.speculative.model is not None:  # draft_model, eagle3
-        draft["draft_model"] = _abstract_model(config, load_hf_config(config.speculative.model), mesh, platform, None)
+        draft["draft_model"] = _abstract_model(config, load_hf_config(config.speculative.model), mesh, platform,
+                                                 draft=True)
         d = draft["draft_model"].args
         if (d.num_kv_heads, d.head_dim) != (a.num_kv_heads, a.head_dim):
             raise ValueError(f"speculative_config.model has {d.num_kv_heads} KV heads of {d.head_dim}, the target "

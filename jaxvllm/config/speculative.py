@@ -91,6 +91,22 @@ def _verify_draft_model(config) -> None:
     if is_draft_model(draft) != (config.speculative.method == "eagle3"):
         raise ValueError(f"speculative_config.model is {'an' if is_draft_model(draft) else 'no'} EAGLE-3 head "
                          f"({draft.architectures}): method 'eagle3' takes one, 'draft_model' a whole model.")
+    if getattr(draft, "quantization_config", None):
+        raise ValueError("speculative_config.model is a quantized checkpoint; draft models load unquantized here.")
+    positions, max_len = getattr(draft, "max_position_embeddings", None), config.scheduler.max_model_len
+    if positions is not None and positions < max_len:
+        raise ValueError(f"speculative_config.model holds {positions} positions, fewer than max_model_len={max_len}; "
+                         "lower max_model_len.")
+    if is_draft_model(draft):
+        from jaxvllm.models.eagle3 import Eagle3Args
+        head, layers = Eagle3Args.from_hf_config(draft), target.num_hidden_layers
+        if head.target_hidden_size != target.hidden_size:
+            raise ValueError(f"speculative_config.model is an EAGLE-3 head for a hidden size of "
+                             f"{head.target_hidden_size}, the target's is {target.hidden_size}.")
+        ids = head.aux_layers(layers)
+        if len(ids) != 3 or not all(0 <= i <= layers for i in ids):
+            raise ValueError(f"speculative_config.model's eagle_aux_hidden_state_layer_ids must be 3 layers in "
+                             f"[0, {layers}] of the target, got {list(ids)}.")
     if draft.vocab_size != target.vocab_size:
         raise ValueError(f"speculative_config.model has a vocabulary of {draft.vocab_size} tokens, the target "
                          f"{target.vocab_size}: a draft model must share the target's tokenizer.")

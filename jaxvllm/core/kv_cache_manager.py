@@ -44,8 +44,10 @@ class PrefixCacheStats:
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, max_model_len: int,
                  enable_caching: bool = False, model_name: str = "",
-                 kv_cache_specs: list[KVCacheSpec] | None = None):
-        """kv_cache_specs: each group's spec (default: one full-attention group)."""
+                 kv_cache_specs: list[KVCacheSpec] | None = None, use_eagle: bool = False):
+        """kv_cache_specs: each group's spec (default: one full-attention group). use_eagle:
+        an EAGLE-3 head drafts (a prefix hit leaves its last block to compute)."""
+        self.use_eagle = use_eagle
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
@@ -99,14 +101,21 @@ class KVCacheManager:
             return self._no_new_blocks, 0
         max_blocks = (request.num_tokens - 1) // self.block_size
         hashes = self._update_block_hashes(request, max_blocks)
-        length = max_blocks * self.block_size
+        hits, length = self._longest_hit(hashes, max_blocks * self.block_size)
+        if self.use_eagle and length:
+            # An EAGLE-3 head's KV at a block's last position holds the token after the block,
+            # which its hash does not cover: that block is computed again (as vLLM does).
+            hits, length = self._longest_hit(hashes, length - self.block_size)
+        return KVCacheBlocks(tuple(hits)), length
+
+    def _longest_hit(self, hashes, length: int) -> tuple[list, int]:
         hits = [None] * self.num_groups
         while True:
             for g, manager in enumerate(self.managers):
                 hits[g] = manager.find_longest_cache_hit(hashes, length)
                 length = len(hits[g]) * self.block_size
             if all(len(h) * self.block_size == length for h in hits):
-                return KVCacheBlocks(tuple(hits)), length
+                return hits, length
 
     def reset_prefix_cache(self) -> bool:
         return self.block_pool.reset_prefix_cache()

@@ -45,11 +45,11 @@ class Scheduler:
                  kv_cache_config: KVCacheConfig, *, model_name: str = "",
                  structured_output_manager: StructuredOutputManager | None = None,
                  max_concurrent_batches: int = 1, num_spec_tokens: int = 0, num_lookahead_tokens: int = 0,
-                 max_loras: int = 0):
+                 use_eagle: bool = False, max_loras: int = 0):
         """num_spec_tokens: speculative decoding's most drafts per request (0: off); the
         drafts themselves come back with each step's tokens (ModelRunnerOutput).
         num_lookahead_tokens: slots allocated past each step's tokens (a draft model writes
-        its drafts' KV there, vLLM's name). max_loras:
+        its drafts' KV there, vLLM's name); use_eagle: an EAGLE-3 head drafts. max_loras:
         most distinct LoRA adapters in one step (the worker's device slots); 0: none served."""
         s = scheduler_config
         if s.preemption_mode not in ("recompute", "swap"):
@@ -64,7 +64,7 @@ class Scheduler:
         self.kv_cache_manager = KVCacheManager(
             kv_cache_config.num_blocks, kv_cache_config.block_size, s.max_model_len,
             cache_config.enable_prefix_caching, model_name,
-            [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups])
+            [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups], use_eagle)
         self.swap_space = (SwapSpace(kv_cache_config.num_swap_blocks) if s.preemption_mode == "swap"
                            else None)
         self.structured_output_manager = structured_output_manager

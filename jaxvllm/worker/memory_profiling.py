@@ -45,7 +45,8 @@ _REQUEST_BUCKETED = {"sample": 3, "sample_extended": 3, "verify": 3, "propose": 
 def peak_step_bytes(runner) -> int:
     """The most memory one step needs beyond its arguments, per device: each of its programs
     at the largest token or request bucket, compiled (not run) with the runner's abstract or
-    real arguments."""
+    real arguments; the programs after the forward with its outputs (their arguments) still
+    held."""
     def bucket(program, args) -> int:
         arg = args[{**_TOKEN_BUCKETED, **_REQUEST_BUCKETED}[program.name]]
         return int(arg) if not hasattr(arg, "shape") or arg.ndim == 0 else arg.shape[0]
@@ -53,11 +54,14 @@ def peak_step_bytes(runner) -> int:
                **dict.fromkeys(_REQUEST_BUCKETED, max(runner.request_buckets))}
     chosen = [(p, args, static) for p, args, static in runner.warmup_jobs()
               if p.name in largest and bucket(p, args) == largest[p.name]]
-    return max(_extra_bytes(p.jitted.lower(*args, **static).compile()) for p, args, static in chosen)
-
-
-def _extra_bytes(compiled: jax.stages.Compiled) -> int:
-    stats = compiled.memory_analysis()
-    if stats is None:  # a backend that does not say
+    stats = [(p.name, p.jitted.lower(*args, **static).compile().memory_analysis()) for p, args, static in chosen]
+    if any(s is None for _, s in stats):  # a backend that does not say
         return 0
-    return stats.temp_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes
+    forward = max(_outputs(s) for name, s in stats if name == "forward")
+    return max(s.temp_size_in_bytes + _outputs(s) + (0 if name in ("forward", "forward_lora") else forward)
+               for name, s in stats)
+
+
+def _outputs(stats) -> int:
+    """A program's outputs that are not its donated arguments, updated in place."""
+    return stats.output_size_in_bytes - stats.alias_size_in_bytes

@@ -68,6 +68,7 @@ def layer_groups_and_slots(groups: list[KVCacheGroupSpec] | None, num_layers: in
 class ModelRunner:
     # Target layers whose entering hidden states the forward also returns (an EAGLE-3 draft's).
     aux_hidden_state_layers: tuple[int, ...] = ()
+    draft_args = None  # a drafter's model args, which its saved programs depend on too
 
     def __init__(self, config: EngineConfig, model: nnx.Module, kv_cache: jax.Array, attend,
                  num_swap_blocks: int = 0, *, mesh: Mesh, platform: Platform,
@@ -167,7 +168,7 @@ class ModelRunner:
         # Weights and cache keep their shardings; step inputs and hidden states are replicated.
         params_sharding = tuple(x.sharding for x in self.param_leaves)
         # The layer loop too: a program saved under one loop must not serve a run forcing the other.
-        key = fingerprint(config, model.args, mesh.devices.shape, platform.layer_loop.__name__)
+        key = fingerprint(config, model.args, mesh.devices.shape, platform.layer_loop.__name__, self.draft_args)
         self._executables_dir = (
             executables_dir() if platform.serialize_executables and jax.process_count() == 1 else None)
         self._program_key, self._devices = key, list(mesh.devices.flat)

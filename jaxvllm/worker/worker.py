@@ -4,6 +4,7 @@ them and the memory offered), and the ModelRunner that executes steps. Built fro
 EngineConfig alone (vLLM's Worker(vllm_config)): the checkpoint is config.model.path."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -59,6 +60,8 @@ class Worker:
     PipelineWorker's stages split the layers over several meshes (the hooks _make_stages,
     _load_model and _make_runner)."""
 
+    draft_model: nnx.Module | None = None  # speculative decoding's draft model or EAGLE-3 head
+
     def __init__(self, config: EngineConfig):
         self.config = config
         enable_compilation_cache()
@@ -97,14 +100,16 @@ class Worker:
         del weights
         self.args = self.model.args
         spec = config.speculative
-        self.draft_model = None
-        if spec is not None and spec.method in ("draft_model", "eagle3"):  # unquantized, on the same mesh
-            draft_weights = load_weights(spec.model)
-            if spec.method == "eagle3" and not {"embed_tokens.weight",
-                                                "model.embed_tokens.weight"} & draft_weights.keys():
+        if spec is not None and spec.method in ("draft_model", "eagle3"):
+            # Unquantized, on the same mesh, its experts (if any) split by tensor parallelism.
+            draft_weights = None if is_orbax_checkpoint(spec.model) else load_weights(spec.model)
+            if spec.method == "eagle3" and draft_weights is not None and not {
+                    "embed_tokens.weight", "model.embed_tokens.weight"} & draft_weights.keys():
                 # An EAGLE-3 head without its own embedding shares the target's (as vLLM does).
                 draft_weights["model.embed_tokens.weight"] = np.asarray(self.model.embed_tokens.get_value())
-            self.draft_model = get_model(config, spec.model, load_hf_config(spec.model), self.mesh,
+            draft_config = dataclasses.replace(config, parallel=dataclasses.replace(
+                config.parallel, enable_expert_parallel=False))
+            self.draft_model = get_model(draft_config, spec.model, load_hf_config(spec.model), self.mesh,
                                          weights=draft_weights,
                                          linear_method=platform.linear_method(config.model.attention_backend,
                                                                               self.mesh.size),
@@ -130,14 +135,14 @@ class Worker:
         specs = {f"layers.{i}.self_attn": KVCacheSpec(bs, page, w if w is not None and w < max_len else None)
                  for layers in self.layer_ranges for i in layers for w in [windows[i]]}
         if self.draft_model is not None:  # its layers share the target's blocks (spec_decode/draft_model.py)
-            draft_page = math.prod(self._kv_cache_shape(1, 1, self.draft_model.args)) * self.kv_dtype.storage.itemsize
-            if draft_page != page:
+            if self._kv_cache_shape(1, 1, self.draft_model.args) != self._kv_cache_shape(1, 1):
                 a, d = self.args, self.draft_model.args
                 raise ValueError(
-                    f"speculative_config.model keeps {draft_page} bytes of KV per page ({d.num_kv_heads} KV heads of "
-                    f"{d.head_dim}), the target {page} ({a.num_kv_heads} of {a.head_dim}): a draft model's KV "
-                    "shares the target's pages and needs the same KV heads and head size.")
-            windows = self.draft_model.sliding_windows()
+                    f"speculative_config.model has {d.num_kv_heads} KV heads of {d.head_dim}, the target "
+                    f"{a.num_kv_heads} of {a.head_dim}: a draft model's KV shares the target's pages and needs "
+                    "the same KV heads and head size.")
+            windows = (self.draft_model.sliding_windows() if not self.config.scheduler.disable_hybrid_kv_cache_manager
+                       else [None] * self.draft_model.args.num_layers)
             specs.update({f"{DRAFT_PREFIX}layers.{i}.self_attn": KVCacheSpec(bs, page, w if w is not None
                                                                              and w < max_len else None)
                           for i, w in enumerate(windows)})

@@ -194,6 +194,15 @@ def test_computed_blocks_are_the_longest_cached_prefix_but_never_all():
     assert (s.requests, s.queries, s.hits) == (3, 12 + 11 + 12, 16)
 
 
+def test_with_an_eagle3_head_the_last_block_of_a_hit_is_computed_again():
+    """An EAGLE-3 head's KV at a block's last position holds the token after the block: a hit
+    keeps every block but its last (vLLM's use_eagle)."""
+    mgr = KVCacheManager(num_blocks=20, block_size=4, max_model_len=64, enable_caching=True, use_eagle=True)
+    admit(mgr, prompt_request("a", range(13)))
+    assert admit(mgr, prompt_request("b", list(range(12)) + [99]))[1] == 8
+    assert admit(mgr, prompt_request("c", list(range(5)) + [99]))[1] == 0
+
+
 def test_salt_and_model_name_are_part_of_the_hash():
     mgr = caching_mgr()
     admit(mgr, prompt_request("a", range(9), salt="x"))

@@ -39,8 +39,8 @@ def main(model: str, tps: str, prompts: str, max_tokens: str, attention_backend:
         spec = ({"method": "suffix", "num_speculative_tokens": 3} if tp.startswith("spec") else
                 {"method": "draft_model", "model": default_model_path() if model == "default" else model,
                  "num_speculative_tokens": 3} if tp.startswith("draft") else None)
-        size = int(tp.removeprefix("spec").removeprefix("draft"))
-        llm = LLM(None if model == "default" else model, tensor_parallel_size=1 if pp > 1 else size,
+        size = 1 if pp > 1 else int(tp.removeprefix("spec").removeprefix("draft"))
+        llm = LLM(None if model == "default" else model, tensor_parallel_size=size,
                   pipeline_parallel_size=pp, skip_warmup=True,
                   max_num_seqs=8, max_num_batched_tokens=128, max_model_len=256,
                   num_gpu_blocks_override=64, attention_backend=attention_backend, speculative_config=spec)

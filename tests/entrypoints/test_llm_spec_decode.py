@@ -225,6 +225,9 @@ def test_a_draft_model_must_share_the_vocabulary_and_the_kv_pages(tmp_path, tiny
         make_llm(tiny_model_dir, speculative_config=dict(SPEC, model=str(tiny_model_dir)))
     with pytest.raises(FileNotFoundError, match="Model path does not exist"):
         make_llm(tiny_model_dir, speculative_config=dict(DRAFT, model=str(tmp_path / "nowhere")))
+    write_tiny_llama(tmp_path / "short", num_layers=1, max_position_embeddings=64)
+    with pytest.raises(ValueError, match="holds 64 positions, fewer than max_model_len=128"):
+        make_llm(tiny_model_dir, speculative_config=dict(DRAFT, model=str(tmp_path / "short")))
 
 
 @pytest.mark.parametrize("preemption_mode", ["recompute", "swap"])

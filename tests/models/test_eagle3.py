@@ -121,6 +121,11 @@ def test_an_eagle3_head_serves_only_as_a_draft(models, tmp_path):
     with pytest.raises(ValueError, match="method 'eagle3' takes one"):
         LLM(str(target), skip_warmup=True, speculative_config={"method": "draft_model", "model": str(head_dir),
                                                                  "num_speculative_tokens": 2})
+    wide = tmp_path / "wide"  # a head for a target of another hidden size
+    write_tiny_eagle3(wide, hidden_size=128)
+    with pytest.raises(ValueError, match="for a hidden size of 128, the target's is 64"):
+        LLM(str(target), skip_warmup=True, speculative_config={"method": "eagle3", "model": str(wide),
+                                                                 "num_speculative_tokens": 2})
     with pytest.raises(ValueError, match="method 'eagle3' takes one"):
         LLM(str(target), skip_warmup=True, speculative_config={"method": "eagle3", "model": str(target),
                                                                  "num_speculative_tokens": 2})

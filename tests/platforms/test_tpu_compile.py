@@ -42,7 +42,8 @@ def models(tmp_path_factory) -> dict[str, str]:
     eagle3 = tmp_path_factory.mktemp("tiny-eagle3")  # an EAGLE-3 head for the tiny model
     (eagle3 / "config.json").write_text(json.dumps(dict(
         CONFIGS["tiny"], num_hidden_layers=1, draft_vocab_size=512, architectures=["LlamaForCausalLMEagle3"],
-        model_type="llama", rms_norm_eps=1e-5, hidden_act="silu")))
+        model_type="llama", rms_norm_eps=1e-5, hidden_act="silu",
+        eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 1, 2]})))
     out["tiny-eagle3"] = str(eagle3)
     for name, fields in CONFIGS.items():
         path = tmp_path_factory.mktemp(name)

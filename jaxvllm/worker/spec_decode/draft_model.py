@@ -94,8 +94,10 @@ class DraftModel:
                     drafts.append(ids)
                 return jnp.stack(drafts, axis=1), kv_cache
 
-        self._draft_forward = runner._program("draft_forward", draft_forward, (0, 1), donate_argnums=(1,))
-        self._propose = runner._program("propose", propose, (0, 1), donate_argnums=(1,))
+        kv, rep = runner.kv_cache.sharding, runner._replicated
+        self._draft_forward = runner._program("draft_forward", draft_forward, (0, 1), donate_argnums=(1,),
+                                              out_shardings=kv)
+        self._propose = runner._program("propose", propose, (0, 1), donate_argnums=(1,), out_shardings=(rep, kv))
 
     @property
     def programs(self):
@@ -121,8 +123,9 @@ class DraftModel:
         jobs = [(self._draft_forward, (self.leaves, runner.kv_cache, args[2], args[5]), {})
                 for _, args, _ in forward_jobs]
         G, P, K1 = runner.num_kv_cache_groups, runner.max_pages_per_seq, runner.num_spec_tokens + 1
-        for R in runner.request_buckets:
-            zeros = np.zeros(R, np.int32)
-            jobs.append((self._propose, (self.leaves, runner.kv_cache, np.zeros((R, K1), np.int32), zeros,
-                                         np.zeros(R, bool), zeros, np.zeros((G, R, P), np.int32), np.int32(R)), {}))
+        for R in runner.request_buckets:  # verify's tokens: replicated device arrays
+            tokens, num_tokens = (jax.ShapeDtypeStruct(shape, np.int32, sharding=runner._replicated)
+                                  for shape in ((R, K1), (R,)))
+            jobs.append((self._propose, (self.leaves, runner.kv_cache, tokens, num_tokens, np.zeros(R, bool),
+                                         np.zeros(R, np.int32), np.zeros((G, R, P), np.int32), np.int32(R)), {}))
         return jobs

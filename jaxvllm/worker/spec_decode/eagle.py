@@ -62,7 +62,8 @@ class EagleProposer:
                     drafts.append(head.draft_tokens(normed, num_reqs, argmax))
                 return jnp.stack(drafts, axis=1), kv_cache
 
-        self._propose = runner._program("propose_eagle", propose, (0, 1), donate_argnums=(1,))
+        self._propose = runner._program("propose_eagle", propose, (0, 1), donate_argnums=(1,),
+                                        out_shardings=(runner._replicated, runner.kv_cache.sharding))
 
     @property
     def programs(self):

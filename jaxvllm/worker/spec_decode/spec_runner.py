@@ -98,6 +98,8 @@ class SpecDecodeModelRunner(ModelRunner):
         """draft_model: method draft_model's model or eagle3's head, its layers in kv_cache
         after the target's."""
         spec = config.speculative
+        if draft_model is not None:
+            self.draft_args = draft_model.args
         if spec.method == "eagle3":  # the target's forward also returns the head's input
             self.aux_hidden_state_layers = draft_model.args.aux_layers(model.args.num_layers)
         super().__init__(config, model, kv_cache, attend, *args, **kwargs)
