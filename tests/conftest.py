@@ -91,6 +91,26 @@ def write_tiny_eagle3(path, *, hidden_size=64, num_heads=4, num_kv_heads=2, head
     return t
 
 
+def assert_speculative_decoding_keeps(path, prompts, plain, params, configs, preempts=False, **engine_args) -> None:
+    """Each speculative_config of `configs` gives the plain engine's tokens `plain` for
+    `prompts` (token-id lists) on the checkpoint at `path`, with drafts made (and requests
+    preempted, recomputed, if `preempts`); the model as its own draft model (method
+    draft_model) has every draft accepted; every block comes back."""
+    from jaxvllm import LLM
+    for config in configs:
+        spec = LLM(str(path), speculative_config=config, skip_warmup=True, **engine_args)
+        outputs = spec.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in outputs] == plain, config
+        stats = spec.llm_engine.get_stats()
+        assert stats.spec_decode_num_draft_tokens > 0, config
+        assert spec.llm_engine.engine_core.scheduler.num_preemptions > 0 or not preempts, config
+        if config["method"] == "draft_model" and config["model"] == str(path):
+            assert stats.spec_decode_num_accepted_tokens == stats.spec_decode_num_draft_tokens
+        pool = spec.llm_engine.engine_core.scheduler.kv_cache_manager.block_pool
+        assert pool.get_num_free_blocks() == pool.num_blocks - 1, config
+        spec.llm_engine.shutdown()
+
+
 def run_prefill(model, token_ids: list[int], num_blocks: int = 16, layer_loop=None) -> np.ndarray:
     """Logits at every position of one sequence written to pages 1..n of a fresh cache
     (the layers run in the CPU's loop unless `layer_loop` is given)."""

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import write_tiny_eagle3, write_tiny_moe
+from conftest import assert_speculative_decoding_keeps, write_tiny_eagle3, write_tiny_moe
 from jaxvllm import LLM, SamplingParams
 from jaxvllm.kernels.cpu import build as native_build
 from jaxvllm.kernels.cpu.packed_matmul import PANEL, PackedFusedMoEMethod
@@ -78,19 +78,12 @@ def assert_spec_decoding_keeps(path, plain, params):
     write_tiny_eagle3(eagle3, num_heads=cfg.num_attention_heads, num_kv_heads=cfg.num_key_value_heads,
                       head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
                       aux_layer_ids=(0, 1, 2))
-    for config in ({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
-                   {"method": "draft_model", "model": str(path), "num_speculative_tokens": 3},
-                   {"method": "eagle3", "model": str(eagle3), "num_speculative_tokens": 3}):
-        spec = LLM(str(path), max_num_seqs=4, max_num_batched_tokens=32, max_model_len=128,
-                   num_gpu_blocks_override=10, skip_warmup=True, speculative_config=config)
-        assert [o.outputs[0].token_ids for o in spec.generate(PROMPTS, params, use_tqdm=False)] == plain, config
-        stats = spec.llm_engine.get_stats()
-        assert stats.spec_decode_num_draft_tokens > 0
-        if config["method"] == "draft_model":
-            assert stats.spec_decode_num_accepted_tokens == stats.spec_decode_num_draft_tokens
-        pool = spec.llm_engine.engine_core.scheduler.kv_cache_manager.block_pool
-        assert pool.get_num_free_blocks() == pool.num_blocks - 1
-        spec.llm_engine.shutdown()
+    assert_speculative_decoding_keeps(
+        path, PROMPTS, plain, params,
+        [{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
+         {"method": "draft_model", "model": str(path), "num_speculative_tokens": 3},
+         {"method": "eagle3", "model": str(eagle3), "num_speculative_tokens": 3}],
+        preempts=True, max_num_seqs=4, max_num_batched_tokens=32, max_model_len=128, num_gpu_blocks_override=10)
 
 
 def test_spec_decoding_keeps_greedy_output_on_qwen2_moe(moe_model_dir):

@@ -11,7 +11,7 @@ import pytest
 import torch
 from flax import nnx
 
-from conftest import run_prefill, write_tiny_eagle3
+from conftest import assert_speculative_decoding_keeps, run_prefill, write_tiny_eagle3
 from family_checkpoints import FAMILIES, write_family_checkpoint
 from jaxvllm.models.layer_loops import unrolled_layers
 from jaxvllm.models.loader import load_weights
@@ -113,21 +113,13 @@ def test_greedy_matches_transformers_chunked_and_preempted(family):
     write_tiny_eagle3(eagle3, num_heads=heads, num_kv_heads=getattr(cfg, "num_key_value_heads", heads),
                       head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
                       aux_layer_ids=(0, layers // 2, layers - 1), own_embedding=arch.startswith("OPT"))
-    for config in ({"method": "suffix", "num_speculative_tokens": 3},
-                   {"method": "draft_model", "model": str(path), "num_speculative_tokens": 3},
-                   {"method": "eagle3", "model": str(eagle3), "num_speculative_tokens": 3}):
-        spec = LLM(str(path), max_num_seqs=4, max_num_batched_tokens=32, max_model_len=128,
-                   num_gpu_blocks_override=20 if arch.startswith("Gemma") else 10, skip_warmup=True,
-                   speculative_config=config)
-        outputs = spec.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
-        assert [o.outputs[0].token_ids for o in outputs] == plain, config["method"]
-        stats = spec.llm_engine.get_stats()
-        assert stats.spec_decode_num_draft_tokens > 0
-        if config["method"] == "draft_model":
-            assert stats.spec_decode_num_accepted_tokens == stats.spec_decode_num_draft_tokens
-        pool = spec.llm_engine.engine_core.scheduler.kv_cache_manager.block_pool
-        assert pool.get_num_free_blocks() == pool.num_blocks - 1
-        spec.llm_engine.shutdown()
+    assert_speculative_decoding_keeps(
+        path, PROMPTS, plain, params,
+        [{"method": "suffix", "num_speculative_tokens": 3},
+         {"method": "draft_model", "model": str(path), "num_speculative_tokens": 3},
+         {"method": "eagle3", "model": str(eagle3), "num_speculative_tokens": 3}],
+        preempts=True, max_num_seqs=4, max_num_batched_tokens=32, max_model_len=128,
+        num_gpu_blocks_override=20 if arch.startswith("Gemma") else 10)
 
 
 SPEC_METHODS = [{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
@@ -140,21 +132,14 @@ def test_every_speculative_method_keeps_greedy_output_on_the_llama_class(arch, t
     """The Llama class's other architectures (Llama itself: tests/entrypoints/test_llm_spec_decode.py)."""
     from jaxvllm import LLM, SamplingParams
     write_family_checkpoint(arch, tmp_path)
-    args = dict(max_num_seqs=4, max_num_batched_tokens=32, max_model_len=128, num_gpu_blocks_override=16,
-                skip_warmup=True)
+    args = dict(max_num_seqs=4, max_num_batched_tokens=32, max_model_len=128, num_gpu_blocks_override=16)
     params = SamplingParams(temperature=0, max_tokens=N_NEW, ignore_eos=True)
-    prompts = [{"prompt_token_ids": p} for p in PROMPTS]
-    llm = LLM(str(tmp_path), **args)
-    plain = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    llm = LLM(str(tmp_path), skip_warmup=True, **args)
+    plain = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params,
+                                                           use_tqdm=False)]
     llm.llm_engine.shutdown()
-    for config in SPEC_METHODS:
-        config = dict(config, model=str(tmp_path)) if config["method"] == "draft_model" else config
-        spec = LLM(str(tmp_path), speculative_config=config, **args)
-        assert [o.outputs[0].token_ids for o in spec.generate(prompts, params, use_tqdm=False)] == plain, config
-        assert spec.llm_engine.get_stats().spec_decode_num_draft_tokens > 0
-        pool = spec.llm_engine.engine_core.scheduler.kv_cache_manager.block_pool
-        assert pool.get_num_free_blocks() == pool.num_blocks - 1
-        spec.llm_engine.shutdown()
+    assert_speculative_decoding_keeps(tmp_path, PROMPTS, plain, params, [
+        dict(c, model=str(tmp_path)) if c["method"] == "draft_model" else c for c in SPEC_METHODS], **args)
 
 
 # Windows of 16-32 tokens, and pools far smaller than every layer keeping every page would
