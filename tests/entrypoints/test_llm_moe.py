@@ -69,10 +69,10 @@ def test_greedy_matches_transformers_chunked_and_preempted(moe_model_dir, arch):
 
 
 def assert_spec_decoding_keeps(path, plain, params):
-    """ngram (suffix, the other host proposer, is the dense families'), the model as its own
-    draft model and a random EAGLE-3 head reading the hidden states entering layers 0, 1 and
-    after the last give the plain engine's greedy tokens in a pool of 10 pages, every draft of
-    the draft model accepted, every block returned."""
+    """Every method (the model as its own draft model; a random EAGLE-3 head reading the
+    hidden states entering layers 0, 1 and after the last) gives the plain engine's greedy
+    tokens in a pool of 10 pages where requests are preempted, every draft of the draft model
+    accepted, every block returned."""
     cfg = load_hf_config(str(path))
     eagle3 = path.parent / f"{path.name}-eagle3"
     write_tiny_eagle3(eagle3, num_heads=cfg.num_attention_heads, num_kv_heads=cfg.num_key_value_heads,
@@ -81,6 +81,7 @@ def assert_spec_decoding_keeps(path, plain, params):
     assert_speculative_decoding_keeps(
         path, PROMPTS, plain, params,
         [{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
+         {"method": "suffix", "num_speculative_tokens": 3},
          {"method": "draft_model", "model": str(path), "num_speculative_tokens": 3},
          {"method": "eagle3", "model": str(eagle3), "num_speculative_tokens": 3}],
         preempts=True, max_num_seqs=4, max_num_batched_tokens=32, max_model_len=128, num_gpu_blocks_override=10)

@@ -79,7 +79,7 @@ N_NEW = 32
 
 
 def test_greedy_matches_transformers_chunked_and_preempted(family):
-    """Also with speculative decoding (suffix, and the model drafting for itself). One engine
+    """Also with speculative decoding (every method; the model drafting for itself). One engine
     both chunks prefills (a 32-token budget: the 70-token prompt takes three steps) and preempts (9 usable pages of 16 for three requests needing 14; Gemma's
     3 layers are 3 KV cache groups of 1 layer, its sliding ones holding 12-token windows:
     19 usable blocks of one layer's page for requests needing about 33)."""
@@ -115,31 +115,32 @@ def test_greedy_matches_transformers_chunked_and_preempted(family):
                       aux_layer_ids=(0, layers // 2, layers - 1), own_embedding=arch.startswith("OPT"))
     assert_speculative_decoding_keeps(
         path, PROMPTS, plain, params,
-        [{"method": "suffix", "num_speculative_tokens": 3},
+        [{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
+         {"method": "suffix", "num_speculative_tokens": 3},
          {"method": "draft_model", "model": str(path), "num_speculative_tokens": 3},
          {"method": "eagle3", "model": str(eagle3), "num_speculative_tokens": 3}],
         preempts=True, max_num_seqs=4, max_num_batched_tokens=32, max_model_len=128,
         num_gpu_blocks_override=20 if arch.startswith("Gemma") else 10)
 
 
-SPEC_METHODS = [{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
-                {"method": "suffix", "num_speculative_tokens": 3},
-                {"method": "draft_model", "num_speculative_tokens": 3}]  # "model": the checkpoint itself
-
-
 @pytest.mark.parametrize("arch", ["MistralForCausalLM", "Qwen2ForCausalLM"])
 def test_every_speculative_method_keeps_greedy_output_on_the_llama_class(arch, tmp_path):
     """The Llama class's other architectures (Llama itself: tests/entrypoints/test_llm_spec_decode.py)."""
     from jaxvllm import LLM, SamplingParams
-    write_family_checkpoint(arch, tmp_path)
+    path, eagle3 = tmp_path / "model", tmp_path / "eagle3"
+    write_family_checkpoint(arch, path)
+    write_tiny_eagle3(eagle3, aux_layer_ids=(0, 1, 2))
     args = dict(max_num_seqs=4, max_num_batched_tokens=32, max_model_len=128, num_gpu_blocks_override=16)
     params = SamplingParams(temperature=0, max_tokens=N_NEW, ignore_eos=True)
-    llm = LLM(str(tmp_path), skip_warmup=True, **args)
+    llm = LLM(str(path), skip_warmup=True, **args)
     plain = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params,
                                                            use_tqdm=False)]
     llm.llm_engine.shutdown()
-    assert_speculative_decoding_keeps(tmp_path, PROMPTS, plain, params, [
-        dict(c, model=str(tmp_path)) if c["method"] == "draft_model" else c for c in SPEC_METHODS], **args)
+    assert_speculative_decoding_keeps(path, PROMPTS, plain, params, [
+        {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
+        {"method": "suffix", "num_speculative_tokens": 3},
+        {"method": "draft_model", "model": str(path), "num_speculative_tokens": 3},
+        {"method": "eagle3", "model": str(eagle3), "num_speculative_tokens": 3}], **args)
 
 
 # Windows of 16-32 tokens, and pools far smaller than every layer keeping every page would
