@@ -111,6 +111,26 @@ def assert_speculative_decoding_keeps(path, prompts, plain, params, configs, pre
         spec.llm_engine.shutdown()
 
 
+def assert_every_spec_method_keeps(path, prompts, plain, params, aux_layer_ids, own_embedding=False,
+                                   **kwargs) -> None:
+    """assert_speculative_decoding_keeps with every method: ngram, suffix, the model as its own
+    draft model, and a random EAGLE-3 head of its shapes (written beside it) reading the
+    hidden states entering aux_layer_ids."""
+    from jaxvllm.transformers_utils.config import load_hf_config
+    cfg = load_hf_config(str(path))
+    heads = cfg.num_attention_heads
+    eagle3 = path.parent / f"{path.name}-eagle3"
+    write_tiny_eagle3(eagle3, hidden_size=cfg.hidden_size, num_heads=heads,
+                      num_kv_heads=getattr(cfg, "num_key_value_heads", heads),
+                      head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+                      vocab_size=cfg.vocab_size, aux_layer_ids=aux_layer_ids, own_embedding=own_embedding)
+    assert_speculative_decoding_keeps(path, prompts, plain, params, [
+        {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
+        {"method": "suffix", "num_speculative_tokens": 3},
+        {"method": "draft_model", "model": str(path), "num_speculative_tokens": 3},
+        {"method": "eagle3", "model": str(eagle3), "num_speculative_tokens": 3}], **kwargs)
+
+
 def run_prefill(model, token_ids: list[int], num_blocks: int = 16, layer_loop=None) -> np.ndarray:
     """Logits at every position of one sequence written to pages 1..n of a fresh cache
     (the layers run in the CPU's loop unless `layer_loop` is given)."""

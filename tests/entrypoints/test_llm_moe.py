@@ -11,12 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import assert_speculative_decoding_keeps, write_tiny_eagle3, write_tiny_moe
+from conftest import assert_every_spec_method_keeps, write_tiny_moe
 from jaxvllm import LLM, SamplingParams
 from jaxvllm.kernels.cpu import build as native_build
 from jaxvllm.kernels.cpu.packed_matmul import PANEL, PackedFusedMoEMethod
 from jaxvllm.sampling_params import StructuredOutputsParams
-from jaxvllm.transformers_utils.config import load_hf_config
 
 PROMPTS = [[int(t) for t in np.random.default_rng(i).integers(3, 256, n)] for i, n in enumerate([5, 40, 17, 70])]
 N_NEW = 32
@@ -73,18 +72,8 @@ def assert_spec_decoding_keeps(path, plain, params):
     hidden states entering layers 0, 1 and after the last) gives the plain engine's greedy
     tokens in a pool of 10 pages where requests are preempted, every draft of the draft model
     accepted, every block returned."""
-    cfg = load_hf_config(str(path))
-    eagle3 = path.parent / f"{path.name}-eagle3"
-    write_tiny_eagle3(eagle3, num_heads=cfg.num_attention_heads, num_kv_heads=cfg.num_key_value_heads,
-                      head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
-                      aux_layer_ids=(0, 1, 2))
-    assert_speculative_decoding_keeps(
-        path, PROMPTS, plain, params,
-        [{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
-         {"method": "suffix", "num_speculative_tokens": 3},
-         {"method": "draft_model", "model": str(path), "num_speculative_tokens": 3},
-         {"method": "eagle3", "model": str(eagle3), "num_speculative_tokens": 3}],
-        preempts=True, max_num_seqs=4, max_num_batched_tokens=32, max_model_len=128, num_gpu_blocks_override=10)
+    assert_every_spec_method_keeps(path, PROMPTS, plain, params, (0, 1, 2), preempts=True, max_num_seqs=4,
+                                   max_num_batched_tokens=32, max_model_len=128, num_gpu_blocks_override=10)
 
 
 def test_spec_decoding_keeps_greedy_output_on_qwen2_moe(moe_model_dir):

@@ -11,7 +11,7 @@ import pytest
 import torch
 from flax import nnx
 
-from conftest import assert_speculative_decoding_keeps, run_prefill, write_tiny_eagle3
+from conftest import assert_every_spec_method_keeps, run_prefill
 from family_checkpoints import FAMILIES, write_family_checkpoint
 from jaxvllm.models.layer_loops import unrolled_layers
 from jaxvllm.models.loader import load_weights
@@ -107,40 +107,26 @@ def test_greedy_matches_transformers_chunked_and_preempted(family):
     # The model as its own draft model too: its layers join the pool's groups (Gemma's sliding
     # ones their own), and every draft is accepted. And a random EAGLE-3 head reading three of
     # its layers' hidden states (OPT's embedding is narrower than its layers: the head has its own).
-    cfg = load_hf_config(str(path))
-    layers, heads = cfg.num_hidden_layers, cfg.num_attention_heads
-    eagle3 = path.parent / f"{path.name}-eagle3"
-    write_tiny_eagle3(eagle3, num_heads=heads, num_kv_heads=getattr(cfg, "num_key_value_heads", heads),
-                      head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
-                      aux_layer_ids=(0, layers // 2, layers - 1), own_embedding=arch.startswith("OPT"))
-    assert_speculative_decoding_keeps(
-        path, PROMPTS, plain, params,
-        [{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
-         {"method": "suffix", "num_speculative_tokens": 3},
-         {"method": "draft_model", "model": str(path), "num_speculative_tokens": 3},
-         {"method": "eagle3", "model": str(eagle3), "num_speculative_tokens": 3}],
-        preempts=True, max_num_seqs=4, max_num_batched_tokens=32, max_model_len=128,
-        num_gpu_blocks_override=20 if arch.startswith("Gemma") else 10)
+    layers = load_hf_config(str(path)).num_hidden_layers
+    assert_every_spec_method_keeps(path, PROMPTS, plain, params, (0, layers // 2, layers - 1),
+                                   own_embedding=arch.startswith("OPT"), preempts=True, max_num_seqs=4,
+                                   max_num_batched_tokens=32, max_model_len=128,
+                                   num_gpu_blocks_override=20 if arch.startswith("Gemma") else 10)
 
 
 @pytest.mark.parametrize("arch", ["MistralForCausalLM", "Qwen2ForCausalLM"])
 def test_every_speculative_method_keeps_greedy_output_on_the_llama_class(arch, tmp_path):
     """The Llama class's other architectures (Llama itself: tests/entrypoints/test_llm_spec_decode.py)."""
     from jaxvllm import LLM, SamplingParams
-    path, eagle3 = tmp_path / "model", tmp_path / "eagle3"
+    path = tmp_path / "model"
     write_family_checkpoint(arch, path)
-    write_tiny_eagle3(eagle3, aux_layer_ids=(0, 1, 2))
     args = dict(max_num_seqs=4, max_num_batched_tokens=32, max_model_len=128, num_gpu_blocks_override=16)
     params = SamplingParams(temperature=0, max_tokens=N_NEW, ignore_eos=True)
     llm = LLM(str(path), skip_warmup=True, **args)
     plain = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params,
                                                            use_tqdm=False)]
     llm.llm_engine.shutdown()
-    assert_speculative_decoding_keeps(path, PROMPTS, plain, params, [
-        {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
-        {"method": "suffix", "num_speculative_tokens": 3},
-        {"method": "draft_model", "model": str(path), "num_speculative_tokens": 3},
-        {"method": "eagle3", "model": str(eagle3), "num_speculative_tokens": 3}], **args)
+    assert_every_spec_method_keeps(path, PROMPTS, plain, params, (0, 1, 2), **args)
 
 
 # Windows of 16-32 tokens, and pools far smaller than every layer keeping every page would
