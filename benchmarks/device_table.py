@@ -69,6 +69,14 @@ def figure_lines(out: Path) -> list[str]:
                          f"same tokens: {r['identical_tokens']}")
     else:
         lines.append("  spec decode           no figures")
+    offload = _load(out / "kv_offload.json")
+    if offload:
+        lines.append(f"  kv offload            {offload['prefix_len']}-token prefix, TTFT reloaded from host "
+                     f"{offload['ttft_median_s_offload']:.3f} s against computed {offload['ttft_median_s_recompute']:.3f} s "
+                     f"({offload['ttft_median_speedup']:.1f}x), host hits {offload['host_tier_hit_tokens']} tokens, "
+                     f"same tokens: {offload['identical_outputs']}")
+    else:
+        lines.append("  kv offload            no figures")
     return lines
 
 

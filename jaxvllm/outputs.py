@@ -38,6 +38,15 @@ class LogprobsLists:
 
 
 @dataclass
+class KVConnectorOutput:
+    """What a KV connector's worker side reports after a step (vLLM's name): requests whose
+    sends or receives ended, and the connector's counters (cumulative, by name)."""
+    finished_sending: set[str] = field(default_factory=set)
+    finished_recving: set[str] = field(default_factory=set)
+    kv_connector_stats: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
 class ModelRunnerOutput:
     """The worker's answer to one SchedulerOutput: the token each scheduled request sampled."""
     req_ids: list[str]
@@ -53,6 +62,8 @@ class ModelRunnerOutput:
     # Speculative decoding (else None): per request, the proposer's drafts for its next step;
     # sampled_token_ids then holds each request's accepted drafts and one token after them.
     spec_token_ids: list[list[int]] | None = None
+    # A KV connector's report (distributed/kv_transfer/base.py), where one runs.
+    kv_connector_output: KVConnectorOutput | None = None
 
 
 @dataclass(slots=True)  # one per request per step: kept cheap to build

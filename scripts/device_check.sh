@@ -15,6 +15,8 @@
 #   7. throughput   benchmarks/throughput.py --random-weights llama3-8b: 256 requests offline
 #   8. spec decode  benchmarks/spec_decode.py on those weights: n-gram drafts (k=4) against plain
 #                   decoding at batch 1 and 64, repeated-id prompts
+#   9. offload      benchmarks/kv_offload.py on those weights: a 32k-token prefix reloaded from the
+#                   OffloadingConnector's host tier against computed again (TTFT)
 # then the short table (benchmarks/device_table.py). A step that fails or runs out of time
 # is reported in the table; the others still run. The exit status is non-zero if any failed.
 #
@@ -50,25 +52,30 @@ fi
 if (( SMOKE )); then
   # Tiny shapes on a CPU: the budgets only stop a hung step.
   : "${B_ENV:=120}" "${B_TESTS:=300}" "${B_MODEL:=300}" "${B_KERNELS:=300}" "${B_WEIGHTS:=300}" \
-    "${B_STARTUP:=400}" "${B_THROUGHPUT:=300}" "${B_SPEC:=300}"
+    "${B_STARTUP:=400}" "${B_THROUGHPUT:=300}" "${B_SPEC:=300}" "${B_OFFLOAD:=300}"
   SHAPE=tiny DTYPE=float32 RANDOM_WEIGHTS_DIR=${RANDOM_WEIGHTS_DIR:-$SCRATCH/random-tiny}
   MODEL_ARGS=(--smoke) KERNEL_ARGS=(--smoke)
   ENGINE_ARGS=(--max-num-seqs 2 --max-model-len 64 --max-num-batched-tokens 16)
   WORKLOAD_ARGS=(--num-requests 8 --input-len 4 16 --output-len 2 8)
   SPEC_ARGS=(--methods ngram --batch-sizes 1 2 --output-len 8 --prompt-len 16 --repeats 1)
+  OFFLOAD_ARGS=(--num-prefixes 2 --prefix-len 40 --tail 4 --output-len 2 --num-gpu-blocks 5 --max-model-len 64
+                --skip-warmup)
   TEST_PLATFORMS=cpu
 else
   # An H200, 575 s in all (12-04: model step 44 s, kernels 41 s, weights 44 s; start-up did
   # not finish in 120 s, spec decode took 134 s uncached). The start-up step compiles every
   # bucket of the 8B model once; whatever it compiled stays in the XLA cache for the
-  # throughput and spec-decode steps (the same engine sizes) even if it runs out.
+  # throughput and spec-decode steps (the same engine sizes) even if it runs out. The
+  # offload step has a pool of its own (one 32k-token request), so compiles its own.
   : "${B_ENV:=15}" "${B_TESTS:=20}" "${B_MODEL:=60}" "${B_KERNELS:=50}" "${B_WEIGHTS:=50}" \
-    "${B_STARTUP:=140}" "${B_THROUGHPUT:=120}" "${B_SPEC:=120}"
+    "${B_STARTUP:=130}" "${B_THROUGHPUT:=100}" "${B_SPEC:=90}" "${B_OFFLOAD:=60}"
   SHAPE=llama3-8b DTYPE=bfloat16 RANDOM_WEIGHTS_DIR=${RANDOM_WEIGHTS_DIR:-/tmp/jaxvllm-random-llama3-8b}
   MODEL_ARGS=(--shape llama3-8b) KERNEL_ARGS=(--iters 10)
   ENGINE_ARGS=(--max-num-seqs 256 --max-model-len 1024 --max-num-batched-tokens 2048)
   WORKLOAD_ARGS=(--num-requests 256)
   SPEC_ARGS=(--methods ngram --batch-sizes 1 64 --output-len 64 --prompt-len 256 --repeats 2)
+  OFFLOAD_ARGS=(--num-prefixes 2 --prefix-len 32768 --output-len 1 --num-gpu-blocks 2100 --max-model-len 33024
+                --max-num-batched-tokens 4096)
   TEST_PLATFORMS=""  # tests/conftest.py would set cpu: the kernel tests are for the device
 fi
 
@@ -112,11 +119,14 @@ run_step throughput "$B_THROUGHPUT" throughput.log \
 run_step "spec decode" "$B_SPEC" spec_decode.log \
   env JAXVLLM_XLA_CACHE="$SCRATCH/caches/xla" JAXVLLM_MODEL_CACHE="$SCRATCH/caches/models" "$PY" benchmarks/spec_decode.py \
   --model "$RANDOM_WEIGHTS_DIR" "${ENGINE_ARGS[@]}" "${SPEC_ARGS[@]}" --json "$SCRATCH/spec_decode.json"
+run_step offload "$B_OFFLOAD" kv_offload.log \
+  env JAXVLLM_XLA_CACHE="$SCRATCH/caches/xla" JAXVLLM_MODEL_CACHE="$SCRATCH/caches/models" "$PY" benchmarks/kv_offload.py \
+  --model "$RANDOM_WEIGHTS_DIR" --asks 2 --order round-robin "${OFFLOAD_ARGS[@]}" --json "$SCRATCH/kv_offload.json"
 
 echo
 "$PY" benchmarks/device_table.py "$SCRATCH" | tee "$SCRATCH/table.txt"
 cp "$SCRATCH"/table.txt "$OUT"/
-for f in model_step kernels startup throughput spec_decode; do
+for f in model_step kernels startup throughput spec_decode kv_offload; do
   [[ -f $SCRATCH/$f.json ]] && cp "$SCRATCH/$f.json" "$OUT"/
 done
 tar -czf "$OUT/logs.tgz" -C "$SCRATCH" steps.tsv $(cd "$SCRATCH" && ls ./*.log ./*.txt 2>/dev/null)

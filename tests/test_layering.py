@@ -61,6 +61,15 @@ def test_async_llm_loads_no_model_loader_worker_or_jax():
     assert json.loads(out.splitlines()[-1]) == []
 
 
+def test_the_scheduler_and_its_kv_connector_load_no_jax():
+    """core/ is host only, and so is a KV connector's scheduler side (distributed/kv_transfer)."""
+    script = ("import json, sys, jaxvllm.core.scheduler, jaxvllm.distributed.kv_transfer.offloading_connector; "
+              "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'flax'))))")
+    out = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True,
+                         timeout=120).stdout
+    assert json.loads(out.splitlines()[-1]) == []
+
+
 def test_imported_modules_sees_nested_and_relative_imports(tmp_path, monkeypatch):
     pkg = tmp_path / "jaxvllm" / "core"
     pkg.mkdir(parents=True)

@@ -15,6 +15,7 @@ from jaxvllm.config.engine_config import (CacheConfig, CompilationConfig, Engine
                                           LoRAConfig, ModelConfig, ParallelConfig, QuantizationConfig,
                                           SchedulerConfig)
 from jaxvllm.config.pooler import resolve_runner
+from jaxvllm.config.kv_transfer import parse_kv_transfer_config
 from jaxvllm.config.speculative import parse_speculative_config, resolve_draft_model
 from jaxvllm.layers.quantization.compressed_tensors import resolve_quantization
 from jaxvllm.platforms import get_platform
@@ -125,6 +126,10 @@ class EngineArgs:
     """Speculative decoding as JSON or a dict, e.g. '{"method": "ngram",
     "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}'; steps then
     run synchronously (no async scheduling)."""
+    kv_transfer_config: str | None = None
+    """A KV connector as JSON or a dict, e.g. '{"kv_connector": "OffloadingConnector",
+    "kv_role": "kv_both", "kv_connector_extra_config": {"num_cpu_blocks": 4096}}' (a host-memory
+    tier under the prefix cache: evicted blocks are kept there and reloaded on a hit)."""
     enable_lora: bool = False
     """Serve LoRA adapters (PEFT directories) per request, several in one batch."""
     max_loras: int = 1
@@ -208,6 +213,7 @@ class EngineArgs:
             compilation=CompilationConfig(skip_warmup=self.skip_warmup,
                                           check_recompilation=self.check_recompilation),
             speculative=speculative, profile_dir=self.profile_dir,
+            kv_transfer=parse_kv_transfer_config(self.kv_transfer_config),
             lora=(LoRAConfig(self.max_loras, self.max_lora_rank,
                              self.max_loras if self.max_cpu_loras is None else self.max_cpu_loras)
                   if self.enable_lora else None))

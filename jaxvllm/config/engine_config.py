@@ -171,6 +171,17 @@ class LoRAConfig:
 
 
 @dataclass(frozen=True)
+class KVTransferConfig:
+    """A KV connector (vLLM's `kv_transfer_config`, distributed/kv_transfer): `kv_connector`
+    names it, `kv_role` is kv_producer, kv_consumer or kv_both, `kv_connector_extra_config`
+    holds its own settings (OffloadingConnector: num_cpu_blocks or cpu_bytes_to_use,
+    num_staging_blocks)."""
+    kv_connector: str | None = None
+    kv_role: str = "kv_both"
+    kv_connector_extra_config: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -182,6 +193,7 @@ class EngineConfig:
     speculative: SpeculativeConfig | None = None
     profile_dir: str | None = None
     lora: LoRAConfig | None = None  # None: enable_lora off (the step is the plain one)
+    kv_transfer: KVTransferConfig | None = None  # None: no KV connector
 
     @property
     def dtype(self) -> str:

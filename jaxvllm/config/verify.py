@@ -13,6 +13,8 @@ def verify_engine_config(config) -> None:
     from jaxvllm.config.speculative import verify_speculative
     verify_target_model(config.model.hf_config, config.model.name)
     verify_speculative(config)
+    from jaxvllm.config.kv_transfer import verify_kv_transfer
+    verify_kv_transfer(config)
     c, p, s = config.compilation, config.parallel, config.scheduler
     if config.model.runner == "pooling" and p.pipeline_parallel_size > 1:
         raise ValueError("runner='pooling' needs pipeline_parallel_size=1 (the pooler reads the last "

@@ -29,6 +29,9 @@ class BlockPool:
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks[1:])
         # Several blocks may hold the same content (two requests computed it at once).
         self.cached_block_hash_to_block: dict[BlockHash, dict[int, KVCacheBlock]] = {}
+        # A KV connector that keeps evicted blocks (the host tier) sets a list here: each
+        # eviction appends (block id, hash, group) before the block's page is reused.
+        self.evictions: list[tuple[int, BlockHash, int]] | None = None
 
     def get_num_free_blocks(self) -> int:
         """Blocks nobody holds, cached or not: all of them can be handed out."""
@@ -70,6 +73,8 @@ class BlockPool:
         del same[block.block_id]
         if not same:
             del self.cached_block_hash_to_block[block.block_hash]
+        if self.evictions is not None:
+            self.evictions.append((block.block_id, block.block_hash, block.group_id))
         block.block_hash = None
 
     def touch(self, blocks: list[KVCacheBlock]) -> None:

@@ -196,6 +196,10 @@ class KVCacheManager:
             manager.free(request.request_id)
         self.num_cached_block.pop(request.request_id, None)
 
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        """The request's block table of each group."""
+        return KVCacheBlocks(tuple(list(m.req_to_blocks.get(request_id, [])) for m in self.managers))
+
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         """The request's block table of each group (0: the null block, out of a window)."""
         return tuple([b.block_id for b in m.req_to_blocks.get(request_id, [])] for m in self.managers)

@@ -7,6 +7,7 @@ back, `ModelRunnerOutput`, is in jaxvllm/outputs.py.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from jaxvllm.lora.request import LoRARequest
 from jaxvllm.pooling_params import PoolingParams
@@ -58,4 +59,6 @@ class SchedulerOutput:
     # Speculative decoding: each request's draft tokens scheduled this step (vLLM's name);
     # they follow its last token in num_scheduled_tokens, and the verify step scores them.
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+    # A KV connector's orders for the worker this step (its own dataclass; vLLM's name).
+    kv_connector_metadata: Any = None
 

@@ -37,6 +37,8 @@ from jaxvllm.core.sched_output import CachedRequestData, NewRequestData, Schedul
 from jaxvllm.core.stats import SchedulerStats
 from jaxvllm.core.structured_output import StructuredOutputManager
 from jaxvllm.core.swap_space import SwapSpace
+from jaxvllm.distributed.kv_transfer.base import KVConnectorRole
+from jaxvllm.distributed.kv_transfer.factory import KVConnectorFactory
 from jaxvllm.outputs import EngineCoreOutput, FinishReason, ModelRunnerOutput
 
 
@@ -45,12 +47,14 @@ class Scheduler:
                  kv_cache_config: KVCacheConfig, *, model_name: str = "",
                  structured_output_manager: StructuredOutputManager | None = None,
                  max_concurrent_batches: int = 1, num_spec_tokens: int = 0, num_lookahead_tokens: int = 0,
-                 use_eagle: bool = False, max_loras: int = 0):
+                 use_eagle: bool = False, max_loras: int = 0, engine_config=None):
         """num_spec_tokens: speculative decoding's most drafts per request (0: off); the
         drafts themselves come back with each step's tokens (ModelRunnerOutput).
         num_lookahead_tokens: slots allocated past each step's tokens (a draft model writes
         its drafts' KV there, vLLM's name); use_eagle: an EAGLE-3 head drafts. max_loras:
-        most distinct LoRA adapters in one step (the worker's device slots); 0: none served."""
+        most distinct LoRA adapters in one step (the worker's device slots); 0: none served.
+        engine_config: the whole EngineConfig, where its kv_transfer section asks for a KV
+        connector (distributed/kv_transfer), whose scheduler side lives here."""
         s = scheduler_config
         if s.preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {s.preemption_mode!r}.")
@@ -68,6 +72,10 @@ class Scheduler:
         self.swap_space = (SwapSpace(kv_cache_config.num_swap_blocks) if s.preemption_mode == "swap"
                            else None)
         self.structured_output_manager = structured_output_manager
+        self.connector = (KVConnectorFactory.create_connector(
+            engine_config, KVConnectorRole.SCHEDULER, kv_cache_config,
+            block_pool=self.kv_cache_manager.block_pool, use_eagle=use_eagle)
+            if engine_config is not None and engine_config.kv_transfer is not None else None)
         self.requests: dict[str, Request] = {}
         self.waiting = create_request_queue(s.scheduling_policy)
         self.running: list[Request] = []
@@ -112,6 +120,8 @@ class Scheduler:
         self.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
 
     def _free_request(self, request: Request) -> None:
+        if self.connector is not None:
+            self.connector.request_finished(request, self.kv_cache_manager.get_block_ids(request.request_id))
         self.kv_cache_manager.free(request)
         if self.swap_space is not None:
             self.swap_space.free(request.request_id)
@@ -130,7 +140,12 @@ class Scheduler:
         return self.get_num_unfinished_requests() > 0
 
     def reset_prefix_cache(self) -> bool:
-        return self.kv_cache_manager.reset_prefix_cache()
+        """Forget the cached prefixes, the connector's (host tier) too."""
+        if not self.kv_cache_manager.reset_prefix_cache():
+            return False
+        if self.connector is not None:
+            self.connector.reset_cache()
+        return True
 
     # ---- one step ------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -205,20 +220,29 @@ class Scheduler:
                 hit, num_hit = self.kv_cache_manager.empty_kv_cache_blocks, 0  # prompt logprobs need every position computed
             else:
                 hit, num_hit = self.kv_cache_manager.get_computed_blocks(request)
-            num_new = num_new_tokens(request, token_budget, request.num_computed_tokens + num_hit,
+            # The connector's tokens past the device's hit (a host-tier hit) are loaded, not
+            # computed: allocated like new tokens, outside the token budget. Every connector
+            # here loads before the step's forward (none asks the request to wait).
+            num_external = 0
+            if self.connector is not None and hit is not self.kv_cache_manager.empty_kv_cache_blocks:
+                num_external, _ = self.connector.get_num_new_matched_tokens(request, num_hit)
+            num_new = num_new_tokens(request, token_budget, request.num_computed_tokens + num_hit + num_external,
                                      self.max_model_len, self.long_prefill_token_threshold)
             if num_new == 0:
                 break
             blocks = self.kv_cache_manager.allocate_slots(
-                request, num_new, None if request.status == RequestStatus.SWAPPED else hit, num_hit,
-                self.num_lookahead_tokens)
+                request, num_new + num_external, None if request.status == RequestStatus.SWAPPED else hit,
+                num_hit, self.num_lookahead_tokens)
             if blocks is None:
                 break
             self.waiting.pop_request()
             if request.status == RequestStatus.SWAPPED:
                 swap_in.extend(self.swap_space.swap_in(request.request_id,
                                                        self.kv_cache_manager.get_block_ids(request.request_id)))
-            request.num_computed_tokens += num_hit
+            elif self.connector is not None:
+                self.connector.update_state_after_alloc(
+                    request, self.kv_cache_manager.get_blocks(request.request_id), num_external)
+            request.num_computed_tokens += num_hit + num_external
             request.status = RequestStatus.RUNNING
             request.scheduled_time = request.scheduled_time or time.time()
             self.running.append(request)
@@ -241,6 +265,8 @@ class Scheduler:
             scheduled_spec_decode_tokens=spec_tokens,
         )
         self._finished_req_ids = set()
+        if self.connector is not None:
+            output.kv_connector_metadata = self.connector.build_connector_meta(output)
         if self.in_flight is not None:
             self.in_flight.dispatched(num_scheduled)
         requests = self.requests
@@ -294,6 +320,8 @@ class Scheduler:
         outputs = []
         if self.in_flight is not None:
             self.in_flight.returned(scheduler_output.num_scheduled_tokens)
+        if self.connector is not None and runner_output.kv_connector_output is not None:
+            self.connector.update_connector_output(runner_output.kv_connector_output)
         if runner_output.pooler_output:
             return self._update_pooled(runner_output)
         logprobs, prompt_logprobs = runner_output.logprobs, runner_output.prompt_logprobs
@@ -385,4 +413,5 @@ class Scheduler:
             num_total_blocks=self.kv_cache_manager.block_pool.num_blocks - 1,
             spec_decode_num_drafts=spec.num_drafts, spec_decode_num_draft_tokens=spec.num_draft_tokens,
             spec_decode_num_accepted_tokens=spec.num_accepted_tokens,
-            spec_decode_num_accepted_tokens_per_pos=list(spec.num_accepted_tokens_per_pos))
+            spec_decode_num_accepted_tokens_per_pos=list(spec.num_accepted_tokens_per_pos),
+            kv_connector_stats=self.connector.make_stats() if self.connector is not None else {})

@@ -51,7 +51,7 @@ class EngineCore:
             num_lookahead_tokens=(config.speculative.num_speculative_tokens
                                   if config.speculative and config.speculative.model is not None else 0),
             use_eagle=config.speculative is not None and config.speculative.method == "eagle3",
-            max_loras=config.lora.max_loras if config.lora is not None else 0)
+            max_loras=config.lora.max_loras if config.lora is not None else 0, engine_config=config)
         self.vocab_size = hf_config.vocab_size
         # Async scheduling: the step dispatched last, whose tokens are read after the next
         # one is dispatched.

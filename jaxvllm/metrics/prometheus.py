@@ -68,6 +68,19 @@ class PrometheusStatLogger:
         self.prefix_hits = make(c, "vllm:prefix_cache_hits",
                                 "Prefix cache hits, in terms of number of cached tokens.")
         self.preemptions = make(c, "vllm:num_preemptions", "Cumulative number of preemptions.")
+        # A KV connector's (vLLM's names): tokens looked up and found past the device's prefix
+        # cache, and the offload tier's transfers by transfer_type (e.g. TPU_to_CPU).
+        self.external_queries = make(c, "vllm:external_prefix_cache_queries",
+                                     "External prefix cache queries from KV connector cross-instance cache "
+                                     "sharing, in terms of number of queried tokens.")
+        self.external_hits = make(c, "vllm:external_prefix_cache_hits",
+                                  "External prefix cache hits from KV connector cross-instance cache "
+                                  "sharing, in terms of number of cached tokens.")
+        self.offload_bytes = make(c, "vllm:kv_offload_total_bytes", "Number of bytes offloaded by KV connector",
+                                  labelnames=["transfer_type"])
+        self.offload_time = make(c, "vllm:kv_offload_total_time",
+                                 "Total time measured by all KV offloading operations",
+                                 labelnames=["transfer_type"])
         # Speculative decoding (vLLM's SpecDecodingProm): (counter, SchedulerStats field).
         self.spec_counters = [
             (make(c, "vllm:spec_decode_num_drafts", "Number of spec decoding drafts."), "spec_decode_num_drafts"),
@@ -184,6 +197,17 @@ class PrometheusStatLogger:
         self.prefix_queries.labels(**labels).inc(max(0, s.prefix_cache_queries - last.prefix_cache_queries))
         self.prefix_hits.labels(**labels).inc(max(0, s.prefix_cache_hits - last.prefix_cache_hits))
         self.preemptions.labels(**labels).inc(max(0, s.num_preemptions - last.num_preemptions))
+        before = last.kv_connector_stats
+        for name, value in s.kv_connector_stats.items():
+            delta = max(0, value - before.get(name, 0))
+            if name == "external_prefix_cache_queries":
+                self.external_queries.labels(**labels).inc(delta)
+            elif name == "external_prefix_cache_hits":
+                self.external_hits.labels(**labels).inc(delta)
+            elif name.endswith(("_total_bytes", "_total_time")):
+                transfer_type, _, unit = name.rpartition("_total_")
+                metric = self.offload_bytes if unit == "bytes" else self.offload_time
+                metric.labels(**labels, transfer_type=transfer_type).inc(delta)
         for counter, name in self.spec_counters:
             counter.labels(**labels).inc(max(0, getattr(s, name) - getattr(last, name)))
         before = last.spec_decode_num_accepted_tokens_per_pos

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from dataclasses import dataclass
 import math
 import os
 import threading
@@ -21,6 +22,8 @@ from jaxvllm.config import EngineConfig
 from jaxvllm.core.kv_cache_interface import (KVCacheConfig, KVCacheSpec, block_bytes, blocks_per_request,
                                              describe_groups, group_layers)
 from jaxvllm.core.sched_output import SchedulerOutput
+from jaxvllm.distributed.kv_transfer.base import KVConnectorRole
+from jaxvllm.distributed.kv_transfer.factory import KVConnectorFactory
 from jaxvllm.distributed.mesh import make_mesh
 from jaxvllm.distributed.partition import kv_cache_sharding
 from jaxvllm.layers.attention import get_attention
@@ -29,7 +32,7 @@ from jaxvllm.models.loader import load_weights
 from jaxvllm.models.model_loader import get_model
 from jaxvllm.models.orbax_checkpoint import is_orbax_checkpoint
 from jaxvllm.models.weight_update import WeightUpdater
-from jaxvllm.outputs import ModelRunnerOutput
+from jaxvllm.outputs import KVConnectorOutput, ModelRunnerOutput
 from jaxvllm.transformers_utils.config import load_hf_config
 from jaxvllm.platforms.huge_pages import advise_huge_pages, huge_page_ranges, run_at_idle_priority
 from jaxvllm.worker import sleep_mode
@@ -55,12 +58,25 @@ def enable_compilation_cache() -> None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
+@dataclass
+class WithConnectorOutput:
+    """A dispatched step and its KV connector's report, which rides on its ModelRunnerOutput."""
+    step: AsyncModelRunnerOutput
+    kv_connector_output: KVConnectorOutput
+
+    def get_output(self) -> ModelRunnerOutput:
+        output = self.step.get_output()
+        output.kv_connector_output = self.kv_connector_output
+        return output
+
+
 class Worker:
     """One engine's devices, as stages: one stage (all layers on one mesh) here; the
     PipelineWorker's stages split the layers over several meshes (the hooks _make_stages,
     _load_model and _make_runner)."""
 
     draft_model: nnx.Module | None = None  # speculative decoding's draft model or EAGLE-3 head
+    kv_connector = None  # a KV connector's worker side (kv_transfer_config)
 
     def __init__(self, config: EngineConfig):
         self.config = config
@@ -162,6 +178,9 @@ class Worker:
         memory = self._device_memory(self.device)
         self.memory_profile = MemoryProfile(*memory, peak_step=self._peak_step_bytes())
         budget = self.memory_profile.kv_cache_budget(c.hbm_utilization, self.mesh.size)
+        if self.config.kv_transfer is not None:  # a connector's own buffers (staging) come first
+            budget -= KVConnectorFactory.get_connector_class(self.config, KVConnectorRole.WORKER).reserved_device_bytes(
+                self.config, self.block_bytes)
         how = self.memory_profile.describe(c.hbm_utilization, self.mesh.size)
         logger.info("KV cache budget: %s.", how)
         if budget < 2 * self.block_bytes:
@@ -218,7 +237,13 @@ class Worker:
             logger.info("Swap space: %d host blocks (%.1f MiB).", kv_cache_config.num_swap_blocks,
                         kv_cache_config.num_swap_blocks * kv_cache_config.block_bytes / 2**20)
         runner = self._make_runner(kv_caches, kv_cache_config.num_swap_blocks)
+        if self.config.kv_transfer is not None:  # its worker side (distributed/kv_transfer)
+            self.kv_connector = KVConnectorFactory.create_connector(self.config, KVConnectorRole.WORKER,
+                                                                    kv_cache_config)
+            self.kv_connector.register_kv_caches(runner.kv_cache, runner._count_compilation)
         if not self.config.compilation.skip_warmup:
+            if self.kv_connector is not None:
+                runner.kv_cache = self.kv_connector.warmup(runner.kv_cache)
             runner.warmup()
         if platforms.current_platform.huge_pages:
             # Collapsing takes seconds of CPU per GiB (platforms/huge_pages.py): in the background
@@ -246,10 +271,21 @@ class Worker:
 
     # ---- what an executor calls (in process, or by collective_rpc in a worker process) ----
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        return self.model_runner.execute_model(scheduler_output)
+        return self.execute_model_async(scheduler_output).get_output()
 
     def execute_model_async(self, scheduler_output: SchedulerOutput) -> AsyncModelRunnerOutput:
-        return self.model_runner.execute_model_async(scheduler_output)
+        connector, runner = self.kv_connector, self.model_runner
+        if connector is None:
+            return runner.execute_model_async(scheduler_output)
+        # Before the runner's swap copies: a step that loads admits requests, and a step that
+        # swaps out preempted and admits nobody, so the two never touch the same pages.
+        connector.bind_connector_metadata(scheduler_output.kv_connector_metadata)
+        runner.kv_cache = connector.start_load_kv(runner.kv_cache)
+        output = runner.execute_model_async(scheduler_output)
+        connector.wait_for_save()
+        sending, recving = connector.get_finished(scheduler_output.finished_req_ids)
+        connector.clear_connector_metadata()
+        return WithConnectorOutput(output, KVConnectorOutput(sending, recving, connector.get_kv_connector_stats()))
 
     def get_num_compilations(self) -> int:
         return self.model_runner.num_compilations

@@ -42,3 +42,13 @@ def test_a_throughput_step_cut_short_after_its_rounds_still_shows_them(tmp_path)
     table = device_table.table(tmp_path)
     assert "7539.1 output tok/s, 57.70 req/s; no decode figures (out of time)" in table
     assert "spec decode ngram     batch 1: 150.4 tok/s against 216.5 (0.69x), accepted length None, same tokens: True" in table
+
+
+def test_offload_row_reads_the_kv_offload_figures(tmp_path):
+    (tmp_path / "kv_offload.json").write_text(json.dumps(dict(
+        prefix_len=32768, ttft_median_s_offload=0.41, ttft_median_s_recompute=3.2, ttft_median_speedup=7.8,
+        host_tier_hit_tokens=65536, identical_outputs=True)))
+    table = device_table.table(tmp_path)
+    assert ("kv offload            32768-token prefix, TTFT reloaded from host 0.410 s against computed 3.200 s "
+            "(7.8x), host hits 65536 tokens, same tokens: True") in table
+    assert "kv offload            no figures" in device_table.table(tmp_path / "missing")

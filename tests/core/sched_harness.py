@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from hypothesis import strategies as st
 
 from jaxvllm.config import CacheConfig, SchedulerConfig
+from jaxvllm.config.engine_config import EngineConfig, KVTransferConfig
 from jaxvllm.core.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, KVCacheSpec
 from jaxvllm.core.kv_cache_manager import cdiv
 from jaxvllm.core.request import Request, RequestStatus
@@ -37,10 +38,15 @@ STOP, LENGTH = FinishReason.STOP, FinishReason.LENGTH
 def make_scheduler(*, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int, num_blocks: int,
                    block_size: int, enable_prefix_caching: bool = False, long_prefill_token_threshold: int = 0,
                    scheduling_policy: str = "fcfs", preemption_mode: str = "recompute",
-                   num_swap_blocks: int = 0, sliding_windows: tuple = (None,), **kw) -> Scheduler:
+                   num_swap_blocks: int = 0, sliding_windows: tuple = (None,), num_cpu_blocks: int = 0,
+                   **kw) -> Scheduler:
     """A Scheduler from its config sections, built from the flat settings the tests vary;
-    sliding_windows: a KV cache group per entry (None: full attention); `kw`: model_name,
+    sliding_windows: a KV cache group per entry (None: full attention); num_cpu_blocks: the
+    OffloadingConnector's host tier (0: no connector); `kw`: model_name,
     structured_output_manager, max_concurrent_batches."""
+    if num_cpu_blocks:
+        kw["engine_config"] = EngineConfig(kv_transfer=KVTransferConfig(
+            "OffloadingConnector", "kv_both", {"num_cpu_blocks": num_cpu_blocks}))
     return Scheduler(
         SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                         max_model_len=max_model_len, long_prefill_token_threshold=long_prefill_token_threshold,
@@ -89,6 +95,17 @@ class FakeWorker:
         self.reqs: dict[str, WorkerReq] = {}
         self.kv: dict[int, list] = defaultdict(lambda: [None] * block_size)
         self.host: dict[int, list] = {}
+        self.host_tier: dict[int, list] = {}  # the offload connector's host slots
+
+    def run_connector(self, meta) -> None:
+        """The offload connector's copies, in the worker's order: saves (pages evicted this
+        step, read before anything writes them), then loads."""
+        for block_id, slot in meta.saves:
+            assert block_id != 0
+            self.host_tier[slot] = list(self.kv[block_id])
+        for slot, block_id in meta.loads:
+            assert block_id != 0
+            self.kv[block_id] = list(self.host_tier[slot])
 
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
         # Drop state first: finished ids are each reported exactly once, for a request the
@@ -98,6 +115,9 @@ class FakeWorker:
             del self.reqs[req_id]
         assert not (so.finished_req_ids & so.preempted_req_ids)
         assert not (so.blocks_to_swap_out and so.blocks_to_swap_in)
+        if so.kv_connector_metadata is not None:
+            assert not (so.kv_connector_metadata.loads and so.blocks_to_swap_out)
+            self.run_connector(so.kv_connector_metadata)
         for block_id, slot in so.blocks_to_swap_out:
             assert block_id != 0
             self.host[slot] = list(self.kv[block_id])
@@ -495,9 +515,11 @@ def check_final(specs, res: RunResult, max_model_len: int, token_fn) -> None:
 # ---- property tests ------------------------------------------------------------------
 @st.composite
 def scheduler_options(draw, num_blocks: int):
-    """Prefix caching, swap (with host slots from none to plenty), priority, long-prefill cap."""
-    swap = draw(st.booleans())
-    return dict(enable_prefix_caching=draw(st.booleans()),
+    """Prefix caching (with an offload host tier of none to plenty of slots), swap (with host
+    slots from none to plenty), priority, long-prefill cap."""
+    swap, caching = draw(st.booleans()), draw(st.booleans())
+    return dict(enable_prefix_caching=caching,
+                num_cpu_blocks=draw(st.sampled_from([0, 1, 3, 64])) if caching else 0,
                 preemption_mode="swap" if swap else "recompute",
                 num_swap_blocks=draw(st.integers(0, 2 * num_blocks)) if swap else 0,
                 scheduling_policy=draw(st.sampled_from(["fcfs", "priority"])),

@@ -31,7 +31,8 @@ def test_outputs_identical_with_caching_and_swap_under_a_tiny_pool(scenario):
             run(specs, token_fn=token_fn, enable_prefix_caching=True, **tiny),
             run(specs, token_fn=token_fn, preemption_mode="swap", num_swap_blocks=64, **tiny),
             run(specs, token_fn=token_fn, enable_prefix_caching=True, preemption_mode="swap",
-                num_swap_blocks=2, **tiny)]
+                num_swap_blocks=2, **tiny),
+            run(specs, token_fn=token_fn, enable_prefix_caching=True, num_cpu_blocks=64, **tiny)]
     for res in runs[1:]:
         assert dict(res.outputs) == dict(runs[0].outputs)
         assert res.finish == runs[0].finish

@@ -86,7 +86,7 @@ def test_compilations_fixed_with_swap_and_caching(tiny_model_dir, reference, fre
     runner = llm.llm_engine.engine_core.model_executor.driver_worker.model_runner
     after_warmup = runner.num_compilations
     assert after_warmup == (2 * len(runner.token_buckets) + 4 * len(runner.request_buckets) + 1
-                            + 2 * len(runner.swapper.buckets))
+                            + 2 * len(runner.swapper.copier.buckets))
     assert greedy(llm, MIXED) == reference["mixed"]
     assert stats(llm).num_swap_outs > 0
     assert runner.num_compilations == after_warmup

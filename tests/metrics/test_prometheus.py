@@ -79,3 +79,24 @@ def test_spec_decode_counters_use_vllms_names():
     assert m[f"vllm:spec_decode_num_accepted_tokens_total{{{base}}}"] == 7
     assert [m[f"vllm:spec_decode_num_accepted_tokens_per_pos_total{{{base},position={i}}}"]
             for i in range(3)] == [4, 2, 1]
+
+
+def test_kv_connector_counters_use_vllms_names():
+    """The offload connector's cumulative counters move vLLM's external prefix cache and
+    kv_offload counters by their increments, per transfer type."""
+    logger = PrometheusStatLogger("m", 1, None)
+    logger.record(SchedulerStats(kv_connector_stats={
+        "external_prefix_cache_queries": 100, "external_prefix_cache_hits": 32,
+        "TPU_to_CPU_total_bytes": 4096, "TPU_to_CPU_total_time": 0.5,
+        "CPU_to_TPU_total_bytes": 0, "CPU_to_TPU_total_time": 0.0}), None)
+    logger.record(SchedulerStats(kv_connector_stats={
+        "external_prefix_cache_queries": 150, "external_prefix_cache_hits": 64,
+        "TPU_to_CPU_total_bytes": 8192, "TPU_to_CPU_total_time": 0.75,
+        "CPU_to_TPU_total_bytes": 2048, "CPU_to_TPU_total_time": 0.25}), None)
+    m = samples(logger)
+    base = "engine=0,model_name=m"
+    assert m[f"vllm:external_prefix_cache_queries_total{{{base}}}"] == 150
+    assert m[f"vllm:external_prefix_cache_hits_total{{{base}}}"] == 64
+    assert m[f"vllm:kv_offload_total_bytes_total{{{base},transfer_type=TPU_to_CPU}}"] == 8192
+    assert m[f"vllm:kv_offload_total_bytes_total{{{base},transfer_type=CPU_to_TPU}}"] == 2048
+    assert m[f"vllm:kv_offload_total_time_total{{{base},transfer_type=TPU_to_CPU}}"] == 0.75

@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "device_check.sh"
-STEPS = ["env", "kernel tests", "model step", "kernels", "weights", "start-up", "throughput", "spec decode"]
+STEPS = ["env", "kernel tests", "model step", "kernels", "weights", "start-up", "throughput", "spec decode", "offload"]
 
 
 def run_check(tmp_path, *args, **budgets):
@@ -26,7 +26,7 @@ def run_check(tmp_path, *args, **budgets):
 def test_steps_out_of_time_are_reported_and_the_rest_still_run(tmp_path):
     out = tmp_path / "out"
     proc = run_check(tmp_path, "--smoke", str(out), env=120, tests=1, model=1, kernels=1, weights=1,
-                     startup=1, throughput=1, spec=1)
+                     startup=1, throughput=1, spec=1, offload=1)
     assert proc.returncode != 0
     table = proc.stdout[proc.stdout.index("== device check: "):]
     for step in STEPS[1:]:
@@ -48,8 +48,11 @@ def test_smoke_runs_every_step_on_a_cpu(tmp_path):
     text = "\n".join(table)
     assert "% of HBM roofline" in text and "MFU" in text and "output tok/s" in text and "cold" in text
     assert "same tokens: True" in text
-    assert sorted(p.name for p in out.iterdir()) == ["kernels.json", "logs.tgz", "model_step.json", "spec_decode.json",
-                                                     "startup.json", "table.txt", "throughput.json"]
+    offload = json.loads((out / "kv_offload.json").read_text())
+    assert "kv offload            40-token prefix" in text and offload["host_tier_hit_tokens"] > 0
+    assert offload["identical_outputs"] and offload["prefill_tokens_offload"] < offload["prefill_tokens_recompute"]
+    assert sorted(p.name for p in out.iterdir()) == ["kernels.json", "kv_offload.json", "logs.tgz", "model_step.json",
+                                                     "spec_decode.json", "startup.json", "table.txt", "throughput.json"]
     # The start-up step's children (benchmarks/latency.py; tests/benchmarks/test_latency.py leaves
     # them to this test): the cold one compiled every bucket, the warm one loaded them all from disk.
     startup = json.loads((out / "startup.json").read_text())["startup"]

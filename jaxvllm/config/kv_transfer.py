@@ -1,0 +1,60 @@
+"""`kv_transfer_config` as vLLM takes it (a dict, or its JSON: --kv-transfer-config) resolved
+into the KVTransferConfig section, and its checks, each naming the field and its limit."""
+from __future__ import annotations
+
+from jaxvllm.config.engine_config import KVTransferConfig
+from jaxvllm.config.json_section import section_fields
+
+KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
+_OFFLOADING_EXTRA = ("num_cpu_blocks", "cpu_bytes_to_use", "num_staging_blocks", "block_size")
+
+
+def parse_kv_transfer_config(value) -> KVTransferConfig | None:
+    value = section_fields(value, KVTransferConfig, "kv_transfer_config")
+    if value is None or isinstance(value, KVTransferConfig):
+        return value
+    return KVTransferConfig(**value)
+
+
+def verify_kv_transfer(config) -> None:
+    from jaxvllm.distributed.kv_transfer.factory import CONNECTOR_NAMES
+    kv = config.kv_transfer
+    if kv is None:
+        return
+    if kv.kv_connector not in CONNECTOR_NAMES:
+        raise ValueError(f"kv_transfer_config.kv_connector must be one of {list(CONNECTOR_NAMES)}, "
+                         f"got {kv.kv_connector!r}.")
+    if kv.kv_role not in KV_ROLES:
+        raise ValueError(f"kv_transfer_config.kv_role must be one of {list(KV_ROLES)}, got {kv.kv_role!r}.")
+    if not isinstance(kv.kv_connector_extra_config, dict):
+        raise ValueError("kv_transfer_config.kv_connector_extra_config must be a dict, got "
+                         f"{type(kv.kv_connector_extra_config).__name__}.")
+    p = config.parallel
+    if p.is_multiprocess or p.pipeline_parallel_size > 1:
+        raise ValueError("kv_transfer_config needs distributed_executor_backend='uni', nnodes=1 and "
+                         "pipeline_parallel_size=1 (the connector's worker side copies this process's "
+                         "one KV cache).")
+    if kv.kv_connector == "OffloadingConnector":
+        _verify_offloading(config, kv)
+
+
+def _verify_offloading(config, kv: KVTransferConfig) -> None:
+    extra, name = kv.kv_connector_extra_config, "kv_transfer_config.kv_connector_extra_config"
+    if kv.kv_role != "kv_both":
+        raise ValueError(f"OffloadingConnector stores and loads its own KV: kv_transfer_config.kv_role "
+                         f"must be 'kv_both', got {kv.kv_role!r}.")
+    if unknown := sorted(set(extra) - set(_OFFLOADING_EXTRA)):
+        raise ValueError(f"{name} has unknown fields {unknown} for OffloadingConnector; known: "
+                         f"{list(_OFFLOADING_EXTRA)}.")
+    if ("num_cpu_blocks" in extra) == ("cpu_bytes_to_use" in extra):
+        raise ValueError(f"{name} needs exactly one of num_cpu_blocks and cpu_bytes_to_use (the host "
+                         f"tier's size), got {sorted(extra)}.")
+    for field in ("num_cpu_blocks", "cpu_bytes_to_use", "num_staging_blocks"):
+        if field in extra and (type(extra[field]) is not int or extra[field] < 1):
+            raise ValueError(f"{name}.{field} must be a positive integer, got {extra[field]!r}.")
+    if extra.get("block_size", config.cache.block_size) != config.cache.block_size:
+        raise ValueError(f"{name}.block_size must equal the KV cache's block_size ({config.cache.block_size}): "
+                         f"the host tier keeps whole pages, got {extra['block_size']!r}.")
+    if not config.cache.enable_prefix_caching:
+        raise ValueError("OffloadingConnector keeps the prefix cache's evicted blocks: it needs "
+                         "enable_prefix_caching=True.")
