@@ -58,3 +58,17 @@ def test_kv_cache_budget_is_limit_less_weights_less_peak_step(tiny_model_dir, mo
     platform.limit = 1 * MiB  # less than the weights and a step: refused, with the numbers
     with pytest.raises(ValueError, match=r"The KV cache budget \(-\d+ bytes: .* peak step .*\) holds fewer than 2 blocks"):
         worker.determine_available_memory()
+
+
+def test_the_offload_connectors_staging_blocks_come_out_of_the_budget(tiny_model_dir, monkeypatch):
+    """An OffloadingConnector's staging buffers hold up to num_staging_blocks gathered pages
+    beside the pool: the memory plan leaves them."""
+    from jaxvllm.config.engine_config import KVTransferConfig
+    platform = MemoryReportingCpu(64 * MiB)
+    worker = worker_under(platform, tiny_model_dir, monkeypatch)
+    in_use = platform.device_memory(worker.device)[1]
+    monkeypatch.setattr(platform, "device_memory", lambda device: (64 * MiB, in_use))  # the same both times
+    plain = worker.determine_available_memory()
+    worker.config = worker.config.replace(kv_transfer=KVTransferConfig(
+        "OffloadingConnector", "kv_both", {"num_cpu_blocks": 8, "num_staging_blocks": 5}))
+    assert worker.determine_available_memory() == plain - 5 * worker.block_bytes
