@@ -56,7 +56,10 @@ def _start_cores(client_cls, args: EngineArgs) -> list:
 
 
 def _total(values: list):
-    """Counts summed over the cores; per-position counts position by position."""
+    """Counts summed over the cores; per-position counts position by position, named
+    counts (a KV connector's) name by name."""
+    if isinstance(values[0], dict):
+        return {k: sum(v.get(k, 0) for v in values) for k in dict.fromkeys(k for v in values for k in v)}
     return [sum(v) for v in zip(*values)] if isinstance(values[0], list) else sum(values)
 
 

@@ -271,6 +271,8 @@ class Worker:
 
     # ---- what an executor calls (in process, or by collective_rpc in a worker process) ----
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        if self.kv_connector is None:
+            return self.model_runner.execute_model(scheduler_output)
         return self.execute_model_async(scheduler_output).get_output()
 
     def execute_model_async(self, scheduler_output: SchedulerOutput) -> AsyncModelRunnerOutput:

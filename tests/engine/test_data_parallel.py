@@ -4,6 +4,7 @@ TP=2 per replica runs from this single-device test process."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 import time
@@ -172,3 +173,19 @@ def test_default_model_on_two_cores_gives_single_device_tokens():
         assert llm.llm_engine.engine_core_client.balancer.num_routed == [2, 2]
     finally:
         llm.llm_engine.shutdown()
+
+
+def test_stats_of_the_cores_add_up_count_by_count():
+    """get_stats over cores: counts summed, per-position counts by position, a KV connector's
+    named counters by name (a core may report names the other has not yet)."""
+    from jaxvllm.core.stats import SchedulerStats
+    from jaxvllm.engine.dp_client import combine_utility_results
+    total = combine_utility_results("get_stats", [
+        SchedulerStats(num_preemptions=1, spec_decode_num_accepted_tokens_per_pos=[1, 2], kv_cache_usage=0.5,
+                       kv_connector_stats={"external_prefix_cache_hits": 16}),
+        dataclasses.asdict(SchedulerStats(num_preemptions=2, spec_decode_num_accepted_tokens_per_pos=[3, 4],
+                                          kv_connector_stats={"external_prefix_cache_hits": 32,
+                                                              "TPU_to_CPU_total_bytes": 7}))])
+    assert total["num_preemptions"] == 3 and total["spec_decode_num_accepted_tokens_per_pos"] == [4, 6]
+    assert total["kv_connector_stats"] == {"external_prefix_cache_hits": 48, "TPU_to_CPU_total_bytes": 7}
+    assert total["kv_cache_usage"] == 0.25
