@@ -9,11 +9,19 @@ write into it, which no request ever reads.
 """
 from __future__ import annotations
 
+import logging
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxvllm.worker.model_runner_utils import make_buckets, pick_bucket
+
+logger = logging.getLogger(__name__)
+# vLLM's limits for its swap space, as shares of the host's memory: past the first a
+# warning, past the second a refusal.
+HOST_WARN_SHARE, HOST_MAX_SHARE = 0.4, 0.7
 
 
 class KVBlockCopier:
@@ -68,3 +76,27 @@ class KVBlockCopier:
             self._gather(kv_cache, ids)
             kv_cache = self._scatter(kv_cache, ids, np.zeros((n,) + self.row_shape, self.dtype))
         return kv_cache
+
+
+def total_host_memory() -> int:
+    """The host's memory, or the container's limit where that is lower (cgroup v2)."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+    except OSError:
+        return total
+    return min(total, int(limit)) if limit.isdigit() else total
+
+
+def host_rows(copier: KVBlockCopier, num_blocks: int, setting: str) -> np.ndarray:
+    """Host rows for num_blocks blocks, refused by the setting's name past HOST_MAX_SHARE of
+    the host's memory: np.zeros only reserves address space, so a pool too big would start
+    and be killed by the kernel once it filled, mid-serving."""
+    need, total = num_blocks * copier.row_bytes, total_host_memory()
+    what = f"{setting}: {num_blocks} host blocks take {need / 2**30:.2f} GiB of the host's {total / 2**30:.2f} GiB"
+    if need > HOST_MAX_SHARE * total:
+        raise ValueError(f"{what}, more than {HOST_MAX_SHARE:.0%} of it; lower {setting}.")
+    if need > HOST_WARN_SHARE * total:
+        logger.warning("%s (over %.0f%% of it).", what, 100 * HOST_WARN_SHARE)
+    return np.zeros((num_blocks,) + copier.row_shape, copier.dtype)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from jaxvllm.worker.kv_block_copy import KVBlockCopier
+from jaxvllm.worker.kv_block_copy import KVBlockCopier, host_rows
 
 
 class KVSwapper:
     def __init__(self, kv_cache: jax.Array, num_slots: int, on_compile):
         self.copier = KVBlockCopier(kv_cache, num_slots, on_compile)
-        self.host = np.zeros((num_slots,) + self.copier.row_shape, kv_cache.dtype)
+        self.host = host_rows(self.copier, num_slots, "swap_space")
 
     def swap(self, kv_cache: jax.Array, swap_out: list[tuple[int, int]],
              swap_in: list[tuple[int, int]]) -> jax.Array:

@@ -140,6 +140,19 @@ def test_hybrid_model_loads_every_groups_pages(tmp_path):
     assert_pool_whole(llm)
 
 
+@pytest.mark.parametrize("engine_kwargs, match", [
+    (dict(kv_transfer_config=offload(10**9)), r"kv_connector_extra_config.num_cpu_blocks: 1000000000 host blocks"),
+    (dict(kv_transfer_config={**offload(0), "kv_connector_extra_config": {"cpu_bytes_to_use": 2**50}}),
+     r"kv_connector_extra_config.cpu_bytes_to_use: \d+ host blocks"),
+    (dict(preemption_mode="swap", swap_space=2**20), r"swap_space: \d+ host blocks"),
+])
+def test_host_pools_past_the_hosts_memory_are_refused_by_name(tiny_model_dir, engine_kwargs, match):
+    """A host tier or swap space past 70% of the host's memory fails at start-up, naming its
+    setting (np.zeros would reserve it, and the kernel would kill the engine once it filled)."""
+    with pytest.raises(ValueError, match=match + r".* GiB of the host's .* GiB, more than 70% of it"):
+        make_llm(tiny_model_dir, **engine_kwargs)
+
+
 def test_a_load_waits_for_the_save_still_staged_into_its_slot():
     """The worker lands a staged save before a later step loads from its slot, after the
     step between them overwrote the device page it came from."""

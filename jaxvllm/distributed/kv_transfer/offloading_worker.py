@@ -21,7 +21,7 @@ import numpy as np
 from jaxvllm import platforms
 from jaxvllm.distributed.kv_transfer.base import KVConnectorBase_V1
 from jaxvllm.distributed.kv_transfer.offloading_connector import num_cpu_blocks
-from jaxvllm.worker.kv_block_copy import KVBlockCopier
+from jaxvllm.worker.kv_block_copy import KVBlockCopier, host_rows
 
 DEFAULT_STAGING_BLOCKS = 32
 
@@ -47,7 +47,9 @@ class OffloadingConnectorWorker(KVConnectorBase_V1):
 
     def register_kv_caches(self, kv_cache: jax.Array, on_compile) -> None:
         self.copier = KVBlockCopier(kv_cache, self.num_staging_blocks, on_compile)
-        self.host = np.zeros((self.num_cpu_blocks,) + self.copier.row_shape, self.copier.dtype)
+        extra = self.config.kv_transfer.kv_connector_extra_config
+        setting = "num_cpu_blocks" if "num_cpu_blocks" in extra else "cpu_bytes_to_use"
+        self.host = host_rows(self.copier, self.num_cpu_blocks, f"kv_connector_extra_config.{setting}")
 
     def warmup(self, kv_cache: jax.Array) -> jax.Array:
         return self.copier.warmup(kv_cache)
