@@ -44,6 +44,8 @@ class KVConnectorOutput:
     finished_sending: set[str] = field(default_factory=set)
     finished_recving: set[str] = field(default_factory=set)
     kv_connector_stats: dict[str, float] = field(default_factory=dict)
+    # Pages a finished receive could not fill (the transfer failed): computed again.
+    invalid_block_ids: set[int] = field(default_factory=set)
 
 
 @dataclass
@@ -82,6 +84,8 @@ class EngineCoreOutput:
     queued_time: float | None = None
     prefill_time: float | None = None
     pooling_output: list | None = None  # a pooling request's result (ModelRunnerOutput.pooler_output)
+    # With the finishing output: what a KV connector hands on (a prefill engine's KV to pull).
+    kv_transfer_params: dict | None = None
 
     @property
     def finished(self) -> bool:
@@ -124,6 +128,7 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
     prompt_logprobs: PromptLogprobs | None = None  # with SamplingParams.prompt_logprobs; first is None
+    kv_transfer_params: dict | None = None  # a prefill engine's, for the decode engine (P/D)
 
 
 # ---- pooling models (vLLM's PoolingRequestOutput and its task-specific views) -----------

@@ -92,6 +92,9 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     structured_outputs: StructuredOutputsParams | None = None
+    # vLLM's extra arguments; the one read here is `kv_transfer_params` (a KV connector's
+    # per-request orders: distributed/kv_transfer/jax_transfer_connector.py).
+    extra_args: dict | None = None
     # Filled in by the Processor from `bad_words` (vLLM's name): each word's token ids.
     _bad_words_token_ids: list[list[int]] | None = field(default=None, repr=False)
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
@@ -156,6 +159,15 @@ class SamplingParams:
                      "spaces_between_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise bad(name, "true or false")
+        if self.extra_args is not None and not (isinstance(self.extra_args, dict)
+                                                and set(self.extra_args) <= {"kv_transfer_params"}
+                                                and isinstance(self.extra_args.get("kv_transfer_params", {}), dict)):
+            raise bad("extra_args", "a dict whose one key is kv_transfer_params (a dict): no sampler here "
+                      "reads other extra args")
+
+    @property
+    def kv_transfer_params(self) -> dict | None:
+        return (self.extra_args or {}).get("kv_transfer_params")
 
     @property
     def bad_words_token_ids(self) -> list[list[int]]:

@@ -72,7 +72,6 @@ SAMPLING_REFUSED = {
     "trace_decode_token_ids": ((), "forced decoding is not supported"),
     "logits_processors": (([],), "custom logits processors are not supported"),
     "truncate_prompt_tokens": ((), "prompt truncation is not supported yet; shorten the prompt"),
-    "extra_args": (({},), "no sampler here reads extra args (there are no sampling plugins)"),
 }
 STRUCTURED_REFUSED = {
     "disable_any_whitespace": ((False,), "JSON grammars always allow flexible whitespace"),

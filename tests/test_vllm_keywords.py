@@ -53,7 +53,7 @@ NOT_NEUTRAL = {
     "flat_logprobs": True, "detokenize": False, "stream_interval": 4, "skip_reading_prefix_cache": True,
     "thinking_token_budget": 64, "repetition_detection": {"max_pattern_size": 4},
     "routed_experts_prompt_start": 2, "trace_decode_token_ids": [1, 2], "logits_processors": ["p"],
-    "truncate_prompt_tokens": 8, "extra_args": {"k": 1}, "disable_any_whitespace": True,
+    "truncate_prompt_tokens": 8, "disable_any_whitespace": True,
     "disable_additional_properties": True, "whitespace_pattern": " ", "structural_tag": "{}",
     "tokenizer": "/another/tokenizer",
     "skip_tokenizer_init": True, "allowed_local_media_path": "/data", "allowed_media_domains": ["x"],

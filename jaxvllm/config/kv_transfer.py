@@ -36,6 +36,22 @@ def verify_kv_transfer(config) -> None:
                          "one KV cache).")
     if kv.kv_connector == "OffloadingConnector":
         _verify_offloading(config, kv)
+    elif kv.kv_connector == "JaxTransferConnector":
+        _verify_jax_transfer(kv)
+
+
+def _verify_jax_transfer(kv: KVTransferConfig) -> None:
+    extra, name = kv.kv_connector_extra_config, "kv_transfer_config.kv_connector_extra_config"
+    if unknown := sorted(set(extra) - {"pull_timeout_s", "send_timeout_s"}):
+        raise ValueError(f"{name} has unknown fields {unknown} for JaxTransferConnector; known: "
+                         "['pull_timeout_s', 'send_timeout_s'].")
+    for field in ("pull_timeout_s", "send_timeout_s"):
+        if field in extra and not (type(extra[field]) in (int, float) and extra[field] > 0):
+            raise ValueError(f"{name}.{field} must be a positive number of seconds, got {extra[field]!r}.")
+    if not isinstance(kv.kv_ip, str) or not kv.kv_ip:
+        raise ValueError(f"kv_transfer_config.kv_ip must be a host address, got {kv.kv_ip!r}.")
+    if type(kv.kv_port) is not int or not 1 <= kv.kv_port <= 65535:
+        raise ValueError(f"kv_transfer_config.kv_port must be a port in [1, 65535], got {kv.kv_port!r}.")
 
 
 def _verify_offloading(config, kv: KVTransferConfig) -> None:

@@ -123,10 +123,13 @@ class KVCacheManager:
     # ---- allocation ----------------------------------------------------------------
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        new_computed_blocks: KVCacheBlocks | None = None,
-                       num_new_computed_tokens: int = 0, num_lookahead_tokens: int = 0) -> KVCacheBlocks | None:
+                       num_new_computed_tokens: int = 0, num_lookahead_tokens: int = 0,
+                       delay_cache_blocks: bool = False) -> KVCacheBlocks | None:
         """Grow the request's block table to hold `num_new_tokens` more tokens, after
         taking `new_computed_blocks` (a prefix hit, at admission) into it, and room for
         `num_lookahead_tokens` past them (a draft model's KV for its drafts), within max_model_len.
+        delay_cache_blocks: the new pages are filled later (a KV connector's asynchronous
+        load), so they enter the prefix cache only when the request is next scheduled.
 
         Returns the newly added blocks (possibly none), or None when the pool cannot
         satisfy the request; then nothing is allocated and the caller may preempt.
@@ -180,7 +183,9 @@ class KVCacheManager:
         new_blocks = tuple(self.block_pool.get_new_blocks(n) if n > 0 else [] for n in needs)
         for table, new in zip(tables, new_blocks):
             table.extend(new)
-        if self.enable_caching:
+        if delay_cache_blocks:
+            self.num_cached_block[req_id] = num_new_computed_tokens // self.block_size
+        elif self.enable_caching:
             num_cached = self.num_cached_block.get(req_id, 0)
             if num_full > num_cached:
                 hashes = self._update_block_hashes(request, num_full)

@@ -15,6 +15,7 @@ class RequestStatus(enum.IntEnum):
     WAITING = enum.auto()
     RUNNING = enum.auto()
     PREEMPTED = enum.auto()  # blocks dropped; recomputed when it resumes
+    WAITING_FOR_REMOTE_KVS = enum.auto()  # its pages are allocated; a KV connector loads them
     SWAPPED = enum.auto()    # blocks copied to the host swap space; copied back when it resumes
     # Everything after this line is a finished state.
     FINISHED_STOPPED = enum.auto()
@@ -91,6 +92,11 @@ class Request:
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def kv_transfer_params(self) -> dict | None:
+        """A KV connector's orders for it (vLLM's kv_transfer_params), from its sampling params."""
+        return self.sampling_params.kv_transfer_params if self.sampling_params is not None else None
 
     def is_finished(self) -> bool:
         return RequestStatus.is_finished(self.status)

@@ -74,11 +74,13 @@ class Scheduler:
         self.structured_output_manager = structured_output_manager
         self.connector = (KVConnectorFactory.create_connector(
             engine_config, KVConnectorRole.SCHEDULER, kv_cache_config,
-            block_pool=self.kv_cache_manager.block_pool, use_eagle=use_eagle)
+            kv_cache_manager=self.kv_cache_manager, use_eagle=use_eagle)
             if engine_config is not None and engine_config.kv_transfer is not None else None)
         self.requests: dict[str, Request] = {}
         self.waiting = create_request_queue(s.scheduling_policy)
         self.running: list[Request] = []
+        # Admitted, with pages, while a KV connector loads their prompt's KV (P/D's decode side).
+        self.waiting_for_remote: dict[str, Request] = {}
         # Requests the worker holds state for; the rest get full data when scheduled.
         self._worker_known: set[str] = set()
         self._finished_req_ids: set[str] = set()
@@ -111,6 +113,8 @@ class Scheduler:
                 continue
             if request.status == RequestStatus.RUNNING:
                 self.running.remove(request)
+            elif request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                del self.waiting_for_remote[req_id]
             else:
                 self.waiting.remove_request(request)
             request.status = status
@@ -119,9 +123,12 @@ class Scheduler:
     def abort_requests(self, request_ids) -> None:
         self.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
 
-    def _free_request(self, request: Request) -> None:
+    def _free_request(self, request: Request) -> dict | None:
+        """Returns the KV connector's kv_transfer_params for the request's last output."""
+        params = None
         if self.connector is not None:
-            self.connector.request_finished(request, self.kv_cache_manager.get_block_ids(request.request_id))
+            _, params = self.connector.request_finished(
+                request, self.kv_cache_manager.get_block_ids(request.request_id))
         self.kv_cache_manager.free(request)
         if self.swap_space is not None:
             self.swap_space.free(request.request_id)
@@ -132,9 +139,10 @@ class Scheduler:
         if request.request_id in self._worker_known:
             self._worker_known.discard(request.request_id)
             self._finished_req_ids.add(request.request_id)
+        return params
 
     def get_num_unfinished_requests(self) -> int:
-        return len(self.waiting) + len(self.running)
+        return len(self.waiting) + len(self.running) + len(self.waiting_for_remote)
 
     def has_unfinished_requests(self) -> bool:
         return self.get_num_unfinished_requests() > 0
@@ -211,21 +219,24 @@ class Scheduler:
 
         # A step that had to preempt admits nobody new: pages are short. (This also keeps
         # swap-ins and swap-outs out of the same step, so no host slot is both.)
-        while (not preempted and self.waiting and token_budget > 0
-               and len(self.running) < self.max_num_seqs and len(num_scheduled) < max_reqs):
+        while (not preempted and self.waiting and token_budget > 0 and len(num_scheduled) < max_reqs
+               and len(self.running) + len(self.waiting_for_remote) < self.max_num_seqs):
             request = self.waiting.peek_request()
             if request.request_id in in_flight or not self._lora_fits(request, loras):
                 break  # preempted while in flight: it resumes once its token is back
-            if request.status == RequestStatus.SWAPPED or owes_prompt_logprobs(request):
-                hit, num_hit = self.kv_cache_manager.empty_kv_cache_blocks, 0  # prompt logprobs need every position computed
-            else:
+            hit, num_hit = self.kv_cache_manager.empty_kv_cache_blocks, 0
+            # The connector's tokens past the device's hit are loaded, not computed: allocated
+            # like new tokens, outside the token budget. A host-tier hit loads before the
+            # step's forward; a remote prefill's KV (P/D) arrives later, while the request waits.
+            num_external, load_async = 0, False
+            if request.status != RequestStatus.SWAPPED and not owes_prompt_logprobs(request):  # prompt logprobs need every position computed
                 hit, num_hit = self.kv_cache_manager.get_computed_blocks(request)
-            # The connector's tokens past the device's hit (a host-tier hit) are loaded, not
-            # computed: allocated like new tokens, outside the token budget. Every connector
-            # here loads before the step's forward (none asks the request to wait).
-            num_external = 0
-            if self.connector is not None and hit is not self.kv_cache_manager.empty_kv_cache_blocks:
-                num_external, _ = self.connector.get_num_new_matched_tokens(request, num_hit)
+                if self.connector is not None:
+                    num_external, load_async = self.connector.get_num_new_matched_tokens(request, num_hit)
+            if load_async and num_external:
+                if not self._admit_remote(request, hit, num_hit, num_external):
+                    break
+                continue
             num_new = num_new_tokens(request, token_budget, request.num_computed_tokens + num_hit + num_external,
                                      self.max_model_len, self.long_prefill_token_threshold)
             if num_new == 0:
@@ -278,6 +289,33 @@ class Scheduler:
                  and requests[r].num_computed_tokens >= requests[r].num_tokens], spec_tokens)
         return output
 
+    def _admit_remote(self, request: Request, hit, num_hit: int, num_external: int) -> bool:
+        """Pages for the prompt now (kept out of the prefix cache until filled); the request
+        waits outside the batch until the connector reports its load (update_from_output)."""
+        if self.kv_cache_manager.allocate_slots(request, num_external, hit, num_hit, delay_cache_blocks=True) is None:
+            return False
+        self.waiting.pop_request()
+        self.connector.update_state_after_alloc(request, self.kv_cache_manager.get_blocks(request.request_id),
+                                                num_external)
+        request.num_computed_tokens += num_hit
+        request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+        request.scheduled_time = request.scheduled_time or time.time()
+        self.waiting_for_remote[request.request_id] = request
+        return True
+
+    def _finish_remote_loads(self, finished_recving: set[str], invalid_block_ids: set[int]) -> None:
+        """Loaded requests run, computing only their last prompt token (for its logits); one
+        whose load failed computes its prompt past the local hit instead, in the same pages."""
+        for req_id in finished_recving:
+            request = self.waiting_for_remote.pop(req_id, None)
+            if request is None:
+                continue  # aborted while its KV was on the way
+            ids = self.kv_cache_manager.get_block_ids(req_id)
+            if not any(b in invalid_block_ids for group in ids for b in group):
+                request.num_computed_tokens = request.num_tokens - 1
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+
     def _lora_fits(self, request: Request, loras: set[int]) -> bool:
         """Whether the request's adapter fits this step (at most max_loras distinct ones);
         if so it is counted in."""
@@ -320,8 +358,10 @@ class Scheduler:
         outputs = []
         if self.in_flight is not None:
             self.in_flight.returned(scheduler_output.num_scheduled_tokens)
-        if self.connector is not None and runner_output.kv_connector_output is not None:
-            self.connector.update_connector_output(runner_output.kv_connector_output)
+        if self.connector is not None and (kv_output := runner_output.kv_connector_output) is not None:
+            self.connector.update_connector_output(kv_output)
+            if kv_output.finished_recving:
+                self._finish_remote_loads(kv_output.finished_recving, kv_output.invalid_block_ids)
         if runner_output.pooler_output:
             return self._update_pooled(runner_output)
         logprobs, prompt_logprobs = runner_output.logprobs, runner_output.prompt_logprobs
@@ -355,13 +395,13 @@ class Scheduler:
                 if logprobs is None and not prompt_logprobs and not first:  # the cheap path
                     outputs.append(EngineCoreOutput(req_id, sampled, None, request.stop_reason))
                     continue
-                finish_reason = None
+                finish_reason = kv_transfer_params = None
             else:
                 if running:
                     self.running.remove(request)
                 else:  # preempted while its token was in flight
                     self.waiting.remove_request(request)
-                self._free_request(request)
+                kv_transfer_params = self._free_request(request)
                 finish_reason = request.get_finished_reason()
             outputs.append(EngineCoreOutput(
                 request_id=req_id,
@@ -373,6 +413,7 @@ class Scheduler:
                 error=request.error,
                 queued_time=request.scheduled_time - request.arrival_time if first else None,
                 prefill_time=time.time() - request.scheduled_time if first else None,
+                kv_transfer_params=kv_transfer_params,
             ))
         return outputs
 

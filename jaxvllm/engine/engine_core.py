@@ -19,6 +19,7 @@ from jaxvllm.core.sched_output import SchedulerOutput
 from jaxvllm.core.scheduler import Scheduler
 from jaxvllm.core.stats import SchedulerStats
 from jaxvllm.core.structured_output import StructuredOutputManager
+from jaxvllm.distributed.kv_transfer.jax_transfer_connector import check_kv_transfer_params
 from jaxvllm.distributed.multihost import SchedulerOutputBroadcaster
 from jaxvllm.engine.batch_queue import BatchQueue
 from jaxvllm.engine.exceptions import EngineSleepingError
@@ -106,6 +107,8 @@ class EngineCore:
                              f"{'pooling' if self.config.model.runner == 'pooling' else 'sampling'}_params.")
         if request.lora_request is not None and self.config.lora is None:
             raise ValueError("lora_request needs an engine started with enable_lora=True.")
+        if request.sampling_params is not None:
+            check_kv_transfer_params(self.config, request.sampling_params.kv_transfer_params)
         self.scheduler.add_request(Request(
             request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
             sampling_params=request.sampling_params, eos_token_id=request.eos_token_id,

@@ -196,7 +196,10 @@ class OutputProcessor:
             finish_reason, stop_reason = FinishReason.STOP, stop_str
         if iteration_stats is not None:
             self._record_stats(state, out, finish_reason, now, iteration_stats)
-        return self._make_output(state, out.new_token_ids, finish_reason, stop_reason), abort
+        output = self._make_output(state, out.new_token_ids, finish_reason, stop_reason)
+        if output is not None and out.kv_transfer_params is not None:
+            output.kv_transfer_params = out.kv_transfer_params
+        return output, abort
 
     @staticmethod
     def _record_stats(state: RequestState, out: EngineCoreOutput, finish_reason, now: float,

@@ -49,6 +49,10 @@ class KVBlockCopier:
     def row_bytes(self) -> int:
         return int(np.prod(self.row_shape)) * np.dtype(self.dtype).itemsize
 
+    def padded_len(self, num_blocks: int) -> int:
+        """The bucket a call moving num_blocks blocks is padded to."""
+        return pick_bucket(self.buckets, num_blocks)
+
     def _padded_ids(self, block_ids) -> np.ndarray:
         ids = np.zeros(pick_bucket(self.buckets, len(block_ids)), np.int32)
         ids[:len(block_ids)] = block_ids
@@ -69,6 +73,11 @@ class KVBlockCopier:
         data = np.zeros((len(ids),) + self.row_shape, self.dtype)
         data[:len(block_ids)] = rows
         return self._scatter(kv_cache, ids, data)
+
+    def scatter_rows(self, kv_cache: jax.Array, block_ids: list[int], rows: jax.Array) -> jax.Array:
+        """Write rows already on device, padded to the bucket of len(block_ids) (a gather's
+        output, here or on another engine), into the blocks."""
+        return self._scatter(kv_cache, self._padded_ids(block_ids), rows)
 
     def warmup(self, kv_cache: jax.Array) -> jax.Array:
         for n in self.buckets:

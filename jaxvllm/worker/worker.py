@@ -284,10 +284,11 @@ class Worker:
         connector.bind_connector_metadata(scheduler_output.kv_connector_metadata)
         runner.kv_cache = connector.start_load_kv(runner.kv_cache)
         output = runner.execute_model_async(scheduler_output)
-        connector.wait_for_save()
+        connector.wait_for_save(runner.kv_cache)
         sending, recving = connector.get_finished(scheduler_output.finished_req_ids)
         connector.clear_connector_metadata()
-        return WithConnectorOutput(output, KVConnectorOutput(sending, recving, connector.get_kv_connector_stats()))
+        return WithConnectorOutput(output, KVConnectorOutput(sending, recving, connector.get_kv_connector_stats(),
+                                                             connector.get_block_ids_with_load_errors()))
 
     def get_num_compilations(self) -> int:
         return self.model_runner.num_compilations
@@ -296,8 +297,10 @@ class Worker:
         return sleep_mode.device_memory_in_use(list(self.mesh.local_devices))
 
     def shutdown(self) -> None:
-        """Stop collapsing buffers the engine is about to drop."""
+        """Stop collapsing buffers the engine is about to drop, and the connector's threads."""
         self._huge_pages_stop.set()
+        if self.kv_connector is not None:
+            self.kv_connector.shutdown()
 
     # ---- sleep mode and weight updates (vLLM's Worker.sleep, wake_up, update_weights) ----
     def sleep(self, level: int = 1) -> None:

@@ -9,9 +9,10 @@ One step, in order:
   `build_connector_meta` packs the step's work into the SchedulerOutput.
 - worker: `bind_connector_metadata`, then `start_load_kv` before the forward (it takes and
   returns the KV cache: a JAX array is a value, donated from program to program), then
-  `wait_for_save` once the forward is dispatched, and `get_finished` for the requests
-  whose transfers ended; what the worker reports comes back in ModelRunnerOutput as a
-  KVConnectorOutput, to `update_connector_output`.
+  `wait_for_save` once the forward is dispatched (it reads the cache that forward
+  returns), and `get_finished` for the requests whose transfers ended; what the worker
+  reports comes back in ModelRunnerOutput as a KVConnectorOutput, to `update_connector_output`
+  (loads that failed as `get_block_ids_with_load_errors`: their pages are computed again).
 - scheduler, when a request finishes: `request_finished` says whether its pages must
   outlive it (a transfer still reads them).
 
@@ -100,12 +101,20 @@ class KVConnectorBase_V1:
         """Before the step's forward: start this step's copies into the cache."""
         return kv_cache
 
-    def wait_for_save(self) -> None:
-        """After the forward is dispatched: the step's saves proceed (or are done)."""
+    def wait_for_save(self, kv_cache: jax.Array) -> None:
+        """After the forward is dispatched (kv_cache: the one it returns, read in device
+        order after it): the step's saves proceed (or are done)."""
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
         """Requests whose sends and receives ended since the last call."""
         return set(), set()
 
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        """Pages of the receives just reported finished that hold no loaded KV."""
+        return set()
+
     def get_kv_connector_stats(self) -> dict[str, float]:
         return {}
+
+    def shutdown(self) -> None:
+        """Stop the connector's threads and free its ports (the engine is going away)."""

@@ -10,6 +10,8 @@ from jaxvllm.distributed.kv_transfer.base import KVConnectorBase_V1, KVConnector
 _CONNECTORS = {
     "OffloadingConnector": ("jaxvllm.distributed.kv_transfer.offloading_connector", "OffloadingConnectorScheduler",
                             "jaxvllm.distributed.kv_transfer.offloading_worker", "OffloadingConnectorWorker"),
+    "JaxTransferConnector": ("jaxvllm.distributed.kv_transfer.jax_transfer_connector", "JaxTransferConnectorScheduler",
+                             "jaxvllm.distributed.kv_transfer.jax_transfer_worker", "JaxTransferConnectorWorker"),
 }
 CONNECTOR_NAMES = tuple(_CONNECTORS)
 
@@ -26,8 +28,8 @@ class KVConnectorFactory:
 
     @staticmethod
     def create_connector(config, role: KVConnectorRole, kv_cache_config, **scheduler_state) -> KVConnectorBase_V1:
-        """scheduler_state: what the scheduler side reads of the scheduler (its block pool,
-        use_eagle)."""
+        """scheduler_state: what the scheduler side reads of the scheduler (its
+        kv_cache_manager, use_eagle)."""
         cls = KVConnectorFactory.get_connector_class(config, role)
         if role == KVConnectorRole.SCHEDULER:
             return cls(config, role, kv_cache_config, **scheduler_state)

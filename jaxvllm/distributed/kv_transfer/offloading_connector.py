@@ -38,7 +38,7 @@ def num_cpu_blocks(extra_config: dict, block_bytes: int) -> int:
 
 
 class OffloadingConnectorScheduler(KVConnectorBase_V1):
-    def __init__(self, config, role, kv_cache_config, block_pool, use_eagle: bool = False):
+    def __init__(self, config, role, kv_cache_config, kv_cache_manager, use_eagle: bool = False):
         super().__init__(config, role, kv_cache_config)
         self.block_size = kv_cache_config.block_size
         self.num_groups = len(kv_cache_config.kv_cache_groups)
@@ -51,7 +51,7 @@ class OffloadingConnectorScheduler(KVConnectorBase_V1):
         self._matched: dict[str, int] = {}  # request -> first block of its host hit
         self._loads: list[tuple[int, int]] = []
         # The pool reports every cached block it evicts (device block id, hash, group).
-        self._evictions = block_pool.evictions = []
+        self._evictions = kv_cache_manager.block_pool.evictions = []
         self.queries = self.hits = self.stored_blocks = 0
         self.worker_stats: dict[str, float] = {}
 

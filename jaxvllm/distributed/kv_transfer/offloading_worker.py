@@ -78,7 +78,7 @@ class OffloadingConnectorWorker(KVConnectorBase_V1):
             self._count(self.load_type, len(chunk), time.perf_counter() - start)
         return kv_cache
 
-    def wait_for_save(self) -> None:
+    def wait_for_save(self, kv_cache: jax.Array) -> None:
         """Land the staged saves whose copies are done, without waiting for the others."""
         while self._staged and self._staged[0][0].is_ready():
             self._land()

@@ -89,6 +89,8 @@ class SamplingRequestBase(OpenAIBaseModel, LegacyGuidedFields):
     priority: int = 0
     response_format: ResponseFormat | None = None
     structured_outputs: dict[str, Any] | None = None  # vLLM's: json, regex, choice, grammar
+    # vLLM's: a KV connector's orders (disaggregated prefill: the proxy's, the prefill engine's reply).
+    kv_transfer_params: dict[str, Any] | None = None
 
     def _sampling_kwargs(self, max_tokens: int, logprobs: int | None,
                          prompt_logprobs: int | None) -> dict[str, Any]:
@@ -106,6 +108,8 @@ class SamplingRequestBase(OpenAIBaseModel, LegacyGuidedFields):
             "prompt_logprobs": prompt_logprobs,
             "logit_bias": ({int(k): v for k, v in self.logit_bias.items()}
                            if self.logit_bias else None),
+            "extra_args": ({"kv_transfer_params": self.kv_transfer_params}
+                           if self.kv_transfer_params is not None else None),
         }
         structured = self.legacy_structured_outputs() or self.structured_outputs
         if structured is not None:

@@ -78,6 +78,7 @@ class ChatCompletionResponse(ReplyModel):
     choices: list[ChatCompletionResponseChoice]
     usage: UsageInfo
     prompt_logprobs: list | None = None
+    kv_transfer_params: dict[str, Any] | None = None  # a prefill engine's, for the decode engine
 
 
 class DeltaMessage(ReplyModel):
@@ -121,6 +122,7 @@ class CompletionResponse(ReplyModel):
     model: str
     choices: list[CompletionResponseChoice]
     usage: UsageInfo | None = None
+    kv_transfer_params: dict[str, Any] | None = None  # a prefill engine's, for the decode engine
 
 
 class ModelCard(ReplyModel):

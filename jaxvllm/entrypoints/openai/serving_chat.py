@@ -85,9 +85,10 @@ class OpenAIServingChat(OpenAIServing):
         return "tool_calls" if called_tools and reason == "stop" else reason
 
     async def _full(self, request, request_id, num_prompt, gen, make_parser) -> ChatCompletionResponse:
-        finals, prompt_lps = {}, None
+        finals, prompt_lps, kv_transfer_params = {}, None, None
         async for _, out in gen:
             prompt_lps = prompt_lps or getattr(out, "prompt_logprobs", None)
+            kv_transfer_params = getattr(out, "kv_transfer_params", None) or kv_transfer_params
             for o in out.outputs:
                 finals[o.index] = o
         choices = []
@@ -109,6 +110,8 @@ class OpenAIServingChat(OpenAIServing):
             usage=UsageInfo.of(num_prompt, sum(len(o.token_ids) for o in finals.values())))
         if request.prompt_logprobs is not None:
             reply.prompt_logprobs = prompt_logprobs_json(self.tokenizer, prompt_lps)
+        if kv_transfer_params is not None:
+            reply.kv_transfer_params = kv_transfer_params
         return reply
 
     async def _stream(self, request, request_id, num_prompt, gen, make_parser):

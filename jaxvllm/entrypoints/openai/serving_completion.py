@@ -125,9 +125,10 @@ class OpenAIServingCompletion(OpenAIServing):
         return reply
 
     async def _full(self, request, request_id, prompts, gen) -> dict:
-        finals, prompt_lps = {}, {}
+        finals, prompt_lps, kv_transfer_params = {}, {}, None
         async for i, out in gen:
             prompt_lps.setdefault(i, getattr(out, "prompt_logprobs", None))
+            kv_transfer_params = getattr(out, "kv_transfer_params", None) or kv_transfer_params
             for o in out.outputs:
                 finals[i * request.n + o.index] = (i, o)
         choices = []
@@ -141,7 +142,10 @@ class OpenAIServingCompletion(OpenAIServing):
                 choices[-1].prompt_logprobs = prompt_logprobs_json(self.tokenizer, prompt_lps.get(i))
         num_prompt = sum(len(ids) for _, ids, _ in prompts)
         num_gen = sum(len(o.token_ids) for _, o in finals.values())
-        return self._reply(request_id, self.created(), choices, UsageInfo.of(num_prompt, num_gen)).dump()
+        reply = self._reply(request_id, self.created(), choices, UsageInfo.of(num_prompt, num_gen))
+        if kv_transfer_params is not None:
+            reply.kv_transfer_params = kv_transfer_params
+        return reply.dump()
 
     async def _stream(self, request, request_id, prompts, gen):
         created = self.created()
