@@ -445,7 +445,7 @@ class Scheduler:
         num_swapped = len(self.swap_space.req_to_slots) if self.swap_space is not None else 0
         prefix, spec = self.kv_cache_manager.prefix_cache_stats, self.spec_decoding_stats
         return SchedulerStats(
-            num_running_reqs=len(self.running), num_waiting_reqs=len(self.waiting) - num_swapped,
+            num_running_reqs=len(self.running), num_waiting_reqs=len(self.waiting) + len(self.waiting_for_remote) - num_swapped,
             num_swapped_reqs=num_swapped, kv_cache_usage=self.kv_cache_usage,
             prefix_cache_queries=prefix.queries, prefix_cache_hits=prefix.hits,
             num_preemptions=self.num_preemptions, num_swap_outs=self.num_swap_outs,

@@ -19,6 +19,7 @@ import jaxvllm
 from jaxvllm import vllm_compat
 from jaxvllm.config import EngineArgs, attribute_docs
 from jaxvllm.entrypoints import compile as compile_cli
+from jaxvllm.entrypoints import disagg_proxy
 from jaxvllm.entrypoints.openai.server_args import ServerArgs
 from jaxvllm.sampling_params import SamplingParams
 
@@ -174,6 +175,7 @@ def build_parser() -> ArgumentParser:
     conv.add_argument("--dtype", default="auto")
     conv.add_argument("--tensor-parallel-size", type=int, default=1)
     compile_cli.add_parser(sub, _add_engine_flags)
+    disagg_proxy.add_parser(sub)
     for name, sub_parser in sub.choices.items():  # which parser's flags to suggest from
         sub_parser.set_defaults(_subparser=sub_parser)
     return parser
@@ -191,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+    if ns.command == "disagg-proxy":
+        return disagg_proxy.run(ns)
     if ns.command == "compile":
         vllm_compat.check_cli_args(ns)
         return compile_cli.run(ns)

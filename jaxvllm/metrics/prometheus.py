@@ -81,6 +81,12 @@ class PrometheusStatLogger:
         self.offload_time = make(c, "vllm:kv_offload_total_time",
                                  "Total time measured by all KV offloading operations",
                                  labelnames=["transfer_type"])
+        # Disaggregated prefill (JaxTransferConnector): its counters, by name (sent_requests,
+        # sent_bytes, received_requests, received_bytes, failed_receives, expired_sends, ...).
+        self.kv_transfer = make(c, "jaxvllm:kv_transfer", "KV moved between prefill and decode engines.",
+                                labelnames=["counter"])
+        self.prefill_computed = make(c, "jaxvllm:prefill_tokens_computed",
+                                     "Prompt tokens computed here (prefix-cache hits and transferred KV skipped).")
         # Speculative decoding (vLLM's SpecDecodingProm): (counter, SchedulerStats field).
         self.spec_counters = [
             (make(c, "vllm:spec_decode_num_drafts", "Number of spec decoding drafts."), "spec_decode_num_drafts"),
@@ -208,6 +214,9 @@ class PrometheusStatLogger:
                 transfer_type, _, unit = name.rpartition("_total_")
                 metric = self.offload_bytes if unit == "bytes" else self.offload_time
                 metric.labels(**labels, transfer_type=transfer_type).inc(delta)
+            elif name.startswith("kv_transfer_"):
+                self.kv_transfer.labels(**labels, counter=name[len("kv_transfer_"):]).inc(delta)
+        self.prefill_computed.labels(**labels).inc(max(0, s.num_prefill_tokens - last.num_prefill_tokens))
         for counter, name in self.spec_counters:
             counter.labels(**labels).inc(max(0, getattr(s, name) - getattr(last, name)))
         before = last.spec_decode_num_accepted_tokens_per_pos

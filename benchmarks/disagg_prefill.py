@@ -1,0 +1,237 @@
+"""Disaggregated prefill and decode against one engine, as separate processes on this machine:
+`jaxvllm serve` as a prefill engine (kv_producer) and as a decode engine (kv_consumer) behind
+`jaxvllm disagg-proxy`, and one plain `jaxvllm serve`, each given the same mixed workload in
+turn: `--decodes` requests with short prompts and long outputs start at once, and while they
+decode, `--long` requests with `--long-len`-token prompts arrive every `--gap` seconds. All
+greedy; per request the streamed text, time to first token and time per output token.
+
+Then the failure case: the prefill engine answers `--long` prompts and is killed (SIGKILL)
+before the decode engine pulls their KV; those requests, sent to the decode engine beside as
+many plain ones, must finish (by recompute) within 5 s of their normal time with the same
+text, the plain ones untouched, and the decode engine's pool whole afterwards.
+
+On a CPU both engines share the same cores, so P/D cannot be faster here: the figures show
+what moves and what it costs; the gain needs separate chips.
+
+    python benchmarks/disagg_prefill.py --json benchmarks/results/cpu-disagg-prefill.json
+    python benchmarks/disagg_prefill.py --model /tmp/tiny-qwen3moe --long-len 400   # a tiny MoE
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Process:
+    """A jaxvllm command in its own process group, healthy before it is used."""
+
+    def __init__(self, args: list[str], timeout: float = 600.0):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="jaxvllm-disagg-", suffix=".log", delete=False)
+        self.proc = subprocess.Popen([sys.executable, "-m", "jaxvllm.entrypoints.cli", *args, "--port", str(self.port)],
+                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     env=os.environ | {"PYTHONUNBUFFERED": "1"})
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{args[0]} exited: see {self.log.name}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"{args[0]} not healthy: see {self.log.name}")
+
+    def metrics(self) -> dict[str, float]:
+        """jaxvllm:/vllm: samples summed over labels but `counter` (name -> value)."""
+        out: dict[str, float] = {}
+        for family in text_string_to_metric_families(httpx.get(self.url + "/metrics").text):
+            for s in family.samples:
+                key = s.name + (f"[{s.labels['counter']}]" if "counter" in s.labels else "")
+                out[key] = out.get(key, 0.0) + s.value
+        return out
+
+    def kill(self, sig=signal.SIGTERM) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            return
+        self.proc.wait(60)
+
+
+async def stream(client, url: str, body: dict, delay: float) -> dict:
+    await asyncio.sleep(delay)
+    start = time.perf_counter()
+    text, times = "", []
+    async with client.stream("POST", url + "/v1/completions", json={**body, "stream": True}) as response:
+        if response.status_code != 200:
+            return {"error": (await response.aread()).decode()[:300]}
+        async for line in response.aiter_lines():
+            if line.startswith("data:") and (data := line[5:].strip()) != "[DONE]":
+                event = json.loads(data)
+                if "error" in event:
+                    return {"error": str(event["error"])[:300]}
+                for choice in event.get("choices", []):
+                    if choice.get("text"):
+                        text += choice["text"]
+                        times.append(time.perf_counter())
+    n = len(times)
+    return {"text": text, "ttft": times[0] - start, "latency": times[-1] - start,
+            "tpot": (times[-1] - times[0]) / (n - 1) if n > 1 else 0.0}
+
+
+async def workload(url: str, requests: list[tuple[dict, float]]) -> list[dict]:
+    async with httpx.AsyncClient(timeout=1800) as client:
+        return await asyncio.gather(*(stream(client, url, body, delay) for body, delay in requests))
+
+
+def make_requests(args, vocab: int) -> tuple[list[tuple[dict, float]], list[str]]:
+    rng = random.Random(0)
+    body = {"model": args.served_name, "temperature": 0, "ignore_eos": True}
+    reqs, kinds = [], []
+    for _ in range(args.decodes):
+        reqs.append(({**body, "prompt": [rng.randrange(100, vocab) for _ in range(32)], "max_tokens": args.decode_tokens}, 0.0))
+        kinds.append("decode")
+    for i in range(args.long):
+        reqs.append(({**body, "prompt": [rng.randrange(100, vocab) for _ in range(args.long_len)], "max_tokens": 16},
+                     1.0 + i * args.gap))
+        kinds.append("long")
+    return reqs, kinds
+
+
+def summarize(results: list[dict], kinds: list[str]) -> dict:
+    out = {}
+    for kind in ("long", "decode"):
+        rs = [r for r, k in zip(results, kinds) if k == kind and "error" not in r]
+        if rs:
+            ttft, tpot = sorted(r["ttft"] for r in rs), sorted(r["tpot"] for r in rs)
+            out[kind] = {"n": len(rs), "ttft_median_s": round(statistics.median(ttft), 3),
+                         "ttft_max_s": round(ttft[-1], 3), "tpot_median_ms": round(1000 * statistics.median(tpot), 2),
+                         "tpot_max_ms": round(1000 * tpot[-1], 2)}
+    out["errors"] = [r["error"] for r in results if "error" in r]
+    return out
+
+
+def kill_case(args, reference: list[dict], requests, kinds) -> dict:
+    """Prefill answers, then SIGKILL; the decode engine gets those params beside plain requests."""
+    prefill, decode = start_pd(args)
+    longs = [b for (b, _), k in zip(requests, kinds) if k == "long"]
+    plains = [b for (b, _), k in zip(requests, kinds) if k == "decode"]
+    params = [httpx.post(prefill.url + "/v1/completions", timeout=600, json={
+        **b, "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}}).json()["kv_transfer_params"]
+        for b in longs]
+    prefill.kill(signal.SIGKILL)
+    before = decode.metrics()
+    start = time.perf_counter()
+    results = asyncio.run(workload(decode.url, [({**b, "kv_transfer_params": p}, 0.0) for b, p in zip(longs, params)]
+                                   + [(b, 0.0) for b in plains]))
+    took = time.perf_counter() - start
+    time.sleep(1.5)  # /metrics follows the engine's stats once a second
+    after = decode.metrics()
+    ref_long = [r for r, k in zip(reference, kinds) if k == "long"]
+    ref_plain = [r for r, k in zip(reference, kinds) if k == "decode"]
+    got_long, got_plain = results[:len(longs)], results[len(longs):]
+    decode.kill()
+    return {
+        "affected_same_text": all(g.get("text") == r["text"] for g, r in zip(got_long, ref_long)),
+        "others_same_text": all(g.get("text") == r["text"] for g, r in zip(got_plain, ref_plain)),
+        "affected_latency_s": [round(g.get("latency", -1), 2) for g in got_long],
+        "same_requests_unaffected_latency_s": [round(r["latency"], 2) for r in ref_long],
+        "all_done_in_s": round(took, 2),
+        "failed_receives": after.get("jaxvllm:kv_transfer_total[failed_receives]", 0)
+        - before.get("jaxvllm:kv_transfer_total[failed_receives]", 0),
+        "decode_pool_whole": after["jaxvllm:kv_cache_free_blocks"] == after["jaxvllm:kv_cache_total_blocks"],
+        "errors": [g["error"] for g in results if "error" in g],
+    }
+
+
+def serve_args(args, *extra) -> list[str]:
+    model = [args.model] if args.model else []
+    return ["serve", *model, "--served-model-name", args.served_name, "--max-model-len", str(args.max_model_len),
+            *args.engine_flags, *extra]
+
+
+def start_pd(args) -> tuple[Process, Process]:
+    def config(role):
+        return json.dumps({"kv_connector": "JaxTransferConnector", "kv_role": role, "kv_port": free_port()})
+    return (Process(serve_args(args, "--kv-transfer-config", config("kv_producer"))),
+            Process(serve_args(args, "--kv-transfer-config", config("kv_consumer"))))
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="A model path (default: the default model).")
+    p.add_argument("--served-name", default="m")
+    p.add_argument("--vocab", type=int, default=49152)
+    p.add_argument("--decodes", type=int, default=4)
+    p.add_argument("--decode-tokens", type=int, default=128)
+    p.add_argument("--long", type=int, default=4)
+    p.add_argument("--long-len", type=int, default=1500)
+    p.add_argument("--gap", type=float, default=1.0)
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--engine-flags", nargs=argparse.REMAINDER, default=[])
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    requests, kinds = make_requests(args, args.vocab)
+
+    single = Process(serve_args(args))
+    one = asyncio.run(workload(single.url, requests))
+    single.kill()
+
+    prefill, decode = start_pd(args)
+    proxy = Process(["disagg-proxy", "--prefill", prefill.url, "--decode", decode.url])
+    before = decode.metrics()
+    pd = asyncio.run(workload(proxy.url, requests))
+    time.sleep(1.5)
+    after = decode.metrics()
+    for proc in (proxy, prefill, decode):
+        proc.kill()
+    long_tokens = args.long * args.long_len + args.decodes * 32
+    moved = after.get("jaxvllm:kv_transfer_total[received_bytes]", 0) - before.get(
+        "jaxvllm:kv_transfer_total[received_bytes]", 0)
+    received = after.get("jaxvllm:kv_transfer_total[received_requests]", 0) - before.get(
+        "jaxvllm:kv_transfer_total[received_requests]", 0)
+    result = {
+        "model": args.model or "default (SmolLM2-135M-Instruct)",
+        "workload": {k: getattr(args, k) for k in ("decodes", "decode_tokens", "long", "long_len", "gap")},
+        "same_text": [a.get("text") == b.get("text") for a, b in zip(one, pd)],
+        "one_engine": summarize(one, kinds),
+        "prefill_decode": summarize(pd, kinds),
+        "decode_engine": {
+            "prompt_tokens": long_tokens,
+            "prefill_tokens_computed": after["jaxvllm:prefill_tokens_computed_total"]
+            - before.get("jaxvllm:prefill_tokens_computed_total", 0),
+            "received_requests": received, "kv_bytes_per_request": moved / received if received else 0,
+            "failed_receives": after.get("jaxvllm:kv_transfer_total[failed_receives]", 0)},
+        "prefill_killed": kill_case(args, one, requests, kinds),
+    }
+    print(json.dumps(result, indent=1))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+if __name__ == "__main__":
+    main()
