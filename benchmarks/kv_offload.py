@@ -65,7 +65,7 @@ def main(argv=None) -> dict:
     p.add_argument("--output-len", type=int, default=8)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--num-gpu-blocks", type=int, default=256, help="the device pool (too small on purpose)")
-    p.add_argument("--num-cpu-blocks", type=int, default=None, help="the host tier (default: every prefix)")
+    p.add_argument("--num-cpu-blocks", type=int, default=None, help="the host tier (default: every prefix, in every KV cache group)")
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     p.add_argument("--skip-warmup", action="store_true")
@@ -80,17 +80,20 @@ def main(argv=None) -> dict:
     prompts = make_prompts(load_hf_config(model).vocab_size, args.num_prefixes, args.prefix_len, args.asks,
                            args.tail, args.order)
     blocks_per_prompt = -(-(args.prefix_len + args.tail + args.output_len) // args.block_size)
-    num_cpu_blocks = args.num_cpu_blocks or args.num_prefixes * blocks_per_prompt
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
     engine_args = dict(max_model_len=args.max_model_len, max_num_seqs=1, block_size=args.block_size,
                        num_gpu_blocks_override=args.num_gpu_blocks, skip_warmup=args.skip_warmup,
                        **({"max_num_batched_tokens": args.max_num_batched_tokens}
                           if args.max_num_batched_tokens else {}))
-    offload = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
-               "kv_connector_extra_config": {"num_cpu_blocks": num_cpu_blocks}}
-    rows = {}
-    for name, extra in (("recompute", {}), ("offload", {"kv_transfer_config": offload})):
+    rows, num_cpu_blocks = {}, args.num_cpu_blocks
+    for name in ("recompute", "offload"):
+        extra = {} if name == "recompute" else {"kv_transfer_config": {
+            "kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+            "kv_connector_extra_config": {"num_cpu_blocks": num_cpu_blocks}}}
         llm = LLM(model, **engine_args, **extra)
+        if num_cpu_blocks is None:  # every prefix, in each KV cache group (a hybrid model has several)
+            num_groups = len(llm.llm_engine.engine_core.scheduler.kv_cache_manager.managers)
+            num_cpu_blocks = args.num_prefixes * blocks_per_prompt * num_groups
         outputs, ttfts = run_sequentially(llm, prompts, params)
         s = llm.llm_engine.get_stats()
         rows[name] = dict(outputs=outputs, ttft_median_s=statistics.median(ttfts), ttft_p90_s=percentile(ttfts, 90),

@@ -17,7 +17,7 @@ from jaxvllm import LLM, SamplingParams
 
 PROMPTS = [[int(t) for t in np.random.default_rng(i).integers(3, 256, n)] for i, n in enumerate([40, 100, 17, 64, 5])]
 ARGS = dict(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=256, num_gpu_blocks_override=80,
-            block_size=16)
+            block_size=16, skip_warmup=True)
 
 
 def free_port() -> int:
@@ -62,10 +62,10 @@ def counters(llm) -> tuple[int, dict]:
 
 @pytest.fixture(scope="module")
 def engines(tiny_model_dir):
-    """One plain engine's greedy outputs, and a prefill and a decode engine (warmed)."""
-    plain = LLM(str(tiny_model_dir), skip_warmup=True, **ARGS)
-    expected = decode(plain, PROMPTS, [None] * len(PROMPTS))
+    """A prefill and a decode engine, and the greedy outputs of one engine alone (the prefill
+    engine's, for requests without kv_transfer_params)."""
     producer = LLM(str(tiny_model_dir), kv_transfer_config=transfer_config("kv_producer"), **ARGS)
+    expected = decode(producer, PROMPTS, [None] * len(PROMPTS))
     consumer = LLM(str(tiny_model_dir), kv_transfer_config=transfer_config("kv_consumer", pull_timeout_s=1.0),
                    **ARGS)
     return expected, producer, consumer
@@ -144,7 +144,7 @@ def test_bad_kv_transfer_params_and_settings_are_refused_by_name(engines, tiny_m
                           (transfer_config("kv_both", pull_timeout_s=-1), "pull_timeout_s must be a positive"),
                           (transfer_config("kv_both", num_cpu_blocks=4), "unknown fields")]:
         with pytest.raises(ValueError, match=match):
-            LLM(str(tiny_model_dir), kv_transfer_config=config, skip_warmup=True, **ARGS)
+            LLM(str(tiny_model_dir), kv_transfer_config=config, **ARGS)
 
 
 def test_tiny_moe_decodes_from_transferred_kv(tmp_path_factory):
@@ -154,8 +154,8 @@ def test_tiny_moe_decodes_from_transferred_kv(tmp_path_factory):
     path = tmp_path_factory.mktemp("qwen3moe")
     write_tiny_moe(path, "Qwen3Moe")
     load_tokenizer(default_model_path()).save_pretrained(path)
-    expected = decode(LLM(str(path), skip_warmup=True, **ARGS), PROMPTS, [None] * len(PROMPTS))
-    producer = LLM(str(path), kv_transfer_config=transfer_config("kv_both"), skip_warmup=True, **ARGS)
-    consumer = LLM(str(path), kv_transfer_config=transfer_config("kv_both"), skip_warmup=True, **ARGS)
+    producer = LLM(str(path), kv_transfer_config=transfer_config("kv_both"), **ARGS)
+    consumer = LLM(str(path), kv_transfer_config=transfer_config("kv_both"), **ARGS)
+    expected = decode(producer, PROMPTS, [None] * len(PROMPTS))
     assert decode(consumer, PROMPTS, prefill(producer, PROMPTS)) == expected
     assert counters(consumer)[0] == len(PROMPTS)
