@@ -39,6 +39,12 @@ def decode(cls, data: bytes):
     return _from_builtin(cls, msgpack.unpackb(data, raw=False, strict_map_key=False))
 
 
+def convert(cls, value):
+    """decode's conversion for a value msgpack has already unpacked (a field typed Any, whose
+    receiver knows its type: a KV connector's metadata)."""
+    return _from_builtin(cls, value)
+
+
 @functools.cache
 def _hints(cls) -> dict:
     return typing.get_type_hints(cls)

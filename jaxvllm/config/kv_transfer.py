@@ -30,10 +30,14 @@ def verify_kv_transfer(config) -> None:
         raise ValueError("kv_transfer_config.kv_connector_extra_config must be a dict, got "
                          f"{type(kv.kv_connector_extra_config).__name__}.")
     p = config.parallel
-    if p.is_multiprocess or p.pipeline_parallel_size > 1:
-        raise ValueError("kv_transfer_config needs distributed_executor_backend='uni', nnodes=1 and "
-                         "pipeline_parallel_size=1 (the connector's worker side copies this process's "
-                         "one KV cache).")
+    # The connector's worker side copies one process's KV cache: one worker (a Ray actor, on
+    # any node, for P/D), one stage.
+    one_ray_worker = (kv.kv_connector == "JaxTransferConnector" and p.distributed_executor_backend == "ray"
+                      and p.ray_workers == 1 and p.nnodes == 1)
+    if (p.is_multiprocess and not one_ray_worker) or p.pipeline_parallel_size > 1:
+        raise ValueError("kv_transfer_config needs distributed_executor_backend='uni' (JaxTransferConnector: "
+                         "or 'ray' with ray_workers=1), nnodes=1 and pipeline_parallel_size=1 (the "
+                         "connector's worker side copies one process's KV cache).")
     if kv.kv_connector == "OffloadingConnector":
         _verify_offloading(config, kv)
     elif kv.kv_connector == "JaxTransferConnector":

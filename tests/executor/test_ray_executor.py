@@ -92,3 +92,36 @@ def test_two_ray_workers_tp8_then_one_dies(tiny_model_dir):
     while any(map(running, procs)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert [title(p) for p in procs if running(p)] == []
+
+
+@pytest.mark.slow
+def test_prefill_and_decode_engines_with_ray_workers(tiny_model_dir):
+    """Disaggregated prefill (JaxTransferConnector) with both engines' workers as Ray actors
+    (on one local cluster here; on two hosts kv_ip names the prefill worker's): the decode
+    engine pulls the KV from the prefill actor and gives one engine's greedy tokens, computing
+    one prompt token per request."""
+    import socket
+
+    def config(role):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        return {"kv_connector": "JaxTransferConnector", "kv_role": role, "kv_port": port}
+
+    ray_engine = dict(ENGINE, distributed_executor_backend="ray")
+    producer = LLM(str(tiny_model_dir), kv_transfer_config=config("kv_producer"), **ray_engine)
+    consumer = LLM(str(tiny_model_dir), kv_transfer_config=config("kv_consumer"), **ray_engine)
+    try:
+        expected = [o.outputs[0].token_ids for o in producer.generate(PROMPTS, GREEDY, use_tqdm=False)]
+        first = SamplingParams(temperature=0, max_tokens=1, extra_args={"kv_transfer_params": {"do_remote_decode": True}})
+        params = [o.kv_transfer_params for o in producer.generate(PROMPTS, first, use_tqdm=False)]
+        outs = consumer.generate(PROMPTS, [SamplingParams(temperature=0, max_tokens=8, min_tokens=8,
+                                                          extra_args={"kv_transfer_params": p}) for p in params],
+                                 use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in outs] == expected
+        stats = consumer.llm_engine.get_stats()
+        assert stats.num_prefill_tokens == len(PROMPTS)
+        assert stats.kv_connector_stats["kv_transfer_received_requests"] == len(PROMPTS)
+    finally:
+        consumer.llm_engine.shutdown()
+        producer.llm_engine.shutdown()

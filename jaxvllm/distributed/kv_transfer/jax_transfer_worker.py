@@ -31,7 +31,8 @@ import zmq
 from jax.experimental import transfer
 
 from jaxvllm.distributed.kv_transfer.base import KVConnectorBase_V1
-from jaxvllm.distributed.kv_transfer.jax_transfer_connector import SENDS
+from jaxvllm.distributed.kv_transfer.jax_transfer_connector import SENDS, JaxTransferConnectorMetadata
+from jaxvllm.serial_utils import convert
 from jaxvllm.worker.kv_block_copy import KVBlockCopier
 
 logger = logging.getLogger(__name__)
@@ -78,6 +79,10 @@ class JaxTransferConnectorWorker(KVConnectorBase_V1):
 
     def warmup(self, kv_cache: jax.Array) -> jax.Array:
         return self.copier.warmup(kv_cache)
+
+    def bind_connector_metadata(self, metadata) -> None:
+        """As built, or as a map (a Ray worker receives the SchedulerOutput as msgpack)."""
+        self._metadata = metadata if not isinstance(metadata, dict) else convert(JaxTransferConnectorMetadata, metadata)
 
     # ---- sending (prefill engine) -----------------------------------------------------
     def wait_for_save(self, kv_cache: jax.Array) -> None:
