@@ -111,7 +111,8 @@ def make_requests(args, vocab: int) -> tuple[list[tuple[dict, float]], list[str]
     body = {"model": args.served_name, "temperature": 0, "ignore_eos": True}
     reqs, kinds = [], []
     for _ in range(args.decodes):
-        reqs.append(({**body, "prompt": [rng.randrange(100, vocab) for _ in range(32)], "max_tokens": args.decode_tokens}, 0.0))
+        prompt = [rng.randrange(100, vocab) for _ in range(32)]
+        reqs.append(({**body, "prompt": prompt, "max_tokens": args.decode_tokens}, 0.0))
         kinds.append("decode")
     for i in range(args.long):
         reqs.append(({**body, "prompt": [rng.randrange(100, vocab) for _ in range(args.long_len)], "max_tokens": 16},

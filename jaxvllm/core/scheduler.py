@@ -229,7 +229,8 @@ class Scheduler:
             # like new tokens, outside the token budget. A host-tier hit loads before the
             # step's forward; a remote prefill's KV (P/D) arrives later, while the request waits.
             num_external, load_async = 0, False
-            if request.status != RequestStatus.SWAPPED and not owes_prompt_logprobs(request):  # prompt logprobs need every position computed
+            # (prompt logprobs need every position computed)
+            if request.status != RequestStatus.SWAPPED and not owes_prompt_logprobs(request):
                 hit, num_hit = self.kv_cache_manager.get_computed_blocks(request)
                 if self.connector is not None:
                     num_external, load_async = self.connector.get_num_new_matched_tokens(request, num_hit)
@@ -445,7 +446,8 @@ class Scheduler:
         num_swapped = len(self.swap_space.req_to_slots) if self.swap_space is not None else 0
         prefix, spec = self.kv_cache_manager.prefix_cache_stats, self.spec_decoding_stats
         return SchedulerStats(
-            num_running_reqs=len(self.running), num_waiting_reqs=len(self.waiting) + len(self.waiting_for_remote) - num_swapped,
+            num_running_reqs=len(self.running),
+            num_waiting_reqs=len(self.waiting) + len(self.waiting_for_remote) - num_swapped,
             num_swapped_reqs=num_swapped, kv_cache_usage=self.kv_cache_usage,
             prefix_cache_queries=prefix.queries, prefix_cache_hits=prefix.hits,
             num_preemptions=self.num_preemptions, num_swap_outs=self.num_swap_outs,

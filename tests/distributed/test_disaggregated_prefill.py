@@ -140,9 +140,11 @@ def test_bad_kv_transfer_params_and_settings_are_refused_by_name(engines, tiny_m
     with pytest.raises(ValueError, match="extra_args must be a dict whose one key is kv_transfer_params"):
         SamplingParams(extra_args={"other": 1})
     assert_pool_whole(consumer)
+    taken = producer.llm_engine.engine_core.scheduler.connector.port
     for config, match in [({**transfer_config("kv_both"), "kv_port": 0}, "kv_port must be a port"),
                           (transfer_config("kv_both", pull_timeout_s=-1), "pull_timeout_s must be a positive"),
-                          (transfer_config("kv_both", num_cpu_blocks=4), "unknown fields")]:
+                          (transfer_config("kv_both", num_cpu_blocks=4), "unknown fields"),
+                          ({**transfer_config("kv_producer"), "kv_port": taken}, "cannot take the prefill engine")]:
         with pytest.raises(ValueError, match=match):
             LLM(str(tiny_model_dir), kv_transfer_config=config, **ARGS)
 

@@ -113,7 +113,8 @@ def test_prefill_and_decode_engines_with_ray_workers(tiny_model_dir):
     consumer = LLM(str(tiny_model_dir), kv_transfer_config=config("kv_consumer"), **ray_engine)
     try:
         expected = [o.outputs[0].token_ids for o in producer.generate(PROMPTS, GREEDY, use_tqdm=False)]
-        first = SamplingParams(temperature=0, max_tokens=1, extra_args={"kv_transfer_params": {"do_remote_decode": True}})
+        first = SamplingParams(temperature=0, max_tokens=1,
+                               extra_args={"kv_transfer_params": {"do_remote_decode": True}})
         params = [o.kv_transfer_params for o in producer.generate(PROMPTS, first, use_tqdm=False)]
         outs = consumer.generate(PROMPTS, [SamplingParams(temperature=0, max_tokens=8, min_tokens=8,
                                                           extra_args={"kv_transfer_params": p}) for p in params],

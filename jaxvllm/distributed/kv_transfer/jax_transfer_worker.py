@@ -67,12 +67,18 @@ class JaxTransferConnectorWorker(KVConnectorBase_V1):
         self.copier = KVBlockCopier(kv_cache, CHUNK_BLOCKS, on_compile)
         self._row_sharding = self.copier.gather(kv_cache, [0]).sharding  # what pulled chunks land as
         ip = self._address.rpartition(":")[0]
-        self.server = transfer.start_transfer_server(next(iter(kv_cache.sharding.device_set)).client, f"{ip}:0", [f"{ip}:0"])
+        client = next(iter(kv_cache.sharding.device_set)).client
+        self.server = transfer.start_transfer_server(client, f"{ip}:0", [f"{ip}:0"])
         self._zmq = zmq.Context.instance()
         if self._serve_sends:
             socket = self._zmq.socket(zmq.REP)
             socket.setsockopt(zmq.LINGER, 0)
-            socket.bind(f"tcp://{self._address}")  # before the engine is up: a taken port fails the start
+            try:  # before the engine is up: a taken port fails the start
+                socket.bind(f"tcp://{self._address}")
+            except zmq.ZMQError as e:
+                socket.close()
+                raise ValueError(f"kv_transfer_config.kv_ip:kv_port {self._address} cannot take the prefill "
+                                 f"engine's side channel ({e}); give each prefill engine its own kv_port.") from e
             self._side_thread = threading.Thread(target=self._side_channel, args=(socket,), name="kv-side-channel",
                                                  daemon=True)
             self._side_thread.start()
