@@ -27,6 +27,7 @@ import enum
 from typing import TYPE_CHECKING, Any
 
 from jaxvllm.outputs import KVConnectorOutput
+from jaxvllm.serial_utils import convert
 
 if TYPE_CHECKING:  # the scheduler's side loads no JAX
     import jax
@@ -39,6 +40,7 @@ class KVConnectorRole(enum.Enum):
 
 class KVConnectorBase_V1:
     """A connector's defaults: nothing to match, to load or to save."""
+    metadata_cls: type | None = None  # what build_connector_meta returns (the worker side's orders)
 
     def __init__(self, config, role: KVConnectorRole, kv_cache_config):
         self.config = config
@@ -92,7 +94,9 @@ class KVConnectorBase_V1:
         return kv_cache
 
     def bind_connector_metadata(self, metadata) -> None:
-        self._metadata = metadata
+        """As built, or as a msgpack map (a worker in another process, a Ray actor, receives
+        the SchedulerOutput so): then converted back to the connector's `metadata_cls`."""
+        self._metadata = convert(self.metadata_cls, metadata) if isinstance(metadata, dict) else metadata
 
     def clear_connector_metadata(self) -> None:
         self._metadata = None

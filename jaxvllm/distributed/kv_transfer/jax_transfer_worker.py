@@ -32,7 +32,6 @@ from jax.experimental import transfer
 
 from jaxvllm.distributed.kv_transfer.base import KVConnectorBase_V1
 from jaxvllm.distributed.kv_transfer.jax_transfer_connector import SENDS, JaxTransferConnectorMetadata
-from jaxvllm.serial_utils import convert
 from jaxvllm.worker.kv_block_copy import KVBlockCopier
 
 logger = logging.getLogger(__name__)
@@ -41,6 +40,7 @@ DEFAULT_PULL_TIMEOUT_S, DEFAULT_SEND_TIMEOUT_S = 3.0, 120.0
 
 
 class JaxTransferConnectorWorker(KVConnectorBase_V1):
+    metadata_cls = JaxTransferConnectorMetadata
     def __init__(self, config, role, kv_cache_config):
         super().__init__(config, role, kv_cache_config)
         kv = config.kv_transfer
@@ -85,10 +85,6 @@ class JaxTransferConnectorWorker(KVConnectorBase_V1):
 
     def warmup(self, kv_cache: jax.Array) -> jax.Array:
         return self.copier.warmup(kv_cache)
-
-    def bind_connector_metadata(self, metadata) -> None:
-        """As built, or as a map (a Ray worker receives the SchedulerOutput as msgpack)."""
-        self._metadata = metadata if not isinstance(metadata, dict) else convert(JaxTransferConnectorMetadata, metadata)
 
     # ---- sending (prefill engine) -----------------------------------------------------
     def wait_for_save(self, kv_cache: jax.Array) -> None:

@@ -20,13 +20,14 @@ import numpy as np
 
 from jaxvllm import platforms
 from jaxvllm.distributed.kv_transfer.base import KVConnectorBase_V1
-from jaxvllm.distributed.kv_transfer.offloading_connector import num_cpu_blocks
+from jaxvllm.distributed.kv_transfer.offloading_connector import OffloadingConnectorMetadata, num_cpu_blocks
 from jaxvllm.worker.kv_block_copy import KVBlockCopier, host_rows
 
 DEFAULT_STAGING_BLOCKS = 32
 
 
 class OffloadingConnectorWorker(KVConnectorBase_V1):
+    metadata_cls = OffloadingConnectorMetadata
     def __init__(self, config, role, kv_cache_config):
         super().__init__(config, role, kv_cache_config)
         extra = config.kv_transfer.kv_connector_extra_config
