@@ -56,7 +56,7 @@ class RemoteServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"jaxvllm serve exited with {self.proc.returncode}:\n{self.log_text()}")
+                raise RuntimeError(f"jaxvllm serve exited with {self.proc.returncode}:\n{self.log_text()[-5000:]}")
             try:
                 if httpx.get(self.url + "/health", timeout=2).status_code == 200:
                     return
@@ -64,7 +64,7 @@ class RemoteServer:
                 pass
             time.sleep(0.5)
         self.stop()
-        raise TimeoutError(f"jaxvllm serve did not become healthy:\n{self.log_text()}")
+        raise TimeoutError(f"jaxvllm serve did not become healthy:\n{self.log_text()[-5000:]}")
 
     def group_pids(self) -> list[int]:
         """Processes still in the server's process group, from the process table."""
@@ -80,8 +80,9 @@ class RemoteServer:
         return pids
 
     def log_text(self) -> str:
+        """The whole log: a pid or a once-only warning may be far above its tail."""
         with open(self.log.name) as f:
-            return f.read()[-5000:]
+            return f.read()
 
     @property
     def engine_core_pid(self) -> int:
