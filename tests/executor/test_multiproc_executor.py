@@ -78,17 +78,19 @@ def test_killing_a_worker_fails_requests_cleanly(mp_llm):
     pids = [p.pid for p in executor.procs]
     killed_at = {}
 
-    def kill():
+    def kill():  # once the requests are in flight: 200 steps can end within a fixed delay
+        while not mp_llm.llm_engine.has_unfinished_requests():
+            time.sleep(0.001)
         killed_at["t"] = time.perf_counter()
         os.kill(pids[1], signal.SIGKILL)
 
-    timer = threading.Timer(1.0, kill)
-    timer.start()
+    killer = threading.Thread(target=kill)
+    killer.start()
     long = SamplingParams(temperature=0, max_tokens=200, min_tokens=200)
     with pytest.raises(WorkerDiedError, match=r"JaxvllmWorker-1 \(pid \d+\) died with exit code -9"):
         mp_llm.generate(PROMPTS, long, use_tqdm=False)
     print(f"in-flight requests failed {time.perf_counter() - killed_at['t']:.2f} s after the kill")
-    timer.join()
+    killer.join()
     # The engine stays failed, immediately, and holds no request.
     with pytest.raises(WorkerDiedError):
         mp_llm.generate(PROMPTS[:1], long, use_tqdm=False)
