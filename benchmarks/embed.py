@@ -52,7 +52,7 @@ def workloads(n: int, vocab: int, max_len: int = 512, prefix_len: int = 200, see
 
 
 def run_jaxvllm(w: dict, ns) -> list[dict]:
-    llm = LLM(ns.model, runner="pooling", max_model_len=ns.max_model_len, max_num_seqs=ns.max_num_seqs,
+    llm = LLM(ns.model, runner="pooling", dtype=ns.dtype, max_model_len=ns.max_model_len, max_num_seqs=ns.max_num_seqs,
               max_num_batched_tokens=ns.max_num_batched_tokens)
     llm.embed([{"prompt_token_ids": p} for p in w["plain"][:2]], use_tqdm=False)
     wait_for_huge_pages()  # the timed rounds measure the engine serving
@@ -73,7 +73,7 @@ def run_transformers(w: dict, model_dir: Path, ns) -> list[dict]:
     """Batches of similar lengths (sorted), right-padded, the last real token's hidden state."""
     import torch
     from transformers import AutoModel
-    model = AutoModel.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    model = AutoModel.from_pretrained(str(model_dir), dtype=getattr(torch, ns.dtype)).eval()
     results = []
     for _ in range(ns.rounds):
         for name, prompts in w.items():
@@ -99,7 +99,7 @@ def run_vllm(w: dict, model_dir: Path, ns) -> list[dict]:
     if not python.exists():
         raise FileNotFoundError(f"{python} not found (make bench-peers, or set JAXVLLM_PEER_VENV)")
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump({"workloads": w, "rounds": ns.rounds, "max_num_seqs": ns.max_num_seqs,
+        json.dump({"workloads": w, "rounds": ns.rounds, "dtype": ns.dtype, "max_num_seqs": ns.max_num_seqs,
                    "max_model_len": ns.max_model_len, "max_num_batched_tokens": ns.max_num_batched_tokens}, f)
     env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND="0-1", VLLM_CPU_KVCACHE_SPACE="2")
     env.pop("PYTHONPATH", None)
@@ -128,6 +128,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--hf-batch-size", type=int, default=16)
     parser.add_argument("--peers", default="vllm,transformers")
     parser.add_argument("--peer-timeout", type=float, default=1800)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                        help="every engine's weights and activations")
     parser.add_argument("--json", default=None)
     ns = parser.parse_args(argv)
     load = os.getloadavg()

@@ -27,6 +27,7 @@ from jaxvllm.config import EngineArgs  # noqa: E402
 from jaxvllm.distributed.mesh import MODEL_AXIS, make_mesh  # noqa: E402
 from jaxvllm.distributed.partition import kv_cache_sharding, padded_heads  # noqa: E402
 from jaxvllm.layers.attention import get_attention  # noqa: E402
+from jaxvllm.layers.kv_cache_dtype import kv_cache_dtype  # noqa: E402
 from jaxvllm.models.eagle3 import Eagle3Args, Eagle3LlamaForCausalLM  # noqa: E402
 from jaxvllm.models.llama import LlamaArgs, LlamaForCausalLM  # noqa: E402
 from jaxvllm.models.model_loader import shard_abstract  # noqa: E402
@@ -79,16 +80,17 @@ def step_runner(platform_name: str, args: LlamaArgs, tensor_parallel_size: int =
         draft = {"draft_model": shard_abstract(nnx.eval_shape(lambda: Eagle3LlamaForCausalLM(
             dataclasses.replace(head, num_layers=1), dtype=dtype)), mesh)}
         draft_layers = 1
+    kv_format = kv_cache_dtype(config.cache.kv_cache_dtype, dtype, platform.kv_cache_floats_as_bits)
     kv_cache = jax.ShapeDtypeStruct(
         platform.kv_cache_shape(args.num_layers + draft_layers, num_blocks, config.cache.block_size, args.num_kv_heads,
-                                args.head_dim), dtype, sharding=kv_cache_sharding(mesh))
+                                args.head_dim), kv_format.storage, sharding=kv_cache_sharding(mesh))
     chip = contextlib.nullcontext()
     abstract_mesh = None
     if platform_name == "tpu":  # the Mosaic lowering asks which chip it tiles for
         device = AbstractDevice(device_kind=TPU_KIND, num_cores=1, platform="tpu")
         abstract_mesh = AbstractMesh((tensor_parallel_size,), (MODEL_AXIS,), abstract_device=device)
         chip = jax.sharding.use_abstract_mesh(abstract_mesh)
-    attend = get_attention(config.model.attention_backend, platform, abstract_mesh or mesh)
+    attend = get_attention(config.model.attention_backend, platform, abstract_mesh or mesh, kv_format)
     runner = runner_class(config)(config, model, kv_cache, attend, mesh=mesh, platform=platform,
                                   abstract_mesh=abstract_mesh, **draft)
     return runner, kv_cache, chip

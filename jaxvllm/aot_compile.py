@@ -128,7 +128,7 @@ def compile_for_target(model: str, target: str, *, programs: tuple[str, ...] | N
             raise ValueError(f"speculative_config.model has {d.num_kv_heads} KV heads of {d.head_dim}, the target "
                              f"{a.num_kv_heads} of {a.head_dim}: a draft model's KV shares the target's pages.")
     num_layers = a.num_layers + sum(m.args.num_layers for m in draft.values())
-    kv_format = kv_cache_dtype(config.cache.kv_cache_dtype, jax.numpy.dtype(config.dtype), platform.kv_cache_fp8_as_bits)
+    kv_format = kv_cache_dtype(config.cache.kv_cache_dtype, jax.numpy.dtype(config.dtype), platform.kv_cache_floats_as_bits)
     attend = get_attention(config.model.attention_backend, platform, mesh, kv_format)
     bs, max_len = config.cache.block_size, config.scheduler.max_model_len
     pages_per_request = -(-max_len // bs)

@@ -19,7 +19,7 @@ def main(model_dir: str, path: str) -> None:
     with open(path) as f:
         w = json.load(f)
     start = time.perf_counter()
-    llm = LLM(model=model_dir, runner="pooling", convert="embed", dtype="float32", seed=0,
+    llm = LLM(model=model_dir, runner="pooling", convert="embed", dtype=w.get("dtype", "float32"), seed=0,
               max_num_seqs=w["max_num_seqs"], max_model_len=w["max_model_len"],
               max_num_batched_tokens=w["max_num_batched_tokens"], gpu_memory_utilization=0.5)
     startup_s = time.perf_counter() - start

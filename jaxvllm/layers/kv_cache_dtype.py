@@ -25,9 +25,10 @@ class KVCacheDtype:
     dtype: jnp.dtype   # what a page element is
     k_scale: float = 1.0
     v_scale: float = 1.0
-    # Where XLA cannot update an fp8 array in place (the CPU: it converts the whole cache
-    # through float32 on every write), fp8 pages are stored as their bits, uint8, and the
-    # kernels reinterpret what they load (their `kv_dtype` argument).
+    # Where XLA cannot update a sub-32-bit float array in place (the CPU: it converts the
+    # whole cache through float32 on every write, bfloat16 and fp8 alike), the pages are
+    # stored as their bits (uint16, uint8), and the kernels reinterpret what they load
+    # (their `kv_dtype` argument).
     as_bits: bool = False
 
     @property
@@ -37,7 +38,7 @@ class KVCacheDtype:
     @property
     def storage(self) -> jnp.dtype:
         """The cache array's dtype."""
-        return jnp.dtype(jnp.uint8) if self.as_bits else self.dtype
+        return jnp.dtype(f"uint{8 * self.dtype.itemsize}") if self.as_bits else self.dtype
 
     @property
     def kernel_kv_dtype(self):
@@ -48,13 +49,13 @@ class KVCacheDtype:
         """x / scale in the stored dtype, clipped to its finite range (a cast to fp8 of a value
         past its largest gives NaN; int8 wraps)."""
         if not self.quantized:
-            return x.astype(self.dtype)
-        x = x.astype(jnp.float32) / scale
-        if self.dtype == jnp.int8:
-            return jnp.clip(jnp.round(x), -127, 127).astype(jnp.int8)
-        big = float(jnp.finfo(self.dtype).max)
-        x = jnp.clip(x, -big, big).astype(self.dtype)
-        return jax.lax.bitcast_convert_type(x, jnp.uint8) if self.as_bits else x
+            x = x.astype(self.dtype)
+        elif self.dtype == jnp.int8:
+            return jnp.clip(jnp.round(x.astype(jnp.float32) / scale), -127, 127).astype(jnp.int8)
+        else:
+            big = float(jnp.finfo(self.dtype).max)
+            x = jnp.clip(x.astype(jnp.float32) / scale, -big, big).astype(self.dtype)
+        return jax.lax.bitcast_convert_type(x, self.storage) if self.as_bits else x
 
     def dequantize(self, x: jax.Array, scale: float, dtype=jnp.float32) -> jax.Array:
         if self.as_bits:
@@ -65,14 +66,16 @@ class KVCacheDtype:
 _INT8 = KVCacheDtype(jnp.dtype(jnp.int8), k_scale=24 / 127, v_scale=16 / 127)
 
 
-def kv_cache_dtype(name: str, model_dtype, fp8_as_bits: bool = False) -> KVCacheDtype:
+def kv_cache_dtype(name: str, model_dtype, floats_as_bits: bool = False) -> KVCacheDtype:
     """The format for an EngineArgs.kv_cache_dtype name (validated in jaxvllm/config/);
-    fp8_as_bits: the platform's `kv_cache_fp8_as_bits`."""
+    floats_as_bits: the platform's `kv_cache_floats_as_bits` (float32 is written in place
+    everywhere and stays as it is)."""
     e4m3, e5m2 = jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2)
-    formats = {"auto": KVCacheDtype(jnp.dtype(model_dtype)),
-               "fp8": KVCacheDtype(e4m3, as_bits=fp8_as_bits),
-               "fp8_e4m3": KVCacheDtype(e4m3, as_bits=fp8_as_bits),
-               "fp8_e5m2": KVCacheDtype(e5m2, as_bits=fp8_as_bits),
+    model_dtype = jnp.dtype(model_dtype)
+    formats = {"auto": KVCacheDtype(model_dtype, as_bits=floats_as_bits and model_dtype.itemsize < 4),
+               "fp8": KVCacheDtype(e4m3, as_bits=floats_as_bits),
+               "fp8_e4m3": KVCacheDtype(e4m3, as_bits=floats_as_bits),
+               "fp8_e5m2": KVCacheDtype(e5m2, as_bits=floats_as_bits),
                "int8": _INT8}
     if name not in formats:
         raise ValueError(f"kv_cache_dtype must be one of {sorted(formats)}, got {name!r}.")

@@ -38,9 +38,9 @@ class Platform:
     # back weights and KV cache with huge pages: measured to pay on the CPU only.
     serialize_executables = False
     huge_pages = False
-    # Store an fp8 KV cache as its bits (uint8), for an XLA that updates fp8 arrays by
-    # converting them whole (layers/kv_cache_dtype.py).
-    kv_cache_fp8_as_bits = False
+    # Store a bfloat16 / float16 / fp8 KV cache as its bits (uint16, uint8), for an XLA that
+    # updates such arrays by converting them whole (layers/kv_cache_dtype.py).
+    kv_cache_floats_as_bits = False
 
     def kv_cache_shape(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
                        head_dim: int) -> tuple[int, ...]:

@@ -88,7 +88,7 @@ class Worker:
         self.mesh = self.meshes[0]
         self.device = self.mesh.devices.flat[0]
         self._load_model()
-        self.kv_dtype = kv_cache_dtype(config.cache.kv_cache_dtype, self.dtype, platform.kv_cache_fp8_as_bits)
+        self.kv_dtype = kv_cache_dtype(config.cache.kv_cache_dtype, self.dtype, platform.kv_cache_floats_as_bits)
         self.attends = [get_attention(config.model.attention_backend, platform, m, self.kv_dtype)
                         for m in self.meshes]
         self.attend = self.attends[-1]

@@ -21,7 +21,7 @@ from jaxvllm.platforms import get_platform  # noqa: E402
 
 SEQS = [(1, 9), (5, 12), (4, 4), (1, 20)]
 # Every format in every backend, fp8 stored as itself (TPU, GPU) and as its bits (the CPU's
-# `kv_cache_fp8_as_bits`); the native CPU kernel reads float32 pages only and hands a
+# `kv_cache_floats_as_bits`); the native CPU kernel reads float32 pages only and hands a
 # quantized cache to the XLA kernel, so one format shows that route.
 CASES = [(name, backend, backend == "xla") for name in ("fp8", "fp8_e5m2", "int8")
          for backend in ("xla", "pallas-tpu", "pallas-gpu")]
@@ -42,7 +42,7 @@ def dequantized(fmt, cache) -> np.ndarray:
 def test_attention_over_quantized_pages_matches_reference_on_dequantized_pages(name, backend, as_bits):
     rng = np.random.default_rng(5)
     q, cache, layer, kv_lens, page_indices, cu_q_lens, num_seqs = build(rng, SEQS, nq=4, nkv=2, hd=64, ps=16)
-    fmt = kv_cache_dtype(name, jnp.float32, fp8_as_bits=as_bits)
+    fmt = kv_cache_dtype(name, jnp.float32, floats_as_bits=as_bits)
     stored = jnp.stack([fmt.quantize(cache[:, 0], fmt.k_scale), fmt.quantize(cache[:, 1], fmt.v_scale)], axis=1)
     assert stored.dtype == fmt.storage and fmt.quantized
     ps, slots = cache.shape[3], []
@@ -64,15 +64,44 @@ def test_attention_over_quantized_pages_matches_reference_on_dequantized_pages(n
     np.testing.assert_allclose(written, np.stack([k, v], axis=1)[:real], **WRITE_TOL[name])
 
 
+@pytest.mark.parametrize("backend", ["xla", "pallas-tpu", "pallas-gpu", pytest.param(
+    "native", marks=pytest.mark.skipif(not native_build.available(), reason="no C++ compiler"))])
+def test_bfloat16_pages_stored_as_bits_attend_as_bfloat16_pages(backend):
+    """The CPU's bfloat16 cache (uint16 bits) gives the bfloat16 cache's output and pages."""
+    rng = np.random.default_rng(6)
+    q, cache, layer, kv_lens, page_indices, cu_q_lens, num_seqs = build(rng, SEQS, nq=4, nkv=2, hd=64, ps=16)
+    ps, slots = cache.shape[3], []
+    for s, (q_len, kv) in enumerate(SEQS):
+        pos = np.arange(kv - q_len, kv)
+        slots += list(page_indices[s, pos // ps] * ps + pos % ps)
+    slots = np.asarray(slots + [0] * (q.shape[0] - len(slots)), np.int32)
+    k, v = jnp.asarray(rng.standard_normal((2, q.shape[0], 2, 64)), jnp.bfloat16)
+    md = AttentionMetadata(positions=np.zeros(q.shape[0], np.int32), slot_mapping=slots, kv_lens=kv_lens,
+                           page_indices=page_indices, cu_q_lens=cu_q_lens, num_seqs=num_seqs)
+    outs = {}
+    for as_bits in (False, True):
+        fmt = kv_cache_dtype("auto", jnp.bfloat16, floats_as_bits=as_bits)
+        stored = fmt.quantize(jnp.asarray(cache), 1.0)
+        assert stored.dtype == (jnp.uint16 if as_bits else jnp.bfloat16)
+        attend = get_attention(backend, get_platform("cpu"), None, fmt)
+        out, stored = attend(jnp.asarray(q, jnp.bfloat16), k, v, stored, layer, md, 0.125, None)
+        assert stored.dtype == fmt.storage
+        outs[as_bits] = (np.asarray(out, np.float32), np.asarray(fmt.dequantize(stored, 1.0)))
+    for a, b in zip(outs[False], outs[True]):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_formats_and_their_storage():
     assert kv_cache_dtype("auto", jnp.bfloat16).dtype == jnp.bfloat16
+    assert kv_cache_dtype("auto", jnp.bfloat16, floats_as_bits=True).storage == jnp.uint16
+    assert not kv_cache_dtype("auto", jnp.float32, floats_as_bits=True).as_bits
     assert not kv_cache_dtype("auto", jnp.float32).quantized
     assert kv_cache_dtype("fp8", jnp.float32) == kv_cache_dtype("fp8_e4m3", jnp.bfloat16)
     for name in ("fp8", "fp8_e5m2", "int8"):
         for as_bits in (False, True):
             assert kv_cache_dtype(name, jnp.float32, as_bits).storage.itemsize == 1
-    assert kv_cache_dtype("fp8", jnp.float32, fp8_as_bits=True).storage == jnp.uint8
-    assert kv_cache_dtype("int8", jnp.float32, fp8_as_bits=True).storage == jnp.int8
+    assert kv_cache_dtype("fp8", jnp.float32, floats_as_bits=True).storage == jnp.uint8
+    assert kv_cache_dtype("int8", jnp.float32, floats_as_bits=True).storage == jnp.int8
     # Values past a format's range are clipped, never NaN or wrapped.
     fmt = kv_cache_dtype("fp8", jnp.float32)
     assert float(fmt.dequantize(fmt.quantize(jnp.float32(1e6), 1.0), 1.0)) == 448.0
@@ -94,3 +123,23 @@ def test_pallas_kernels_lower_over_8bit_pages(platform, dtype):
     args = (args[0], jnp.zeros(args[1].shape, dtype)) + args[2:]
     text = lower(functools.partial(MODULES[platform].ragged_paged_attention, sm_scale=0.1), platform, *args)
     assert TARGETS[platform] in text
+
+
+def test_bfloat16_engine_generates_alike_with_pages_as_bits(tiny_model_dir, monkeypatch):
+    """A bfloat16 model on the CPU (its pages as uint16) gives the tokens of the same engine
+    with bfloat16 pages, in a pool too small to hold every request at once."""
+    from jaxvllm import LLM, SamplingParams
+    from jaxvllm.platforms.cpu import CpuPlatform
+
+    prompts = [{"prompt_token_ids": list(range(3 + i, 40 + 7 * i))} for i in range(4)]
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    results = []
+    for as_bits in (True, False):
+        monkeypatch.setattr(CpuPlatform, "kv_cache_floats_as_bits", as_bits)
+        llm = LLM(str(tiny_model_dir), dtype="bfloat16", max_model_len=128, block_size=16,
+                  num_gpu_blocks_override=12, max_num_batched_tokens=32, skip_warmup=True)
+        tokens = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
+        llm.llm_engine.shutdown()
+        results.append(tokens)
+    assert results[0] == results[1]
+    assert all(len(t) == 24 for t in results[0])

@@ -24,12 +24,12 @@ SHAPE = dataclasses.replace(TINY, num_layers=3)  # Gemma 2 and 3 layers then dif
 NUM_BLOCKS = 256  # the cache then outweighs the decode step's own temporaries many times over
 
 
-def compiled_decode_step(arch: str, num_blocks: int):
+def compiled_decode_step(arch: str, num_blocks: int, **engine_args):
     """memory_analysis() of the compiled forward for the smallest token bucket, and the
     cache's size in bytes."""
     model_cls, args = family_args(arch, SHAPE, sliding_window=12)
     runner, kv_cache, _ = step_runner("cpu", args, model_cls=model_cls, num_blocks=num_blocks, max_num_seqs=4,
-                                      max_num_batched_tokens=16, max_model_len=256)
+                                      max_num_batched_tokens=16, max_model_len=256, **engine_args)
     program, job_args, static = runner.warmup_jobs()[0]
     assert program.name == "forward"
     compiled = program.jitted.trace(*job_args, **static).lower().compile()
@@ -43,3 +43,13 @@ def test_kv_cache_updated_in_place(arch, loop, monkeypatch):
     memory, kv_bytes = compiled_decode_step(arch, NUM_BLOCKS)
     assert memory.alias_size_in_bytes >= kv_bytes, (arch, memory)
     assert memory.temp_size_in_bytes < kv_bytes / 4, (arch, memory, kv_bytes)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_bfloat16_and_fp8_caches_updated_in_place(kv_cache_dtype):
+    """XLA:CPU writes into a bfloat16 or fp8 array by converting all of it through float32
+    (twice per step): the CPU stores those pages as their bits (kv_cache_floats_as_bits)."""
+    memory, kv_bytes = compiled_decode_step("LlamaForCausalLM", NUM_BLOCKS, dtype="bfloat16",
+                                            kv_cache_dtype=kv_cache_dtype)
+    assert memory.alias_size_in_bytes >= kv_bytes, memory
+    assert memory.temp_size_in_bytes < kv_bytes / 4, (memory, kv_bytes)
