@@ -33,6 +33,20 @@ WRITE_TOL = {"fp8": dict(rtol=2**-4, atol=1e-2), "fp8_e5m2": dict(rtol=2**-3, at
              "int8": dict(rtol=0, atol=24 / 127 / 2 + 1e-6)}
 
 
+def step_metadata(num_tokens, kv_lens, page_indices, cu_q_lens, num_seqs, ps) -> tuple[AttentionMetadata, int]:
+    """The metadata of a step writing SEQS' new tokens into their pages, and how many tokens
+    are real (padding writes to the null page)."""
+    slots = []
+    for s, (q_len, kv) in enumerate(SEQS):
+        pos = np.arange(kv - q_len, kv)
+        slots += list(page_indices[s, pos // ps] * ps + pos % ps)
+    real = len(slots)
+    md = AttentionMetadata(positions=np.zeros(num_tokens, np.int32),
+                           slot_mapping=np.asarray(slots + [0] * (num_tokens - real), np.int32), kv_lens=kv_lens,
+                           page_indices=page_indices, cu_q_lens=cu_q_lens, num_seqs=num_seqs)
+    return md, real
+
+
 def dequantized(fmt, cache) -> np.ndarray:
     return np.stack([np.asarray(fmt.dequantize(cache[:, 0], fmt.k_scale)),
                      np.asarray(fmt.dequantize(cache[:, 1], fmt.v_scale))], axis=1)
@@ -45,15 +59,10 @@ def test_attention_over_quantized_pages_matches_reference_on_dequantized_pages(n
     fmt = kv_cache_dtype(name, jnp.float32, floats_as_bits=as_bits)
     stored = jnp.stack([fmt.quantize(cache[:, 0], fmt.k_scale), fmt.quantize(cache[:, 1], fmt.v_scale)], axis=1)
     assert stored.dtype == fmt.storage and fmt.quantized
-    ps, slots = cache.shape[3], []
-    for s, (q_len, kv) in enumerate(SEQS):
-        pos = np.arange(kv - q_len, kv)
-        slots += list(page_indices[s, pos // ps] * ps + pos % ps)
-    real = len(slots)
-    slots = np.asarray(slots + [0] * (q.shape[0] - real), np.int32)  # padding writes to the null page
+    ps = cache.shape[3]
+    md, real = step_metadata(q.shape[0], kv_lens, page_indices, cu_q_lens, num_seqs, ps)
+    slots = md.slot_mapping
     k, v = (rng.standard_normal((2, q.shape[0], 2, 64)) * 3).astype(np.float32)
-    md = AttentionMetadata(positions=np.zeros(q.shape[0], np.int32), slot_mapping=slots, kv_lens=kv_lens,
-                           page_indices=page_indices, cu_q_lens=cu_q_lens, num_seqs=num_seqs)
     attend = get_attention(backend, get_platform("cpu"), None, fmt)
     out, stored = attend(q, jnp.asarray(k), jnp.asarray(v), stored, layer, md, 0.125, None)
     assert stored.dtype == fmt.storage
@@ -70,14 +79,8 @@ def test_bfloat16_pages_stored_as_bits_attend_as_bfloat16_pages(backend):
     """The CPU's bfloat16 cache (uint16 bits) gives the bfloat16 cache's output and pages."""
     rng = np.random.default_rng(6)
     q, cache, layer, kv_lens, page_indices, cu_q_lens, num_seqs = build(rng, SEQS, nq=4, nkv=2, hd=64, ps=16)
-    ps, slots = cache.shape[3], []
-    for s, (q_len, kv) in enumerate(SEQS):
-        pos = np.arange(kv - q_len, kv)
-        slots += list(page_indices[s, pos // ps] * ps + pos % ps)
-    slots = np.asarray(slots + [0] * (q.shape[0] - len(slots)), np.int32)
+    md, _ = step_metadata(q.shape[0], kv_lens, page_indices, cu_q_lens, num_seqs, cache.shape[3])
     k, v = jnp.asarray(rng.standard_normal((2, q.shape[0], 2, 64)), jnp.bfloat16)
-    md = AttentionMetadata(positions=np.zeros(q.shape[0], np.int32), slot_mapping=slots, kv_lens=kv_lens,
-                           page_indices=page_indices, cu_q_lens=cu_q_lens, num_seqs=num_seqs)
     outs = {}
     for as_bits in (False, True):
         fmt = kv_cache_dtype("auto", jnp.bfloat16, floats_as_bits=as_bits)
