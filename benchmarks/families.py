@@ -38,7 +38,7 @@ def random_model(model_cls, args, dtype, key):
     noise), stored as the platform's linear method stores them (packed, on a CPU with AVX-512)."""
     backend = current_platform.auto_attention_backend()
     abstract = nnx.eval_shape(lambda: model_cls(args, dtype=dtype, linear_method=current_platform.linear_method(
-        backend, 1), moe_method=current_platform.fused_moe_method(attention_backend=backend)))
+        backend, 1, dtype=dtype), moe_method=current_platform.fused_moe_method(attention_backend=backend)))
     graphdef, params = nnx.split(abstract)
     leaves, treedef = jax.tree_util.tree_flatten(params)
     draw = jax.jit(lambda k, shape: 0.02 * jax.random.normal(k, shape, dtype), static_argnums=1)

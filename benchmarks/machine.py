@@ -31,11 +31,17 @@ def _best_time(fn, *args, repeats: int = 5) -> float:
     return min(_times(fn, *args, repeats=repeats))
 
 
+def xla_matmul(dtype):
+    """XLA's matmul as the platform runs a `dtype` model's (its accumulation dtype)."""
+    from jaxvllm.platforms import current_platform
+    return jax.jit(current_platform.linear_method("xla", 1, dtype=dtype).apply)
+
+
 def matmul_flops(n: int = 2048, dtype="float32") -> float:
     """XLA's FLOP/s from one large square matmul in `dtype` (best of several)."""
     a = jax.random.normal(jax.random.key(0), (n, n), dtype)
     b = jax.random.normal(jax.random.key(1), (n, n), dtype)
-    return 2 * n**3 / _best_time(jax.jit(jnp.matmul), a, b)
+    return 2 * n**3 / _best_time(xla_matmul(dtype), a, b)
 
 
 def native_matmul_flops(n: int = 2048) -> float | None:
@@ -77,7 +83,7 @@ def decode_matmul_peak(hf_config, batch: int, dtype="float32") -> dict:
     inter = getattr(c, "intermediate_size", None) or c.ffn_dim
     shapes = [(c.hidden_size, (c.num_attention_heads + 2 * c.num_key_value_heads) * hd),
               (c.num_attention_heads * hd, c.hidden_size), (c.hidden_size, 2 * inter), (inter, c.hidden_size)]
-    matmuls = {f"xla {jnp.dtype(dtype).name}": jax.jit(jnp.matmul)}
+    matmuls = {f"xla {jnp.dtype(dtype).name}": xla_matmul(dtype)}
     try:
         from jaxvllm.kernels.cpu.packed_matmul import PackedLinearMethod, pack_weight, packed_matmul
         if jnp.dtype(dtype) == jnp.float32 and isinstance(current_platform.linear_method("auto", 1),

@@ -40,7 +40,8 @@ def _abstract_model(config, hf_config, mesh, platform, draft: bool = False):
     args = model_args(model_cls, args_cls.from_hf_config(hf_config), mesh.size, expert_parallel=ep)
     quantization = None if draft else config.quantization
     model = build_model(model_cls, args, dtype=jnp.dtype(config.dtype),
-                        linear_method=platform.linear_method(config.model.attention_backend, mesh.size, quantization),
+                        linear_method=platform.linear_method(config.model.attention_backend, mesh.size, quantization,
+                                                             config.dtype),
                         moe_method=platform.fused_moe_method(quantization, config.model.attention_backend, mesh.size))
     shard_abstract(model, mesh, ep)
     return model

@@ -83,10 +83,11 @@ class Platform:
     def load_native_kernels(self) -> None:
         raise ValueError(f"attention_backend='native' runs on the CPU only, not on {self.device_name!r}.")
 
-    def linear_method(self, attention_backend: str, num_devices: int, quantization: str | None = None):
+    def linear_method(self, attention_backend: str, num_devices: int, quantization: str | None = None,
+                      dtype: str = "float32"):
         """How the model's matmuls run and store their weights (jaxvllm/layers/linear.py):
         XLA's; with `quantization`, int8 / fp8 weights dequantized into XLA's dot
-        (jaxvllm/layers/quantization/weight_only.py)."""
+        (jaxvllm/layers/quantization/weight_only.py). dtype: the model's."""
         if quantization is not None:
             from jaxvllm.layers.quantization.weight_only import WeightOnlyLinearMethod
             return WeightOnlyLinearMethod(quantization)

@@ -120,7 +120,8 @@ class ModelRunner:
         # With enable_lora, forward_lora also takes the adapters' stacks and each token's slot.
         self._replicated = rep = NamedSharding(mesh, P())
         self.lora_manager = (LoRAManager(config.lora, model, mesh,
-                                         platform.linear_method(config.model.attention_backend, mesh.size),
+                                         platform.linear_method(config.model.attention_backend, mesh.size,
+                                                                dtype=config.dtype),
                                          self._count_compilation, abstract)
                              if config.lora is not None else None)
 

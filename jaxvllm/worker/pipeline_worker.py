@@ -34,7 +34,8 @@ class PipelineWorker(Worker):
         platform = platforms.current_platform
         self.stages = get_stage_models(
             config, model_path, hf_config, self.meshes, self.layer_ranges,
-            [platform.linear_method(config.model.attention_backend, m.size, config.quantization) for m in self.meshes],
+            [platform.linear_method(config.model.attention_backend, m.size, config.quantization, config.dtype)
+             for m in self.meshes],
             platform.fused_moe_method(config.quantization, config.model.attention_backend,
                                       max(m.size for m in self.meshes)))
         self.model = self.stages[-1]

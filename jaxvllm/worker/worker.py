@@ -106,7 +106,8 @@ class Worker:
         platform = platforms.current_platform
         # Read here so that update_weights knows the checkpoint's names and shapes.
         weights = None if is_orbax_checkpoint(model_path) else load_weights(model_path)
-        method = platform.linear_method(config.model.attention_backend, self.mesh.size, config.quantization)
+        method = platform.linear_method(config.model.attention_backend, self.mesh.size, config.quantization,
+                                        config.dtype)
         self.model = get_model(config, model_path, hf_config, self.mesh, weights=weights, linear_method=method,
                                moe_method=platform.fused_moe_method(config.quantization, config.model.attention_backend,
                                                                     self.mesh.size))
@@ -128,7 +129,7 @@ class Worker:
             self.draft_model = get_model(draft_config, spec.model, load_hf_config(spec.model), self.mesh,
                                          weights=draft_weights,
                                          linear_method=platform.linear_method(config.model.attention_backend,
-                                                                              self.mesh.size),
+                                                                              self.mesh.size, dtype=config.dtype),
                                          moe_method=platform.fused_moe_method(None, config.model.attention_backend,
                                                                               self.mesh.size))
 

@@ -95,10 +95,36 @@ def test_inside_jit_loop_with_carried_cache():
     np.testing.assert_allclose(np.asarray(run(q, cache)), want, rtol=1e-5, atol=1e-5)
 
 
-def test_bfloat16_cache_goes_to_the_xla_kernel():
+def native_target(args, **kw) -> str | None:
+    """The FFI target a call lowers to (None: the XLA kernel)."""
+    text = jax.jit(lambda *a: ragged_paged_attention(*a, sm_scale=0.125, **kw)).lower(*args).as_text()
+    return next((t for t in ("jaxvllm_ragged_paged_attention_bf16_bits", "jaxvllm_ragged_paged_attention")
+                 if t in text), None)
+
+
+@pytest.mark.parametrize("seqs,nq,nkv,hd,ps", [(MIXED, 8, 2, 128, 4), (LONG, 9, 3, 64, 16), (DECODE, 6, 2, 32, 16)],
+                         ids=["mixed-d128", "long-d64", "decode-d32"])
+def test_bfloat16_pages_stored_as_bits_are_read_by_the_kernel(seqs, nq, nkv, hd, ps):
+    """The CPU platform's bfloat16 cache (uint16 bits): read in place by the native kernel,
+    widened to float32 exactly, so it matches the oracle on the same bfloat16 values."""
+    q, cache, *rest = build(np.random.default_rng(3), seqs, nq=nq, nkv=nkv, hd=hd, ps=ps)
+    pages = jnp.asarray(cache, jnp.bfloat16)
+    args = (q, jax.lax.bitcast_convert_type(pages, jnp.uint16), *rest)
+    assert native_target(args, kv_dtype=jnp.bfloat16) == "jaxvllm_ragged_paged_attention_bf16_bits"
+    got = ragged_paged_attention(*args, sm_scale=hd ** -0.5, kv_dtype=jnp.bfloat16)
+    assert_matches_naive(got, (q, pages.astype(jnp.float32), *rest), 1e-5, sm_scale=hd ** -0.5)
+    window = ragged_paged_attention(*args, sm_scale=hd ** -0.5, kv_dtype=jnp.bfloat16, sliding_window=5, soft_cap=2.0)
+    assert_matches_naive(window, (q, pages.astype(jnp.float32), *rest), 1e-5, sm_scale=hd ** -0.5,
+                         sliding_window=5, soft_cap=2.0)
+
+
+def test_other_sub_32_bit_caches_go_to_the_xla_kernel():
     args = build(np.random.default_rng(3), MIXED, nq=8, nkv=2, hd=128, dtype=jnp.bfloat16)
+    assert native_target(args) is None  # a bfloat16 array (not its bits)
     assert ragged_paged_attention(*args, sm_scale=128 ** -0.5).dtype == jnp.bfloat16
     check(args, tol=2e-2)
+    half = (args[0], jax.lax.bitcast_convert_type(args[1].astype(jnp.float16), jnp.uint16), *args[2:])
+    assert native_target(half, kv_dtype=jnp.float16) is None
 
 
 @pytest.mark.parametrize("field,value,match", [

@@ -21,7 +21,7 @@ from jaxvllm.platforms import get_platform  # noqa: E402
 
 SEQS = [(1, 9), (5, 12), (4, 4), (1, 20)]
 # Every format in every backend, fp8 stored as itself (TPU, GPU) and as its bits (the CPU's
-# `kv_cache_floats_as_bits`); the native CPU kernel reads float32 pages only and hands a
+# `kv_cache_floats_as_bits`); the native CPU kernel reads float32 and bfloat16 pages and hands a
 # quantized cache to the XLA kernel, so one format shows that route.
 CASES = [(name, backend, backend == "xla") for name in ("fp8", "fp8_e5m2", "int8")
          for backend in ("xla", "pallas-tpu", "pallas-gpu")]

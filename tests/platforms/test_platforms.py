@@ -51,6 +51,27 @@ def test_packed_matmul_only_with_the_native_kernels_on_one_cpu_device(kind):
     assert not packed(tpu, "pallas", 1)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_cpu_half_precision_model_accumulates_its_dots_in_float32(dtype):
+    """XLA:CPU's bfloat16 x bfloat16 -> bfloat16 dot ran at a quarter of -> float32's speed:
+    the CPU's method accumulates in float32 and rounds once, as a TPU's or GPU's dot does."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxvllm.layers.linear import UnquantizedLinearMethod
+    for backend in ("native", "xla"):
+        method = get_platform("cpu").linear_method(backend, 1, dtype=dtype)
+        assert type(method) is UnquantizedLinearMethod and method.accumulate_dtype == jnp.float32
+    assert get_platform("tpu").linear_method("pallas", 1, dtype=dtype).accumulate_dtype is None
+    x = jax.random.normal(jax.random.key(0), (8, 256), dtype)
+    w = jax.random.normal(jax.random.key(1), (256, 3, 32), dtype)
+    y = method.apply(x, w)
+    assert y.dtype == jnp.dtype(dtype) and y.shape == (8, 3, 32)
+    want = np.einsum("ti,ijk->tjk", np.asarray(x, np.float32), np.asarray(w, np.float32))
+    ulp = 2.0 ** -(jnp.finfo(dtype).nmant)  # one rounding of the float32 sum
+    np.testing.assert_allclose(np.asarray(y, np.float32), want, rtol=ulp, atol=ulp)
+
+
 def test_each_platform_picks_its_grouped_matmul_for_the_experts():
     from pallas_kernels import grouped_matmul_tpu
     from jaxvllm.kernels.xla import grouped_matmul

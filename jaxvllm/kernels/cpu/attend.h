@@ -1,7 +1,8 @@
 // One work item of the CPU ragged paged attention: a sequence's block of query tokens against
 // its pages, with an online softmax. Rows are (token, q head); the rows of KV head h are q heads
 // h*group..(h+1)*group-1. kD > 0 fixes head_dim at compile time so loops over it unroll and a
-// row's accumulator stays in registers; kD == 0 serves any head_dim.
+// row's accumulator stays in registers; kD == 0 serves any head_dim. T is the cache element:
+// float, or uint16_t holding bfloat16's bits (widened to float as loaded; the math is float32).
 #pragma once
 
 #include <algorithm>
@@ -16,9 +17,10 @@ namespace jaxvllm {
 constexpr float kMaskValue = -0.7f * 3.40282346638528859811704183484516925440e+38f;
 constexpr int64_t kKeys = 8;  // keys scored together in a prefill block: independent FMA chains
 
+template <typename T>
 struct Problem {
   const float* q;       // [tokens, q_heads, head_dim]
-  const float* cache;   // [layers, 2, pages, page_size, kv_heads, head_dim]
+  const T* cache;       // [layers, 2, pages, page_size, kv_heads, head_dim]
   const int32_t* kv_lens;
   const int32_t* page_indices;  // [max_num_seqs, pages_per_seq]
   const int32_t* cu_q_lens;
@@ -27,7 +29,7 @@ struct Problem {
   float sm_scale, soft_cap;
   int64_t sliding_window;  // <= 0: none
 
-  const float* KPage(int64_t page) const {
+  const T* KPage(int64_t page) const {
     return cache + (layer * 2 * num_pages + page) * page_size * kv_heads * head_dim;
   }
   int64_t VOffset() const { return num_pages * page_size * kv_heads * head_dim; }  // K -> V
@@ -40,9 +42,9 @@ struct Item {
 
 // acc[i] = acc[i] * alpha[i] + sum_j w[j * w_stride + i] * v[j * v_stride] for kRows rows
 // (acc rows contiguous, D long), the rows in registers when kD allows.
-template <int64_t kD, int64_t kRows>
+template <int64_t kD, int64_t kRows, typename T>
 inline void AddValues(float* acc, int64_t D, const float* alpha, const float* w, int64_t w_stride,
-                      const float* v, int64_t v_stride, int64_t len) {
+                      const T* v, int64_t v_stride, int64_t len) {
   if constexpr (kD > 0 && kD % kLanes == 0) {
     constexpr int64_t kU = kD / kLanes;
     F16 a[kRows][kU];
@@ -61,7 +63,7 @@ inline void AddValues(float* acc, int64_t D, const float* alpha, const float* w,
       float* ar = acc + i * D;
       for (int64_t d = 0; d < D; ++d) ar[d] *= alpha[i];
       for (int64_t j = 0; j < len; ++j)
-        for (int64_t d = 0; d < D; ++d) ar[d] += w[j * w_stride + i] * v[j * v_stride + d];
+        for (int64_t d = 0; d < D; ++d) ar[d] += w[j * w_stride + i] * ToFloat(v[j * v_stride + d]);
     }
   }
 }
@@ -69,8 +71,8 @@ inline void AddValues(float* acc, int64_t D, const float* alpha, const float* w,
 // One query row's scores against keys [j_lo, j_hi) of a page of ps keys (ps a multiple of
 // kLanes), soft-capped, the others masked, into s[0, ps); returns the running max with them. The keys go 16
 // at a time: per key one vector of partial products, then HorizontalSums for all 16.
-template <int64_t kD>
-inline float Scores16(const float* qr, const float* k, int64_t kv_row, int64_t ps, int64_t j_lo,
+template <int64_t kD, typename T>
+inline float Scores16(const float* qr, const T* k, int64_t kv_row, int64_t ps, int64_t j_lo,
                       int64_t j_hi, float soft_cap, float* s, float mx) {
   if constexpr (kD > 0 && kD % kLanes == 0) {
     constexpr int64_t kU = kD / kLanes;
@@ -86,7 +88,7 @@ inline float Scores16(const float* qr, const float* k, int64_t kv_row, int64_t p
       }
       F16 part[kLanes];
       for (int64_t j = 0; j < kLanes; ++j) {
-        const float* kj = k + (c + j) * kv_row;
+        const T* kj = k + (c + j) * kv_row;
         F16 acc = Load(kj) * qv[0];
         for (int64_t u = 1; u < kU; ++u) acc += Load(kj + u * kLanes) * qv[u];
         part[j] = acc;
@@ -103,8 +105,8 @@ inline float Scores16(const float* qr, const float* k, int64_t kv_row, int64_t p
 
 // Decode (one query token): each row's scores against a page are dot products, then one
 // exp per key. Memory-bound: the next page is prefetched, a share per row, while this one is used.
-template <int64_t kD>
-void AttendDecode(const Problem& p, const Item& it, std::vector<float>& buf) {
+template <typename T, int64_t kD>
+void AttendDecode(const Problem<T>& p, const Item& it, std::vector<float>& buf) {
   const int64_t D = kD > 0 ? kD : p.head_dim, H = p.q_heads, group = p.q_heads / p.kv_heads;
   const int64_t ps = p.page_size, kv_row = p.kv_heads * D, tile = (ps + kLanes - 1) / kLanes * kLanes;
   buf.resize(H * (2 * D + 2) + tile);
@@ -118,11 +120,11 @@ void AttendDecode(const Problem& p, const Item& it, std::vector<float>& buf) {
   const int64_t lo = p.sliding_window > 0 ? std::max<int64_t>(q_pos - p.sliding_window + 1, 0) : 0;
   const int32_t* pages = p.page_indices + it.seq * p.pages_per_seq;
   for (int64_t start = lo / ps * ps; start <= q_pos; start += ps) {
-    const float* next = start + ps <= q_pos ? p.KPage(pages[start / ps + 1]) : nullptr;
-    const int64_t share = ps * kv_row / H / kLanes * kLanes;  // floats of the next page per row
+    const T* next = start + ps <= q_pos ? p.KPage(pages[start / ps + 1]) : nullptr;
+    const int64_t share = ps * kv_row / H / kLanes * kLanes;  // elements of the next page per row
     const int64_t j_lo = std::max<int64_t>(lo - start, 0), j_hi = std::min<int64_t>(q_pos + 1 - start, ps);
     for (int64_t r = 0; r < H; ++r) {
-      const float* k = p.KPage(pages[start / ps]) + (r / group) * D;
+      const T* k = p.KPage(pages[start / ps]) + (r / group) * D;
       const float* qr = q + r * D;
       if (next != nullptr)  // a share of the next page per row: a whole page at once stalled
         PrefetchPage(next + r * share, p.VOffset(), r + 1 < H ? share : ps * kv_row - r * share);
@@ -132,10 +134,10 @@ void AttendDecode(const Problem& p, const Item& it, std::vector<float>& buf) {
       } else {
         std::fill(s, s + tile, kMaskValue);
         for (int64_t j = j_lo; j < j_hi; ++j) {
-          const float* kj = k + j * kv_row;
+          const T* kj = k + j * kv_row;
           float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-          for (int64_t d = 0; d < D; ++d) dot += qr[d] * kj[d];
+          for (int64_t d = 0; d < D; ++d) dot += qr[d] * ToFloat(kj[d]);
           if (p.soft_cap > 0.0f) dot = p.soft_cap * std::tanh(dot / p.soft_cap);
           s[j] = dot;
           mx = std::max(mx, dot);
@@ -161,8 +163,8 @@ void AttendDecode(const Problem& p, const Item& it, std::vector<float>& buf) {
 // rows of a KV head lie across SIMD lanes, queries stored transposed [D, R], so kKeys keys'
 // scores against kLanes rows are FMAs of broadcast key elements, and the softmax statistics
 // update lane-wise: no horizontal sums and no transposes per page.
-template <int64_t kD>
-void AttendBlock(const Problem& p, const Item& it, std::vector<float>& buf) {
+template <typename T, int64_t kD>
+void AttendBlock(const Problem<T>& p, const Item& it, std::vector<float>& buf) {
   const int64_t D = kD > 0 ? kD : p.head_dim, H = p.q_heads, group = p.q_heads / p.kv_heads;
   const int64_t ps = p.page_size, kv_row = p.kv_heads * D;
   const int64_t rows = (it.last - it.first) * group, R = (rows + kLanes - 1) / kLanes * kLanes;
@@ -197,7 +199,7 @@ void AttendBlock(const Problem& p, const Item& it, std::vector<float>& buf) {
     const int64_t len = std::min(ps, hi - start);
     for (int64_t h = 0; h < p.kv_heads; ++h) {
       auto [qt, acc, m, l] = state(h);
-      const float* k = p.KPage(pages[start / ps]) + h * D;
+      const T* k = p.KPage(pages[start / ps]) + h * D;
       // Scores, masked. Keys past `len` but inside the page are scored and never used.
       for (int64_t j0 = 0; j0 < len; j0 += kKeys) {
         const int64_t step = j0 + kKeys <= ps ? kKeys : 1;
@@ -207,10 +209,10 @@ void AttendBlock(const Problem& p, const Item& it, std::vector<float>& buf) {
             if (step == kKeys) {
               for (int64_t d = 0; d < D; ++d) {
                 const F16 qd = Load(qt + d * R + r0);
-                for (int64_t i = 0; i < kKeys; ++i) a[i] += k[(j + i) * kv_row + d] * qd;
+                for (int64_t i = 0; i < kKeys; ++i) a[i] += ToFloat(k[(j + i) * kv_row + d]) * qd;
               }
             } else {
-              for (int64_t d = 0; d < D; ++d) a[0] += k[j * kv_row + d] * Load(qt + d * R + r0);
+              for (int64_t d = 0; d < D; ++d) a[0] += ToFloat(k[j * kv_row + d]) * Load(qt + d * R + r0);
             }
             const F16 qp = Load(q_pos + r0), masked = F16{} + kMaskValue;
             for (int64_t i = 0; i < step && j + i < len; ++i) {
@@ -251,10 +253,10 @@ void AttendBlock(const Problem& p, const Item& it, std::vector<float>& buf) {
   }
 }
 
-template <int64_t kD>
-void Attend(const Problem& p, const Item& it, std::vector<float>& buf) {
-  if (it.last - it.first == 1) AttendDecode<kD>(p, it, buf);
-  else AttendBlock<kD>(p, it, buf);
+template <typename T, int64_t kD>
+void Attend(const Problem<T>& p, const Item& it, std::vector<float>& buf) {
+  if (it.last - it.first == 1) AttendDecode<T, kD>(p, it, buf);
+  else AttendBlock<T, kD>(p, it, buf);
 }
 
 }  // namespace jaxvllm

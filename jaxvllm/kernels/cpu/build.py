@@ -27,6 +27,7 @@ SOURCES = ("ragged_paged_attention.cc", "packed_matmul.cc")  # one library
 HEADERS = ("attend.h", "parallel.h", "simd.h")
 # FFI target name -> the handler symbol the library exports for it.
 TARGETS = {"jaxvllm_ragged_paged_attention": "JaxvllmRaggedPagedAttention",
+           "jaxvllm_ragged_paged_attention_bf16_bits": "JaxvllmRaggedPagedAttentionBf16Bits",
            "jaxvllm_packed_matmul": "JaxvllmPackedMatmul",
            "jaxvllm_grouped_packed_matmul": "JaxvllmGroupedPackedMatmul"}
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fopenmp-simd")

@@ -1,5 +1,6 @@
 // Small SIMD helpers for the CPU kernels: 16-lane float vectors (GCC/Clang vector extensions,
-// compiled for this machine's widest units), a lane-wise exp and a page prefetch.
+// compiled for this machine's widest units), loads from float32 or bfloat16 (its bits, uint16:
+// how the CPU platform stores a bfloat16 KV cache), a lane-wise exp and a page prefetch.
 #pragma once
 
 #include <cstdint>
@@ -11,7 +12,25 @@ constexpr int64_t kLanes = 16;
 typedef float F16 __attribute__((vector_size(kLanes * sizeof(float))));
 typedef int32_t I16 __attribute__((vector_size(kLanes * sizeof(int32_t))));
 
+typedef uint16_t U16 __attribute__((vector_size(kLanes * sizeof(uint16_t))));
+
 inline F16 Load(const float* p) { F16 v; std::memcpy(&v, p, sizeof(v)); return v; }
+// bfloat16 is float32's top half: widening is a shift, exact.
+inline F16 Load(const uint16_t* p) {
+  U16 h;
+  std::memcpy(&h, p, sizeof(h));
+  const I16 bits = __builtin_convertvector(h, I16) << 16;
+  F16 v;
+  std::memcpy(&v, &bits, sizeof(v));
+  return v;
+}
+inline float ToFloat(float x) { return x; }
+inline float ToFloat(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float x;
+  std::memcpy(&x, &bits, sizeof(x));
+  return x;
+}
 inline void Store(float* p, F16 v) { std::memcpy(p, &v, sizeof(v)); }
 inline float Sum(F16 v) { float s = 0.0f; for (int64_t i = 0; i < kLanes; ++i) s += v[i]; return s; }
 
@@ -79,8 +98,9 @@ inline F16 HorizontalSums(const F16 (&v)[kLanes]) {
 // A sequence's next page lies anywhere in the cache: start fetching its K and V early, into
 // L2 (locality 1). With prefetches into L1 a 64 x 512 decode read its KV at 18 GB/s; with
 // these, at 28 GB/s (a plain streaming read of the cache: 33 GB/s).
-inline void PrefetchPage(const float* k, int64_t v_offset, int64_t floats) {
-  for (int64_t b = 0; b < floats; b += kLanes) {
+template <typename T>
+inline void PrefetchPage(const T* k, int64_t v_offset, int64_t elements) {
+  for (int64_t b = 0; b < elements; b += 64 / sizeof(T)) {  // one per cache line
     __builtin_prefetch(k + b, 0, 1);
     __builtin_prefetch(k + v_offset + b, 0, 1);
   }
