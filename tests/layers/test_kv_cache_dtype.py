@@ -76,7 +76,9 @@ def test_attention_over_quantized_pages_matches_reference_on_dequantized_pages(n
 @pytest.mark.parametrize("backend", ["xla", "pallas-tpu", "pallas-gpu", pytest.param(
     "native", marks=pytest.mark.skipif(not native_build.available(), reason="no C++ compiler"))])
 def test_bfloat16_pages_stored_as_bits_attend_as_bfloat16_pages(backend):
-    """The CPU's bfloat16 cache (uint16 bits) gives the bfloat16 cache's output and pages."""
+    """The CPU's bfloat16 cache (uint16 bits) gives the bfloat16 cache's output and pages (the
+    native kernel reads only the bits, and hands a bfloat16 array to the XLA kernel: outputs
+    equal to bfloat16's rounding)."""
     rng = np.random.default_rng(6)
     q, cache, layer, kv_lens, page_indices, cu_q_lens, num_seqs = build(rng, SEQS, nq=4, nkv=2, hd=64, ps=16)
     md, _ = step_metadata(q.shape[0], kv_lens, page_indices, cu_q_lens, num_seqs, cache.shape[3])
@@ -90,8 +92,12 @@ def test_bfloat16_pages_stored_as_bits_attend_as_bfloat16_pages(backend):
         out, stored = attend(jnp.asarray(q, jnp.bfloat16), k, v, stored, layer, md, 0.125, None)
         assert stored.dtype == fmt.storage
         outs[as_bits] = (np.asarray(out, np.float32), np.asarray(fmt.dequantize(stored, 1.0)))
-    for a, b in zip(outs[False], outs[True]):
-        np.testing.assert_array_equal(a, b)
+    (out, pages), (out_bits, pages_bits) = outs[False], outs[True]
+    np.testing.assert_array_equal(pages, pages_bits)
+    if backend == "native":
+        np.testing.assert_allclose(out_bits, out, rtol=2**-7, atol=2**-7)
+    else:
+        np.testing.assert_array_equal(out_bits, out)
 
 
 def test_formats_and_their_storage():
