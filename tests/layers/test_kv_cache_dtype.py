@@ -136,7 +136,8 @@ def test_pallas_kernels_lower_over_8bit_pages(platform, dtype):
 
 def test_bfloat16_engine_generates_alike_with_pages_as_bits(tiny_model_dir, monkeypatch):
     """A bfloat16 model on the CPU (its pages as uint16) gives the tokens of the same engine
-    with bfloat16 pages, in a pool too small to hold every request at once."""
+    with bfloat16 pages, in a pool too small to hold every request at once. Both with the XLA
+    kernel, which takes either storage (the native one reads bits only: tests/kernels)."""
     from jaxvllm import LLM, SamplingParams
     from jaxvllm.platforms.cpu import CpuPlatform
 
@@ -145,10 +146,28 @@ def test_bfloat16_engine_generates_alike_with_pages_as_bits(tiny_model_dir, monk
     results = []
     for as_bits in (True, False):
         monkeypatch.setattr(CpuPlatform, "kv_cache_floats_as_bits", as_bits)
-        llm = LLM(str(tiny_model_dir), dtype="bfloat16", max_model_len=128, block_size=16,
+        llm = LLM(str(tiny_model_dir), dtype="bfloat16", attention_backend="xla", max_model_len=128, block_size=16,
                   num_gpu_blocks_override=12, max_num_batched_tokens=32, skip_warmup=True)
         tokens = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
         llm.llm_engine.shutdown()
         results.append(tokens)
     assert results[0] == results[1]
     assert all(len(t) == 24 for t in results[0])
+
+
+@pytest.mark.skipif(not native_build.available(), reason="no C++ compiler")
+def test_bfloat16_engine_embeds_alike_on_the_native_and_the_xla_kernel(tiny_model_dir):
+    """The default CPU path of a bfloat16 model (pages as bits, read by the native kernel)
+    against the XLA kernel's, through whole prompts over several pages and chunks."""
+    from jaxvllm import LLM
+
+    prompts = [{"prompt_token_ids": list(range(3 + i, 60 + 9 * i))} for i in range(4)]
+    embeddings = {}
+    for backend in ("native", "xla"):
+        llm = LLM(str(tiny_model_dir), runner="pooling", dtype="bfloat16", attention_backend=backend,
+                  max_model_len=128, block_size=16, max_num_batched_tokens=32, skip_warmup=True)
+        embeddings[backend] = np.stack([np.asarray(o.outputs.embedding, np.float32)
+                                        for o in llm.embed(prompts, use_tqdm=False)])
+        llm.llm_engine.shutdown()
+    cosine = (embeddings["native"] * embeddings["xla"]).sum(-1)  # both normalized
+    assert cosine.min() > 0.999, cosine
