@@ -10,6 +10,8 @@ import os
 import sys
 
 MiB = 2**20
+HEADER = (f"{'program':44s} {'ok':>3s} {'compile s':>9s} {'args MiB':>9s} {'temp MiB':>9s} "
+          f"{'alias MiB':>9s} {'GFLOP':>8s} {'predicted ms':>12s}")
 
 
 def add_parser(sub, add_engine_flags) -> None:
@@ -52,10 +54,16 @@ def run(ns: argparse.Namespace) -> int:
         return 2
     os.environ.setdefault("JAX_PLATFORMS", "cpu")  # compile-only devices: no TPU backend wanted
     from jaxvllm.aot_compile import compile_for_target
-    print(f"{'program':44s} {'ok':>3s} {'compile s':>9s} {'args MiB':>9s} {'temp MiB':>9s} "
-          f"{'alias MiB':>9s} {'GFLOP':>8s} {'predicted ms':>12s}")
+    printed = []
+
+    def on_program(row: dict) -> None:  # the header with the first row: a refused plan prints its error alone
+        if not printed:
+            print(HEADER)
+        printed.append(row)
+        _print_row(row)
+
     try:
-        report = compile_for_target(model, ns.target, programs=ns.programs, on_program=_print_row,
+        report = compile_for_target(model, ns.target, programs=ns.programs, on_program=on_program,
                                     **_engine_kwargs(ns))
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -116,3 +116,19 @@ def test_a_draft_models_programs_compile_in_the_shared_pool(models):
     plain = compile_for_target(models["tiny"], "tpu-v5e-1", programs=("none",), **pool)
     assert report["weights_bytes"] > plain["weights_bytes"]
     assert report["kv_cache_bytes"] == plain["kv_cache_bytes"] * 3 // 2  # 2 target layers and 1 draft layer
+
+
+def test_a_model_too_large_for_the_slice_or_an_unknown_target_is_refused_by_name(tmp_path):
+    """Before anything compiles: Llama-3-8B's bf16 weights (15 GiB) and one request of 8,192
+    tokens do not fit one v5e chip (16 GiB x 0.9); the refusal names the smallest v5e slice
+    that holds them under tensor parallelism. An unknown target lists the known ones."""
+    llama3_8b = dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=128256, hidden_size=4096,
+                     intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                     head_dim=128, rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False,
+                     max_position_embeddings=8192)
+    (tmp_path / "config.json").write_text(json.dumps(llama3_8b))
+    with pytest.raises(ValueError, match=r"does not fit tpu-v5e-1 .* smallest slice that fits: tpu-v5e-4 "
+                                         r"\(tensor_parallel_size=4\)"):
+        compile_for_target(str(tmp_path), "tpu-v5e-1")
+    with pytest.raises(ValueError, match=r"Unknown target 'tpu-v9-1'; known targets: tpu-v5e-1, .*tpu-v6e-4"):
+        compile_for_target(str(tmp_path), "tpu-v9-1")
