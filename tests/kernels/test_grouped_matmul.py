@@ -61,12 +61,14 @@ native = pytest.mark.skipif(not native_build.available(), reason="no C++ compile
     (16, (0, 0, 0, 0)),        # no rows routed here
     (8, (5, 9, 0, 0)),         # sizes past the rows are clamped
 ])
-def test_native_grouped_packed_matmul_matches_ragged_dot(m, group_sizes):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_native_grouped_packed_matmul_matches_ragged_dot(m, group_sizes, dtype):
     x, w, sizes = operands(m=m, k=40, n=96, group_sizes=group_sizes)
+    x, w = x.astype(dtype), w.astype(dtype)  # bfloat16: the same values, float32 sums
     ours = jax.jit(grouped_packed_matmul)(x, pack_experts(w), sizes)
     rows = min(m, int(sizes.sum()))
     want = np.asarray(jax.lax.ragged_dot(x, w, jnp.asarray(np.diff(np.minimum(np.cumsum([0, *group_sizes]), m)),
-                                                             jnp.int32)))
+                                                             jnp.int32), preferred_element_type=jnp.float32))
     np.testing.assert_allclose(ours[:rows], want[:rows], rtol=1e-5, atol=1e-4)
     assert not np.asarray(ours[rows:]).any()
 

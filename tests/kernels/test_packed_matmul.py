@@ -1,5 +1,6 @@
 """The native packed matmul (jaxvllm/kernels/cpu/packed_matmul.cc) against float64 numpy: shapes
-around its 12-row tiles, 192-row chunks and 32-column panels, the packing round trip, its use
+around its 12-row tiles, 192-row chunks and 32-column panels, in float32
+and bfloat16 (pairs of rows packed together), the packing round trip, its use
 as the model calls it (jit, fori_loop, lax.switch over per-layer weights), its errors, and the
 worker storing weights packed, from construction on, only where the native kernels run on one
 device."""
@@ -39,11 +40,44 @@ def test_matches_float64(m, k, n):
     assert_close(np.asarray(packed_matmul(jnp.asarray(x), pack_weight(w))), x, w)
 
 
+def assert_close_bf16(y, x, w):
+    """bfloat16 operands, float32 sums, the result rounded once to bfloat16."""
+    want = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+    assert y.shape == want.shape and y.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(y, np.float64), want, rtol=2.0 ** -8, atol=1e-5 * np.sqrt(x.shape[1]))
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 64, 32), (12, 8, 64), (13, 576, 192), (193, 34, 1536), (40, 1536, 64),
+                                   (400, 640, 320)])
+def test_bfloat16_matches_float64(m, k, n):
+    x, w = (jnp.asarray(a, jnp.bfloat16) for a in operands(m, k, n))
+    assert_close_bf16(packed_matmul(x, pack_weight(w)), x, w)
+
+
 @settings(max_examples=15, derandomize=True, deadline=None)
 @given(m=st.integers(1, 260), k=st.integers(1, 160), panels=st.integers(1, 9))
 def test_random_shapes(m, k, panels):
     x, w = operands(m, k, panels * PANEL, seed=m * k)
     assert_close(np.asarray(packed_matmul(jnp.asarray(x), pack_weight(w))), x, w)
+
+
+@settings(max_examples=10, derandomize=True, deadline=None)
+@given(m=st.integers(1, 260), pairs=st.integers(1, 300), panels=st.integers(1, 5), num_rows=st.integers(0, 300))
+def test_bfloat16_random_shapes_and_real_rows(m, pairs, panels, num_rows):
+    x, w = (jnp.asarray(a, jnp.bfloat16) for a in operands(m, 2 * pairs, panels * PANEL, seed=m * pairs))
+    y = jax.jit(packed_matmul)(x, pack_weight(w), jnp.int32(num_rows))
+    real = min(num_rows, m)
+    assert_close_bf16(y[:real], x[:real], w)
+    assert not np.asarray(y[real:], np.float32).any()
+
+
+def test_bfloat16_rows_are_packed_in_pairs():
+    w = jnp.arange(4 * 64, dtype=jnp.float32).reshape(4, 64).astype(jnp.bfloat16)
+    packed = np.asarray(pack_weight(w), np.float32)
+    assert packed.shape == (2, 4, PANEL)
+    # panel s, pair p: column j of rows 2p and 2p + 1 side by side
+    np.testing.assert_array_equal(packed.reshape(2, 2, PANEL, 2).transpose(1, 3, 0, 2).reshape(4, 64),
+                                  np.asarray(w, np.float32))
 
 
 def test_pack_round_trip_is_exact_and_leading_dims_are_kept():
@@ -87,7 +121,8 @@ def test_per_layer_weights_under_jit_fori_loop_and_switch():
 
 @pytest.mark.parametrize("w,match", [
     (np.zeros((8, 40), np.float32), "out a multiple of 32"),
-    (np.zeros((8, 64), jnp.bfloat16), "float32"),
+    (np.zeros((8, 64), np.float16), "float32 or bfloat16"),
+    (np.zeros((7, 64), jnp.bfloat16), "in even"),
     (np.zeros((2, 8, 64), np.float32), r"\[in, out\]"),
 ])
 def test_pack_weight_rejects_what_the_kernel_cannot_take(w, match):
@@ -105,7 +140,8 @@ def test_packed_method_takes_only_what_the_kernel_can():
     method = PackedLinearMethod()
     assert method.weight_shape(8, (64,)) == (2, 8, 32) and method.supports(8, (64,), jnp.float32)
     assert method.weight_shape(8, (2, 4, 16)) == (4, 8, 32)  # out axes flattened
-    assert not method.supports(8, (40,), jnp.float32) and not method.supports(8, (64,), jnp.bfloat16)
+    assert method.supports(8, (64,), jnp.bfloat16) and not method.supports(7, (64,), jnp.bfloat16)
+    assert not method.supports(8, (40,), jnp.float32) and not method.supports(8, (64,), jnp.float16)
 
 
 def test_fused_weights_give_each_part_its_product():

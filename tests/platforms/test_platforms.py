@@ -54,14 +54,20 @@ def test_packed_matmul_only_with_the_native_kernels_on_one_cpu_device(kind):
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_a_cpu_half_precision_model_accumulates_its_dots_in_float32(dtype):
     """XLA:CPU's bfloat16 x bfloat16 -> bfloat16 dot ran at a quarter of -> float32's speed:
-    the CPU's method accumulates in float32 and rounds once, as a TPU's or GPU's dot does."""
+    the CPU's method accumulates in float32 and rounds once, as a TPU's or GPU's dot does. A
+    bfloat16 model beside the native attention packs its weights for the native matmul
+    (AVX-512's bfloat16 dot product, float32 sums: tests/kernels/test_packed_matmul.py)."""
     import jax.numpy as jnp
     import numpy as np
 
+    from jaxvllm.kernels.cpu import build
+    from jaxvllm.kernels.cpu.packed_matmul import PackedLinearMethod
     from jaxvllm.layers.linear import UnquantizedLinearMethod
-    for backend in ("native", "xla"):
-        method = get_platform("cpu").linear_method(backend, 1, dtype=dtype)
-        assert type(method) is UnquantizedLinearMethod and method.accumulate_dtype == jnp.float32
+    if build.available():
+        native = get_platform("cpu").linear_method("native", 1, dtype=dtype)
+        assert isinstance(native, PackedLinearMethod) == (dtype == "bfloat16")
+    method = get_platform("cpu").linear_method("xla", 1, dtype=dtype)
+    assert type(method) is UnquantizedLinearMethod and method.accumulate_dtype == jnp.float32
     assert get_platform("tpu").linear_method("pallas", 1, dtype=dtype).accumulate_dtype is None
     x = jax.random.normal(jax.random.key(0), (8, 256), dtype)
     w = jax.random.normal(jax.random.key(1), (256, 3, 32), dtype)

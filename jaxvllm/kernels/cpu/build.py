@@ -29,7 +29,9 @@ HEADERS = ("attend.h", "parallel.h", "simd.h")
 TARGETS = {"jaxvllm_ragged_paged_attention": "JaxvllmRaggedPagedAttention",
            "jaxvllm_ragged_paged_attention_bf16_bits": "JaxvllmRaggedPagedAttentionBf16Bits",
            "jaxvllm_packed_matmul": "JaxvllmPackedMatmul",
-           "jaxvllm_grouped_packed_matmul": "JaxvllmGroupedPackedMatmul"}
+           "jaxvllm_packed_matmul_bf16": "JaxvllmPackedMatmulBf16",
+           "jaxvllm_grouped_packed_matmul": "JaxvllmGroupedPackedMatmul",
+           "jaxvllm_grouped_packed_matmul_bf16": "JaxvllmGroupedPackedMatmulBf16"}
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fopenmp-simd")
 
 
