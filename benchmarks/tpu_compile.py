@@ -59,12 +59,13 @@ def main(argv=None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--targets", nargs="+", default=["tpu-v5e-8", "tpu-v6e-8", "tpu-v5p-8"])
     p.add_argument("--models", nargs="+", default=sorted(MODELS), choices=sorted(MODELS))
+    p.add_argument("--variants", nargs="+", default=None, choices=sorted({v for _, v, _ in RUNS}))
     p.add_argument("--json")
     ns = p.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for model, variant, extra in RUNS:
-            if model not in ns.models:
+            if model not in ns.models or (ns.variants and variant not in ns.variants):
                 continue
             path = os.path.join(tmp, model)
             os.makedirs(path, exist_ok=True)

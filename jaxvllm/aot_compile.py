@@ -27,12 +27,13 @@ def _per_device_bytes(tree) -> int:
 
 
 def _abstract_model(config, hf_config, mesh, platform, draft: bool = False):
-    """The model as the worker builds it on this mesh (padded heads, the platform's matmuls),
-    every weight a ShapeDtypeStruct with its sharding; a draft as the worker loads one:
+    """The model as the worker holds it on this mesh once loaded (padded heads, the
+    platform's matmuls, quantized weights as QArrays), every weight a ShapeDtypeStruct with
+    its sharding; a draft as the worker loads one:
     unquantized, without expert parallelism."""
     import jax.numpy as jnp
 
-    from jaxvllm.models.model_loader import build_model, model_args, shard_abstract
+    from jaxvllm.models.model_loader import build_model, model_args, shard_abstract, store_abstract
     from jaxvllm.models.registry import get_model_class
 
     model_cls, args_cls = get_model_class(hf_config)
@@ -43,8 +44,7 @@ def _abstract_model(config, hf_config, mesh, platform, draft: bool = False):
                         linear_method=platform.linear_method(config.model.attention_backend, mesh.size, quantization,
                                                              config.dtype),
                         moe_method=platform.fused_moe_method(quantization, config.model.attention_backend, mesh.size))
-    shard_abstract(model, mesh, ep)
-    return model
+    return store_abstract(shard_abstract(model, mesh, ep))
 
 
 def _program_name(runner, program, args, static) -> str:

@@ -8,7 +8,7 @@ import logging
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxvllm.config import EngineConfig
 from jaxvllm.distributed.partition import padded_heads, param_name, param_sharding, place
@@ -61,6 +61,31 @@ def shard_abstract(model: nnx.Module, mesh: Mesh, expert_parallel: bool = False)
         x.shape, x.dtype, sharding=param_sharding(spec[param_name(path)], x.shape, mesh, expert_parallel)),
         nnx.state(model)))
     return model
+
+
+def store_abstract(model: nnx.Module) -> nnx.Module:
+    """The sharded abstract model's weights as their methods keep them once loaded: an int8 or
+    fp8 QArray (values, per-channel scales) where weight-only quantization runs, each part
+    sharded as its weight with the axes a scale reduces replicated. Compiling ahead of time
+    takes what the worker holds after loading, not the checkpoint's floats."""
+    for path in model.weights():
+        method = model.quant_method(path)
+        if method is None or (not path.startswith("layers.") and getattr(model, path) is None):
+            continue  # not a matmul weight, or a tied head read from the embedding
+        param = model._param(path)
+        weight = param.get_value()
+        stored = jax.eval_shape(method.process_weights_after_loading, weight)
+        param.set_value(jax.tree.map(lambda x, w=weight: jax.ShapeDtypeStruct(
+            x.shape, x.dtype, sharding=_part_sharding(w, x.shape)), stored))
+    return model
+
+
+def _part_sharding(weight: jax.ShapeDtypeStruct, shape: tuple[int, ...]) -> NamedSharding:
+    spec = tuple(weight.sharding.spec) + (None,) * (weight.ndim - len(weight.sharding.spec))
+    if len(shape) != weight.ndim:
+        raise ValueError(f"A stored weight part of shape {shape} has no axis map to its weight's {weight.shape}.")
+    return NamedSharding(weight.sharding.mesh, PartitionSpec(*(s if n == m else None
+                                                               for s, n, m in zip(spec, shape, weight.shape))))
 
 
 def get_model(config: EngineConfig, model_path: str, hf_config, mesh: Mesh, *,

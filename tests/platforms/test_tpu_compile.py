@@ -132,3 +132,20 @@ def test_a_model_too_large_for_the_slice_or_an_unknown_target_is_refused_by_name
         compile_for_target(str(tmp_path), "tpu-v5e-1")
     with pytest.raises(ValueError, match=r"Unknown target 'tpu-v9-1'; known targets: tpu-v5e-1, .*tpu-v6e-4"):
         compile_for_target(str(tmp_path), "tpu-v9-1")
+
+
+@pytest.mark.parametrize("quantization", ["int8", "fp8"])
+def test_a_weight_only_quantized_model_compiles_with_its_8_bit_weights(models, quantization):
+    """The worker quantizes float weights as it loads them; the compile takes them as the worker
+    then holds them (QArrays: 8-bit values, a float32 scale per output channel, each sharded as
+    its weight), so the plan counts a quarter of float32's bytes and the forward multiplies
+    8-bit weights."""
+    pool = dict(ENGINE, num_gpu_blocks_override=64)
+    plain = compile_for_target(models["tiny"], "tpu-v6e-4", programs=("none",), dtype="float32", **pool)
+    report = compile_for_target(models["tiny"], "tpu-v6e-4", programs=("forward T=16",), dtype="float32",
+                                quantization=quantization, **pool)
+    assert [(r["program"], r["error"]) for r in report["programs"]] == [("forward T=16", None)]
+    assert report["fits"] and report["programs"][0]["alias_bytes"] >= report["kv_cache_bytes"]
+    # the embedding (vocab x hidden, tied: also the head) stays float32; the layers' matmuls go 8-bit
+    embedding = 1024 * 256 * 4 // 4
+    assert report["weights_bytes"] - embedding < (plain["weights_bytes"] - embedding) / 3
