@@ -1,8 +1,8 @@
 """The CPU: where jaxvllm is developed and tested, and must stay fast.
 
 float32 by default (a bfloat16 model, its weights packed in row pairs for AVX-512's bfloat16
-dot product, its sums in float32 and its pages read by the native attention, embeds about
-1.3x and decodes about 1.5x as fast where the CPU has bfloat16 dot units), small buckets and KV cache (warm-up is one
+dot product, its sums in float32 and its pages read by the native attention, embeds and
+decodes about 1.5x as fast where the CPU has bfloat16 dot units), small buckets and KV cache (warm-up is one
 compile per bucket), the native C++ kernels (jaxvllm/kernels/cpu) for attention and packed matmuls
 where the CPU has AVX-512, an argmax of block maxima for the sampler, a grouped matmul for the
 experts that skips the pairs of row tile and expert holding no rows, the layers in a
