@@ -83,7 +83,8 @@ def step_runner(platform_name: str, args: LlamaArgs, tensor_parallel_size: int =
     kv_format = kv_cache_dtype(config.cache.kv_cache_dtype, dtype, platform.kv_cache_floats_as_bits)
     kv_cache = jax.ShapeDtypeStruct(
         platform.kv_cache_shape(args.num_layers + draft_layers, num_blocks, config.cache.block_size, args.num_kv_heads,
-                                args.head_dim), kv_format.storage, sharding=kv_cache_sharding(mesh))
+                                args.head_dim), kv_format.storage,
+        sharding=kv_cache_sharding(mesh, platform.kv_cache_layout))
     chip = contextlib.nullcontext()
     abstract_mesh = None
     if platform_name == "tpu":  # the Mosaic lowering asks which chip it tiles for

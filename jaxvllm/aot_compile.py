@@ -136,7 +136,8 @@ def compile_for_target(model: str, target: str, *, programs: tuple[str, ...] | N
 
     def runner_for(num_blocks: int):
         shape = platform.kv_cache_shape(num_layers, num_blocks, bs, a.num_kv_heads, a.head_dim)
-        kv = jax.ShapeDtypeStruct(shape, kv_format.storage, sharding=kv_cache_sharding(mesh))
+        kv = jax.ShapeDtypeStruct(shape, kv_format.storage,
+                                  sharding=kv_cache_sharding(mesh, platform.kv_cache_layout))
         return runner_class(config)(config, abstract_model, kv, attend, mesh=mesh, platform=platform, abstract=True,
                                     **draft)
 

@@ -8,19 +8,19 @@ block, which stays resident in VMEM while consecutive items of the same block fi
 sequences' rows (the output block is zeroed at the block's first item and written back to
 HBM when the block changes).
 
-The cache stays in HBM (memory space ANY). For each item the kernel walks only the pages
-its queries can see (causal and sliding-window limits), `pages_per_block` pages at a time:
-each page is one contiguous DMA of [page_size, kv_heads, head_dim] (all heads, K and V) into
-one of two VMEM buffers, the next block's DMAs being issued before waiting on the current
-one (double buffering). Per KV head, K and V come out of the buffer with a strided load, the
+The cache stays in HBM (memory space ANY), in the TPU platform's layout (platforms/tpu.py:
+[layers, 2, pages, page_size / 8, 8, kv_heads * padded_head_dim]). For each item the kernel
+walks only the pages its queries can see (causal and sliding-window limits),
+`pages_per_block` pages at a time: each page is one DMA (all heads, K and V) into one of two
+VMEM buffers, the next block's DMAs being issued before waiting on the current one (double
+buffering). Per KV head, K and V of the block are a contiguous lane slice of the buffer (a
+load Mosaic makes in any dtype; it refuses strided sublane loads of 16- and 8-bit data), the
 `group` query heads sharing that KV head form the rows of one [rows, head_dim] matmul, and
 an online softmax keeps m, l and the accumulator in VMEM scratch.
 
-Verified only in interpret mode (interpret=True and pltpu.InterpretParams) so far: no TPU
-has compiled it yet. The likeliest Mosaic objection is the strided sublane load of a
-16-bit or 8-bit cache (JAX's own TPU kernel loads bfloat16 K/V through a uint32 bitcast for
-that reason); page_size * kv_heads should be a multiple of 8 (16 for bfloat16, 32 for an
-int8 or fp8 cache).
+Compiled by libtpu's Mosaic for compile-only v5e, v6e and v5p chips (`jaxvllm compile`,
+tests/platforms/test_tpu_compile.py, benchmarks/tpu_kernel_matrix.py); run in interpret mode
+(interpret=True and pltpu.InterpretParams) by the parity tests. No TPU has run it yet.
 """
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ from jax.experimental.pallas import tpu as pltpu
 from pallas_kernels.common import as_elements, attention_mask, kv_range, layer_and_window, precision_for, qk, softmax_update, work_list
 
 _LANES = 128
+SUBLANES = 8  # a page's tokens in rows of 8 in the TPU layout (platforms/tpu.py)
 
 
 def padded_head_dim(head_dim: int) -> int:
@@ -44,9 +45,9 @@ def padded_head_dim(head_dim: int) -> int:
 
 def _kernel(layer_ref, kv_lens_ref, pages_ref, cu_ref, block_ref, seq_ref, first_ref,  # SMEM
             q_ref,      # [kv_heads, rows, head_dim] (VMEM block)
-            kv_hbm,     # [layers, 2, pages, page_size, kv_heads * padded_head_dim] (HBM)
+            kv_hbm,     # [layers, 2, pages, page_size / r, r, kv_heads * padded_head_dim] (HBM; r = 8)
             o_ref,      # [kv_heads, rows, head_dim] (VMEM block)
-            buf, sems,  # [2 (slot), 2 (K, V), pages_per_block * page_size, kv_heads * padded_head_dim], DMA[2]
+            buf, sems,  # [2 (slot), 2 (K, V), pages_per_block * page_size / r, r, kv_heads * padded_head_dim], DMA[2]
             m_ref, l_ref, acc_ref,  # [kv_heads, rows, 128], same, [kv_heads, rows, head_dim]
             *, block_q, group, page_size, pages_per_block, pages_per_seq, sm_scale,
             windowed, soft_cap, kv_dtype, precision):
@@ -82,7 +83,7 @@ def _kernel(layer_ref, kv_lens_ref, pages_ref, cu_ref, block_ref, seq_ref, first
             # masked pages, see the wrapper), so waits always match starts.
             return [pltpu.make_async_copy(
                         kv_hbm.at[layer, :, pages_ref[seq * pages_per_seq + c * pages_per_block + i]],
-                        buf.at[slot, :, pl.ds(i * page_size, page_size)], sems.at[slot])
+                        buf.at[slot, :, pl.ds(i * kv_hbm.shape[3], kv_hbm.shape[3])], sems.at[slot])
                     for i in range(pages_per_block)]
 
         for cp in copies(c_lo, 0):
@@ -105,11 +106,11 @@ def _kernel(layer_ref, kv_lens_ref, pages_ref, cu_ref, block_ref, seq_ref, first
             mask = attention_mask(q_pos, kv_pos, row_valid, sliding_window)
             for h in range(num_kv_heads):
                 # Lanes h * head_dim ...: head h of every token of the block's pages, a
-                # contiguous load of any dtype (tokens on sublanes). A quantized cache (int8,
-                # fp8) is converted as loaded; its scales are the caller's.
-                k = as_elements(buf[slot, 0, :, pl.ds(h * lanes, head_dim)], kv_dtype)
-                v = as_elements(buf[slot, 1, :, pl.ds(h * lanes, head_dim)], kv_dtype)
-                k, v = k.astype(q_ref.dtype), v.astype(q_ref.dtype)
+                # contiguous load of any dtype (tokens on sublanes), its rows of 8 merged in
+                # float32, whose vregs hold 8 rows. A quantized cache (int8, fp8) is converted
+                # as loaded; its scales are the caller's.
+                k, v = (as_elements(buf[slot, which, :, :, pl.ds(h * lanes, head_dim)], kv_dtype)
+                        .astype(jnp.float32).reshape(block_kv, head_dim).astype(q_ref.dtype) for which in (0, 1))
                 m, l, acc = softmax_update(
                     qk(q_ref[h], k, precision) * sm_scale, mask, m_ref[h][:, :1], l_ref[h][:, :1],
                     acc_ref[h], v, soft_cap=soft_cap, precision=precision)
@@ -125,11 +126,11 @@ def _kernel(layer_ref, kv_lens_ref, pages_ref, cu_ref, block_ref, seq_ref, first
             o_ref[h] = jnp.where(row_valid, out.astype(o_ref.dtype), o_ref[h])
 
 
-@functools.partial(jax.jit, static_argnames=("sm_scale", "soft_cap", "kv_dtype", "block_q",
+@functools.partial(jax.jit, static_argnames=("sm_scale", "soft_cap", "kv_dtype", "kv_layout", "block_q",
                                              "pages_per_block", "interpret", "vmem_limit_bytes"))
 def ragged_paged_attention(
     q: jax.Array,             # [num_tokens, num_q_heads, head_dim]
-    kv_cache: jax.Array,      # [num_layers, 2 (K, V), num_pages, page_size, num_kv_heads * padded_head_dim]
+    kv_cache: jax.Array,      # [num_layers, 2 (K, V), num_pages, page_size / 8, 8, num_kv_heads * padded_head_dim]
     layer: jax.Array,         # i32[]
     kv_lens: jax.Array,       # i32[max_num_seqs]
     page_indices: jax.Array,  # i32[max_num_seqs, pages_per_seq]
@@ -140,6 +141,7 @@ def ragged_paged_attention(
     sliding_window: int | jax.Array | None = None,  # may be traced; <= 0: none
     soft_cap: float | None = None,
     kv_dtype=None,
+    kv_layout: str = "portable",
     block_q: int | None = None,
     pages_per_block: int | None = None,
     interpret=False,
@@ -147,14 +149,15 @@ def ragged_paged_attention(
 ) -> jax.Array:
     """`interpret`: False on TPU; True (or a pltpu.InterpretParams) to run anywhere."""
     num_tokens, num_q_heads, head_dim = q.shape
-    # The TPU platform's layout (platforms/tpu.py); the portable one ([..., page_size,
-    # kv_heads, head_dim], the tests' and a CPU's) is padded into it here.
+    # kv_layout "tpu": the TPU platform's layout (platforms/tpu.py); the portable one
+    # ([..., page_size, kv_heads, head_dim], the tests' and a CPU's) is padded into it here.
     kv = kv_cache
-    if kv.ndim == 6:
+    if kv_layout == "portable":  # pages of fewer than 8 tokens (the tests') as one row group
+        rows_per_tile = SUBLANES if kv.shape[3] % SUBLANES == 0 else kv.shape[3]
         kv = jnp.pad(kv, ((0, 0),) * 5 + ((0, padded_head_dim(head_dim) - head_dim),))
-        kv = kv.reshape(kv.shape[:4] + (-1,))
-    num_layers, _, num_pages, page_size, _ = kv.shape
-    num_kv_heads = kv.shape[4] // padded_head_dim(head_dim)
+        kv = kv.reshape(kv.shape[:3] + (-1, rows_per_tile, kv.shape[4] * kv.shape[5]))
+    num_pages, page_size = kv.shape[2], kv.shape[3] * kv.shape[4]
+    num_kv_heads = kv.shape[5] // padded_head_dim(head_dim)
     group = num_q_heads // num_kv_heads
     # block_q * group rows per matmul, a multiple of 16 (bfloat16 sublane tiling).
     block_q = block_q or 16 * max(1, 8 // group)
@@ -184,7 +187,7 @@ def ragged_paged_attention(
             in_specs=[q_spec, pl.BlockSpec(memory_space=pl.ANY)],
             out_specs=q_spec,
             scratch_shapes=[
-                pltpu.VMEM((2, 2, pages_per_block * page_size, kv.shape[4]), kv.dtype),
+                pltpu.VMEM((2, 2, pages_per_block * kv.shape[3]) + kv.shape[4:], kv.dtype),
                 pltpu.SemaphoreType.DMA((2,)),
                 pltpu.VMEM((num_kv_heads, rows, _LANES), jnp.float32),
                 pltpu.VMEM((num_kv_heads, rows, _LANES), jnp.float32),

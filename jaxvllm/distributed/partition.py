@@ -24,9 +24,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxvllm.distributed.mesh import MODEL_AXIS as M
 from jaxvllm.layers.quantization.quantized_weight import QuantizedWeight
 
-# [layers, K/V, pages, page_size, kv_heads, head_dim]
-# The heads axis (or heads x head_dim, platforms' kv_cache_shape), the fifth either way.
-KV_CACHE_SPEC = P(None, None, None, None, M)
 
 
 def padded_heads(num_heads: int, num_kv_heads: int, tp: int) -> tuple[int, int]:
@@ -59,8 +56,15 @@ def param_sharding(weight, shape: tuple[int, ...], mesh: Mesh, expert_parallel: 
     return NamedSharding(mesh, fit_spec(weight.partition, shape, mesh))
 
 
-def kv_cache_sharding(mesh: Mesh) -> NamedSharding:
-    return NamedSharding(mesh, KV_CACHE_SPEC)
+def kv_cache_spec(layout: str) -> P:
+    """Tensor parallelism splits the KV cache by KV heads (platforms' kv_cache_shape): the
+    fifth axis of the portable [layers, K/V, pages, page_size, kv_heads, head_dim], the sixth
+    (heads x lanes) of the TPU's [layers, K/V, pages, page_size / 8, 8, kv_heads * lanes]."""
+    return P(None, None, None, None, None, M) if layout == "tpu" else P(None, None, None, None, M)
+
+
+def kv_cache_sharding(mesh: Mesh, layout: str) -> NamedSharding:
+    return NamedSharding(mesh, kv_cache_spec(layout))
 
 
 def place(mesh: Mesh, weight, value: np.ndarray, expert_parallel: bool = False) -> jax.Array:

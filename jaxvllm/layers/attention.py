@@ -20,7 +20,7 @@ from flax import struct
 from jax.sharding import Mesh, PartitionSpec as P
 
 from jaxvllm.distributed.mesh import MODEL_AXIS
-from jaxvllm.distributed.partition import KV_CACHE_SPEC
+from jaxvllm.distributed.partition import kv_cache_spec
 from jaxvllm.layers.kv_cache_dtype import KVCacheDtype
 from jaxvllm.platforms import Platform
 
@@ -55,7 +55,7 @@ def get_attention(backend: str, platform: Platform, mesh: Mesh | None = None,
 
     def local(q, k, v, kv_cache, layer, md: AttentionMetadata, sm_scale, sliding_window=None,
               soft_cap=None):
-        kv_cache = write_kv(kv_cache, layer, k, v, md.slot_mapping, kv_dtype)
+        kv_cache = write_kv(kv_cache, layer, k, v, md.slot_mapping, kv_dtype, platform.kv_cache_layout)
         fmt = kv_dtype or KVCacheDtype(kv_cache.dtype)
         out = impl(q, kv_cache, layer, md.kv_lens, md.page_indices, md.cu_q_lens, md.num_seqs,
                    sm_scale=sm_scale * fmt.k_scale, sliding_window=sliding_window, soft_cap=soft_cap,
@@ -72,9 +72,9 @@ def get_attention(backend: str, platform: Platform, mesh: Mesh | None = None,
         def per_shard(q, k, v, kv_cache, layer, md, sliding_window):
             return local(q, k, v, kv_cache, layer, md, sm_scale, sliding_window, soft_cap)
 
-        f = jax.shard_map(per_shard,
-                          mesh=mesh, in_specs=(heads, heads, heads, KV_CACHE_SPEC, P(), P(), P()),
-                          out_specs=(heads, KV_CACHE_SPEC), check_vma=False)
+        cache = kv_cache_spec(platform.kv_cache_layout)
+        f = jax.shard_map(per_shard, mesh=mesh, in_specs=(heads, heads, heads, cache, P(), P(), P()),
+                          out_specs=(heads, cache), check_vma=False)
         return f(q, k, v, kv_cache, layer, md, sliding_window)
     return attend
 
@@ -98,17 +98,22 @@ def in_kv_cache_groups(attend: Callable, layer_groups: tuple[int, ...] | None = 
     return grouped
 
 
-def write_kv(kv_cache: jax.Array, layer: jax.Array, k: jax.Array, v: jax.Array,
-             slot_mapping: jax.Array, kv_dtype: KVCacheDtype | None = None) -> jax.Array:
-    """kv_cache: [layers, 2, pages, page_size, ...] (platforms' kv_cache_shape), updated in
+def write_kv(kv_cache: jax.Array, layer: jax.Array, k: jax.Array, v: jax.Array, slot_mapping: jax.Array,
+             kv_dtype: KVCacheDtype | None = None, kv_layout: str = "portable") -> jax.Array:
+    """kv_cache: [layers, 2, pages, page_size, kv_heads, head_dim], or the TPU's [layers, 2,
+    pages, page_size / 8, 8, kv_heads * lanes] (platforms' kv_cache_shape), updated in
     place; k and v stored as kv_dtype says (default: cast to the cache's dtype)."""
-    page_size = kv_cache.shape[3]
     fmt = kv_dtype or KVCacheDtype(kv_cache.dtype)
     kv = jnp.stack([fmt.quantize(k, fmt.k_scale), fmt.quantize(v, fmt.v_scale)])  # [2, tokens, kv_heads, head_dim]
-    if kv_cache.ndim == 5:  # heads along lanes, each padded to kv_cache's lanes per head
-        lanes = kv_cache.shape[4] // kv.shape[2]
-        kv = jnp.pad(kv, ((0, 0),) * 3 + ((0, lanes - kv.shape[3]),)).reshape(kv.shape[:2] + (-1,))
     # K/V is indexed, not a window of the update: a TPU then writes each slot's row where
     # the cache's own layout keeps it (a window over K/V had XLA relayout the whole pool).
     which = jnp.arange(2, dtype=jnp.int32)[:, None]
+    if kv_layout == "tpu":  # heads along lanes, each padded to kv_cache's lanes per head
+        rows_per_tile = kv_cache.shape[4]
+        page_size, lanes = kv_cache.shape[3] * rows_per_tile, kv_cache.shape[5] // kv.shape[2]
+        kv = jnp.pad(kv, ((0, 0),) * 3 + ((0, lanes - kv.shape[3]),)).reshape(kv.shape[:2] + (-1,))
+        row = slot_mapping % page_size
+        return kv_cache.at[layer, which, (slot_mapping // page_size)[None], (row // rows_per_tile)[None],
+                           (row % rows_per_tile)[None]].set(kv)
+    page_size = kv_cache.shape[3]
     return kv_cache.at[layer, which, (slot_mapping // page_size)[None], (slot_mapping % page_size)[None]].set(kv)

@@ -42,12 +42,15 @@ class Platform:
     # updates such arrays by converting them whole (layers/kv_cache_dtype.py).
     kv_cache_floats_as_bits = False
 
+    # The layout of kv_cache_shape, which the KV write, the kernels and the sharding read
+    # (distributed/partition.kv_cache_spec): "portable" or "tpu" (platforms/tpu.py).
+    kv_cache_layout = "portable"
+
     def kv_cache_shape(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
                        head_dim: int) -> tuple[int, ...]:
-        """The KV cache array's shape: [layers, 2 (K, V), blocks, block_size, ...] with a
-        token slot's K (or V) last, as kv_heads x head_dim elements. Every kernel reads either
-        form; the blocks axis stays third (swap, prefix pages) and the heads lead the slot, so
-        tensor parallelism splits the same axis in both."""
+        """The KV cache array's shape: [layers, 2 (K, V), blocks, block_size, kv_heads,
+        head_dim]. A platform's own layout keeps the blocks axis third (swap, prefix pages,
+        KV transfer copy whole blocks) and a slot's K (or V) last."""
         return (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim)
 
     def attention_kernel(self, backend: str) -> tuple[str, bool]:
@@ -72,10 +75,12 @@ class Platform:
         kernel, interpret = self.attention_kernel(backend)
         if kernel == "xla":
             from jaxvllm.kernels.xla.ragged_paged_attention import ragged_paged_attention
-            return ragged_paged_attention
+            return functools.partial(ragged_paged_attention, kv_layout=self.kv_cache_layout)
         from pallas_kernels import ragged_paged_attention_gpu, ragged_paged_attention_tpu
-        module = ragged_paged_attention_tpu if kernel == "tpu" else ragged_paged_attention_gpu
-        return functools.partial(module.ragged_paged_attention, interpret=interpret)
+        if kernel == "tpu":
+            return functools.partial(ragged_paged_attention_tpu.ragged_paged_attention, interpret=interpret,
+                                     kv_layout=self.kv_cache_layout)
+        return functools.partial(ragged_paged_attention_gpu.ragged_paged_attention, interpret=interpret)
 
     def auto_attention_backend(self) -> str:
         return "pallas"

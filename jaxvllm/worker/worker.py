@@ -204,8 +204,9 @@ class Worker:
         blocks = -(-self.config.scheduler.max_model_len // self.config.cache.block_size) + 1
         draft = {} if self.draft_model is None else {"draft_model": self.draft_model}
         slots = self.args.num_layers + (self.draft_model.args.num_layers if draft else 0)
+        layout = platforms.current_platform.kv_cache_layout
         kv_cache = jax.ShapeDtypeStruct(self._kv_cache_shape(slots, blocks), self.kv_dtype.storage,
-                                        sharding=kv_cache_sharding(self.mesh))
+                                        sharding=kv_cache_sharding(self.mesh, layout))
         return peak_step_bytes(runner_class(self.config)(self.config, self.model, kv_cache, self.attend,
                                                          mesh=self.mesh, platform=platforms.current_platform,
                                                          **draft))
@@ -219,9 +220,10 @@ class Worker:
         slots = [kv_cache_config.num_slots] if len(self.layer_ranges) == 1 else map(len, self.layer_ranges)
         # Created in place, each device allocating only its KV heads; kept to create them
         # again at wake-up without compiling.
+        layout = platforms.current_platform.kv_cache_layout
         self._new_kv_caches = [jax.jit(lambda shape=self._kv_cache_shape(n, num_blocks):
                                        jnp.zeros(shape, self.kv_dtype.storage),
-                                       out_shardings=kv_cache_sharding(mesh))
+                                       out_shardings=kv_cache_sharding(mesh, layout))
                                for mesh, n in zip(self.meshes, slots)]
         kv_caches = [new() for new in self._new_kv_caches]
         weights = sum(s.data.nbytes for x in jax.tree.leaves(nnx.state(self.model))

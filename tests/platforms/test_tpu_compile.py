@@ -30,6 +30,9 @@ CONFIGS = {
 # the same), in a fifteenth of the compile time.
 CONFIGS["smollm2-2-layers"] = dict(CONFIGS["smollm2"], num_hidden_layers=2)
 CONFIGS["tiny-draft"] = dict(CONFIGS["tiny"], num_hidden_layers=1)  # a draft model for the tiny one
+# 8 KV heads of 128: a slot of 1,024 lanes, where an 8-bit pool tiled (32, 128) was relaid
+# around every KV write.
+CONFIGS["tiny-8-kv-heads"] = dict(CONFIGS["tiny"], num_attention_heads=8, num_key_value_heads=8, head_dim=128)
 # Small batches keep the buckets few (16 and 32 tokens: each bucket is a full compile of the
 # same kernels and matmuls at another token count) and the compiles quick.
 ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=32, max_model_len=1024)
@@ -71,12 +74,15 @@ def test_every_forward_bucket_compiles_within_the_plan(models, model, target):
         assert r["alias_bytes"] >= report["kv_cache_bytes"], r
 
 
-@pytest.mark.parametrize("backend", ["pallas", "xla"])
-def test_temporaries_do_not_grow_with_the_kv_pool(models, backend):
+@pytest.mark.parametrize("model,backend,kv_cache_dtype", [
+    ("tiny", "pallas", "auto"), ("tiny", "xla", "auto"), ("tiny-8-kv-heads", "pallas", "fp8"),
+    ("tiny-8-kv-heads", "xla", "int8")])
+def test_temporaries_do_not_grow_with_the_kv_pool(models, model, backend, kv_cache_dtype):
     """A step that copies the pool (a relayout, a scatter XLA cannot do in place) shows as
     temporaries that grow with it."""
-    small, large = (compile_for_target(models["tiny"], "tpu-v5e-1", programs=("forward T=16",),
-                                       attention_backend=backend, num_gpu_blocks_override=blocks, **ENGINE)
+    small, large = (compile_for_target(models[model], "tpu-v5e-1", programs=("forward T=16",),
+                                       attention_backend=backend, kv_cache_dtype=kv_cache_dtype,
+                                       num_gpu_blocks_override=blocks, **ENGINE)
                     for blocks in (64, 1024))
     grew = large["programs"][0]["temp_bytes"] - small["programs"][0]["temp_bytes"]
     assert small["programs"][0]["compiled"] and large["programs"][0]["compiled"]

@@ -33,7 +33,6 @@ the one gather XLA on CPU runs at memory speed, and never as a copy of the layer
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -47,14 +46,14 @@ def as_elements(x: jax.Array, kv_dtype) -> jax.Array:
     return x if kv_dtype is None else jax.lax.bitcast_convert_type(x, kv_dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("sm_scale", "soft_cap", "kv_dtype",
+@functools.partial(jax.jit, static_argnames=("sm_scale", "soft_cap", "kv_dtype", "kv_layout",
                                              "pages_per_chunk", "decode_pages_per_chunk",
                                              "token_block", "query_block"))
 def ragged_paged_attention(
     q: jax.Array,             # [num_tokens, num_q_heads, head_dim]
     kv_cache: jax.Array,      # [num_layers, 2 (K, V), num_pages, page_size, num_kv_heads, head_dim]
-                              # or [..., page_size, num_kv_heads * lanes] (platforms/tpu.py: a
-                              # head's lanes are head_dim rounded up to 128)
+                              # or, kv_layout "tpu", [..., page_size / 8, 8, num_kv_heads * lanes]
+                              # (platforms/tpu.py: a head's lanes are head_dim rounded up to 128)
     layer: jax.Array,         # i32[]: which layer of kv_cache to read
     kv_lens: jax.Array,       # i32[max_num_seqs]
     page_indices: jax.Array,  # i32[max_num_seqs, pages_per_seq]
@@ -65,15 +64,18 @@ def ragged_paged_attention(
     sliding_window: int | jax.Array | None = None,  # may be traced (a per-layer value); <= 0: none
     soft_cap: float | None = None,
     kv_dtype=None,
+    kv_layout: str = "portable",
     pages_per_chunk: int = 8,
     decode_pages_per_chunk: int = 2,
     token_block: int = 16,
     query_block: int = 128,
 ) -> jax.Array:
     num_tokens, num_q_heads, head_dim = q.shape
-    num_pages, page_size = kv_cache.shape[2:4]
-    lanes = head_dim if kv_cache.ndim == 6 else -(-head_dim // 128) * 128
-    num_kv_heads = math.prod(kv_cache.shape[4:]) // lanes
+    tpu_layout = kv_layout == "tpu"
+    num_pages = kv_cache.shape[2]
+    page_size = kv_cache.shape[3] * kv_cache.shape[4] if tpu_layout else kv_cache.shape[3]
+    lanes = -(-head_dim // 128) * 128 if tpu_layout else head_dim
+    num_kv_heads = kv_cache.shape[-1] // lanes if tpu_layout else kv_cache.shape[4]
     group = num_q_heads // num_kv_heads
     pages_per_seq = page_indices.shape[1]
     chunk = pages_per_chunk * page_size
@@ -81,8 +83,8 @@ def ragged_paged_attention(
     page_indices = jnp.pad(page_indices, ((0, 0), (0, num_chunks_max * pages_per_chunk - pages_per_seq)))
     # A page per row, as a view that merges only leading axes of the layout stored (a TPU
     # tiles the last two: flattening [page_size, kv_heads * head_dim] would copy the pool).
-    page_rows = kv_cache.reshape((-1, page_size * num_kv_heads * head_dim) if kv_cache.ndim == 6
-                                 else (-1,) + kv_cache.shape[3:])
+    page_rows = kv_cache.reshape((-1,) + kv_cache.shape[3:] if tpu_layout
+                                 else (-1, page_size * num_kv_heads * head_dim))
 
     # Which sequence each token belongs to, its position, and the context cached before it.
     token = jnp.arange(num_tokens, dtype=jnp.int32)
