@@ -28,10 +28,8 @@ run: setup
 	  "Explain what a paged KV cache is in one sentence." \
 	  --chat --max-tokens 64
 
-# Two workers (CI has 2 cores; one process used about 1.1 of them), a module per worker at a
-# time; tests/conftest.py groups the modules that must not run side by side.
 test: setup-test
-	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=25 tests
+	$(PY) -m pytest -q --durations=25 tests
 
 clean:
 	rm -rf $(VENV)

@@ -15,32 +15,6 @@ import pytest
 BLOCK = 16
 
 
-def pytest_collection_modifyitems(config, items):
-    """Groups for pytest-xdist's `--dist loadgroup` (`make test`: two workers): a module's
-    tests stay in one worker (its module-scoped engines and compiled programs are built
-    once); the OpenAI server modules share one worker, and with it the servers cached for
-    the session; the modules that load the real default model (marked slow) take turns, one at
-    a time: two side by side, beside the servers, came within 1 GiB of CI's 24."""
-    heavy = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
-    for item in items:
-        module = item.module.__name__
-        group = ("openai-servers" if item.path.parent.name == "openai"
-                 else "default-model" if module in heavy else module)
-        item.add_marker(pytest.mark.xdist_group(group))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _free_module_memory():
-    """A module's engines, compiled programs and arrays freed when it ends, so that a
-    worker holds its largest module's memory, not the sum of those it ran."""
-    yield
-    import gc
-    import sys
-    if "jax" in sys.modules:
-        sys.modules["jax"].clear_caches()
-    gc.collect()
-
-
 def write_tiny_llama(path, *, seed=0, vocab_size=256, hidden_size=64, intermediate_size=128,
                      num_layers=2, num_heads=4, num_kv_heads=2, tie=False, arch="Llama", max_position_embeddings=512,
                      **extra):
