@@ -25,7 +25,6 @@ from jaxvllm.distributed.mesh import MODEL_AXIS as M
 from jaxvllm.layers.quantization.quantized_weight import QuantizedWeight
 
 
-
 def padded_heads(num_heads: int, num_kv_heads: int, tp: int) -> tuple[int, int]:
     """(query heads, KV heads) after padding the KV heads to a multiple of `tp` with zero
     heads, each bringing its group of zero query heads: query head j keeps attending KV head

@@ -19,7 +19,8 @@ class TpuPlatform(Platform):
                        head_dim: int) -> tuple[int, ...]:
         """[layers, 2, blocks, block_size / 8, 8, kv_heads * padded_head_dim]: a page's tokens
         in rows of 8, a slot's heads packed along the last (lane) axis, each padded to whole
-        128-lane vregs.
+        128-lane vregs (with a last axis of whole vregs XLA's default layout is this row-major
+        one: for 3 heads of 64 it had put the blocks axis on lanes and relaid the pool).
 
         XLA tiles an array's last two axes. With 8 there, its tiles are (8, 128) for every
         dtype, the tiles its scatter (the KV write) updates in place; a [..., block_size,
