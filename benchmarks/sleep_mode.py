@@ -40,9 +40,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--kv-cache-memory-bytes", type=int, default=None)
     parser.add_argument("--skip-warmup", action="store_true")
     ns = parser.parse_args(argv)
-    from jax import monitoring
-
     import jax
+    from jax import monitoring
 
     from jaxvllm import LLM, SamplingParams
     from jaxvllm.models.loader import load_weights
