@@ -26,7 +26,7 @@ WEATHER = {"type": "function", "function": {
 
 @pytest.fixture(scope="module")
 def default_server(request):
-    return shared_server(request.config, "default", lambda: DEFAULT_SERVER_FLAGS)
+    return shared_server(request, "default", lambda: DEFAULT_SERVER_FLAGS)
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,8 @@
 """A real `jaxvllm serve` in a subprocess on 127.0.0.1, shared by the tests of a session.
 
 Not a conftest.py: a second conftest module would shadow tests/conftest.py for the tests
-that `from conftest import ...`. Test modules import the fixtures from here; the servers
-are cached for the whole session and stopped when it ends.
+that `from conftest import ...`. Test modules import the fixtures from here; the tiny and the
+default model's servers serve every module that asks for them, the others one module each.
 
 The tiny server uses a random-weight Llama with the default model's full vocabulary and
 tokenizer, so text prompts and the chat template work while a step costs milliseconds."""
@@ -119,16 +119,30 @@ class RemoteServer:
 _servers: dict[str, RemoteServer] = {}
 
 
-def shared_server(config, key: str, make_args) -> RemoteServer:
-    """One server per key for the whole session, stopped when the session ends."""
+def shared_server(request, key: str, make_args) -> RemoteServer:
+    """One server per key, started by the first test that uses the module-scoped fixture
+    asking for it (`request.fixturename`) and stopped after the last: a server held for the
+    whole session would hold its memory (a server and its engine core, about 1.1 GiB) long
+    after its tests."""
     if key not in _servers or _servers[key].proc.poll() is not None:
         _servers[key] = RemoteServer(make_args())
-        config.add_cleanup(_servers[key].stop)
+        request.config.add_cleanup(_servers[key].stop)
+    request.addfinalizer(lambda: _stop_if_no_later_test_uses(request, key))
     return _servers[key]
 
 
-def discard_server(key: str) -> None:
-    _servers.pop(key).stop()
+def _stop_if_no_later_test_uses(request, key: str) -> None:
+    items = request.session.items
+    ours = [i for i, item in enumerate(items) if item.module is request.module]
+    if not any(request.fixturename in item.fixturenames for item in items[ours[-1] + 1:]):
+        _servers.pop(key).stop()
+
+
+def module_server(request, args: list[str]) -> RemoteServer:
+    """A server for one fixture's scope (a module, or one test), stopped when it ends."""
+    server = RemoteServer(args)
+    request.addfinalizer(server.stop)
+    return server
 
 
 def tiny_model(tmp_path_factory):
@@ -145,7 +159,7 @@ def tiny_model(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tiny_server(request, tmp_path_factory):
     profile_dir = str(tmp_path_factory.mktemp("profiles"))
-    server = shared_server(request.config, "tiny", lambda: [
+    server = shared_server(request, "tiny", lambda: [
         str(tiny_model(tmp_path_factory)), *TINY_ENGINE_FLAGS,
         "--served-model-name", "tiny", "--api-key", API_KEY, "--profile-dir", profile_dir])
     if not hasattr(server, "profile_dir"):

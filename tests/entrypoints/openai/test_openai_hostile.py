@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from openai_server import API_KEY, TINY_ENGINE_FLAGS, shared_server, tiny_model
+from openai_server import API_KEY, TINY_ENGINE_FLAGS, module_server, tiny_model
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 CMPL, CHAT = "/v1/completions", "/v1/chat/completions"
@@ -23,7 +23,7 @@ MAX_N, MAX_PROMPTS = 8, 16
 @pytest.fixture(scope="module")
 def server(request, tmp_path_factory):
     profile_dir = str(tmp_path_factory.mktemp("profiles"))
-    return shared_server(request.config, "hostile", lambda: [
+    return module_server(request, [
         str(tiny_model(tmp_path_factory)), *TINY_ENGINE_FLAGS, "--served-model-name", "tiny",
         "--api-key", API_KEY, "--profile-dir", profile_dir, "--trust-request-chat-template",
         "--chat-template-timeout", "1", "--max-n", str(MAX_N),
@@ -228,7 +228,7 @@ def test_idle_connections_cannot_take_the_server(tmp_path_factory, request):
     """Sockets that never finish a request head: past --max-concurrent-connections they are
     closed as they come, the rest after --header-timeout; the server then answers again,
     and its log did not fill up meanwhile."""
-    srv = shared_server(request.config, "hostile-connections", lambda: [
+    srv = module_server(request, [
         str(tiny_model(tmp_path_factory)), *TINY_ENGINE_FLAGS, "--header-timeout", "1",
         "--max-concurrent-connections", "32"])
     log_before = len(srv.log_text())

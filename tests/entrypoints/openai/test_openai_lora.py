@@ -18,7 +18,7 @@ from safetensors.numpy import save_file
 from jaxvllm.entrypoints.openai.errors import APIError
 from jaxvllm.entrypoints.openai.server_args import ServerArgs
 from jaxvllm.entrypoints.openai.serving_models import OpenAIServingModels
-from openai_server import API_KEY, TINY_ENGINE_FLAGS, shared_server, tiny_model
+from openai_server import API_KEY, TINY_ENGINE_FLAGS, module_server, tiny_model
 
 HIDDEN, HEADS, KV_HEADS, INTER = 64, 4, 2, 128  # write_tiny_llama's defaults
 
@@ -51,7 +51,7 @@ def lora_server(request, tmp_path_factory):
     root = tmp_path_factory.mktemp("adapters")
     a1 = write_adapter(root / "a1", 4, ["q_proj", "v_proj", "down_proj"], 1)
     a2 = write_adapter(root / "a2", 8, ["o_proj", "gate_proj", "up_proj"], 2)
-    server = shared_server(request.config, "lora", lambda: [
+    server = module_server(request, [
         str(model), *TINY_ENGINE_FLAGS, "--served-model-name", "tiny", "--api-key", API_KEY,
         "--enable-lora", "--max-loras", "2", "--max-lora-rank", "8", "--lora-modules", f"a1={a1}", f"a2={a2}",
         "--allow-runtime-lora-updating", "--lora-dir", str(root)])

@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from jaxvllm import LLM
-from openai_server import API_KEY, TINY_ENGINE_FLAGS, shared_server, tiny_model, tiny_server  # noqa: F401
+from openai_server import API_KEY, TINY_ENGINE_FLAGS, module_server, tiny_model, tiny_server  # noqa: F401
 
 TEXTS = ["The capital of France is Paris.", "Bread is baked in an oven.", "Paris lies on the Seine."]
 
@@ -24,7 +24,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(request, model_dir):
-    return shared_server(request.config, "tiny-pooling", lambda: [
+    return module_server(request, [
         str(model_dir), *TINY_ENGINE_FLAGS, "--runner", "pooling", "--served-model-name", "tiny-embed",
         "--api-key", API_KEY])
 

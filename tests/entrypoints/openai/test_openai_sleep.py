@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from openai_server import API_KEY, TINY_ENGINE_FLAGS, client, shared_server, tiny_model, tiny_server  # noqa: F401
+from openai_server import API_KEY, TINY_ENGINE_FLAGS, client, module_server, tiny_model, tiny_server  # noqa: F401
 
 PROMPT = {"model": "tiny", "prompt": "Hello there", "max_tokens": 6, "temperature": 0}
 
@@ -19,7 +19,7 @@ PROMPT = {"model": "tiny", "prompt": "Hello there", "max_tokens": 6, "temperatur
 @pytest.fixture(scope="module")
 def sleepy(request, tmp_path_factory):
     model = tiny_model(tmp_path_factory)
-    server = shared_server(request.config, "sleep", lambda: [
+    server = module_server(request, [
         str(model), *TINY_ENGINE_FLAGS, "--served-model-name", "tiny", "--api-key", API_KEY,
         "--enable-sleep-mode"])
     with httpx.Client(base_url=server.url, timeout=60, headers={"Authorization": f"Bearer {API_KEY}"}) as c:
