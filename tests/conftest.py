@@ -15,6 +15,51 @@ import pytest
 BLOCK = 16
 
 
+def pytest_collection_modifyitems(config, items):
+    """Groups for pytest-xdist's `--dist loadgroup` (`make test` runs two workers): a
+    module's tests stay in one worker, so its module-scoped engines and compiled programs are
+    built once; the modules that use the tiny or the default model's OpenAI server share one
+    worker and those servers; the modules that load the real default model (marked slow)
+    take turns in one worker, as two of them side by side with the servers would not fit in
+    CI's 24 GiB."""
+    servers = {"tiny_server", "default_server"}
+    uses_server = {item.module for item in items if servers & set(item.fixturenames)}
+    slow = {item.module for item in items if item.get_closest_marker("slow")}
+    for item in items:
+        group = ("openai-servers" if item.module in uses_server or item.path.parent.name == "openai"
+                 else "default-model" if item.module in slow else item.module.__name__)
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _free_memory() -> None:
+    """Engines form reference cycles, so only a collection frees them (and their KV pools);
+    malloc then keeps the freed pages unless asked to give them back."""
+    import ctypes
+    import gc
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+@pytest.fixture(autouse=True)
+def _free_a_slow_tests_engines(request):
+    """A test that loads the real default model frees it when it ends, not when the garbage
+    collector next runs: its engine holds about 2 GiB."""
+    yield
+    if request.node.get_closest_marker("slow"):
+        _free_memory()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _free_a_modules_memory():
+    """A module's engines, compiled programs and arrays freed when it ends, so that a worker
+    holds its largest module's memory, not the sum of those it ran."""
+    yield
+    import sys
+    if "jax" in sys.modules:
+        sys.modules["jax"].clear_caches()
+    _free_memory()
+
+
 def write_tiny_llama(path, *, seed=0, vocab_size=256, hidden_size=64, intermediate_size=128,
                      num_layers=2, num_heads=4, num_kv_heads=2, tie=False, arch="Llama", max_position_embeddings=512,
                      **extra):
