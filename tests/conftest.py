@@ -9,8 +9,8 @@ import os
 # probe for a TPU and print libtpu's warnings to stderr (inherited by the tests' subprocesses).
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Most of the suite's time is XLA compiling small programs that then run for milliseconds:
-# without LLVM's expensive passes the CPU compiles about 5-15% sooner (the same HLO
-# passes, so the same results). Subprocesses inherit it; a test may set it back.
+# with LLVM's expensive passes off the CPU compiles them 5-15% sooner. Subprocesses
+# inherit it; a test may set it back.
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
 import numpy as np
