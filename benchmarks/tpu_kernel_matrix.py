@@ -1,6 +1,7 @@
 """The TPU attention kernel compiled by libtpu's Mosaic for compile-only chips (no TPU needed,
 the `tpu` extra): every KV dtype the engine offers x head dim x GQA group x (plain, sliding
-window with soft-cap) x chip, in the TPU platform's KV layout. A cell is a compile, not a run:
+window with soft-cap) x step shape (up to 512 sequences of 128k context) x chip, in the TPU
+platform's KV layout. A cell is a compile, not a run:
 interpret-mode tests check the numbers.
 
     python benchmarks/tpu_kernel_matrix.py --json benchmarks/results/tpu-kernel-matrix.json
@@ -31,15 +32,19 @@ KV_DTYPES = {"bf16": jnp.bfloat16, "fp8": jnp.float8_e4m3fn, "int8": jnp.int8}
 HEAD_DIMS = (64, 128, 256)
 HEADS = [(2 * g, 2) for g in range(1, 9)] + [(9, 3)]  # (query heads, KV heads): groups 1-8, SmolLM2's
 VARIANTS = {"plain": dict(), "window+softcap": dict(sliding_window=512, soft_cap=30.0)}
-TOKENS, SEQS, PAGES, PAGE_SIZE, PAGES_PER_SEQ = 128, 32, 512, 32, 32
+PAGES, PAGE_SIZE = 512, 32
+# (tokens, sequences, context): a small step, and long context at the TPU's default batch and
+# twice it (the page table is max_num_seqs x context / PAGE_SIZE indices: 8 MiB at 512 x 128k).
+SHAPES = {"32x1k": (128, 32, 1024), "256x128k": (512, 256, 131072), "512x128k": (512, 512, 131072)}
 
 
-def compile_cell(mesh, kv_dtype, head_dim, nq, nkv, variant) -> tuple[bool, float, str | None]:
+def compile_cell(mesh, kv_dtype, head_dim, nq, nkv, variant, shape="32x1k") -> tuple[bool, float, str | None]:
     shd = NamedSharding(mesh, P())
     s = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=shd)
+    tokens, seqs, context = SHAPES[shape]
     cache = get_platform("tpu").kv_cache_shape(1, PAGES, PAGE_SIZE, nkv, head_dim)
-    args = (s((TOKENS, nq, head_dim), jnp.bfloat16), s(cache, kv_dtype), s((), jnp.int32), s((SEQS,), jnp.int32),
-            s((SEQS, PAGES_PER_SEQ), jnp.int32), s((SEQS + 1,), jnp.int32), s((1,), jnp.int32))
+    args = (s((tokens, nq, head_dim), jnp.bfloat16), s(cache, kv_dtype), s((), jnp.int32), s((seqs,), jnp.int32),
+            s((seqs, context // PAGE_SIZE), jnp.int32), s((seqs + 1,), jnp.int32), s((1,), jnp.int32))
     fn = functools.partial(tpu.ragged_paged_attention, sm_scale=head_dim ** -0.5, kv_layout="tpu", **VARIANTS[variant])
     start = time.perf_counter()
     try:
@@ -55,6 +60,8 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--chips", nargs="+", default=sorted(CHIPS), choices=sorted(CHIPS))
     p.add_argument("--groups", nargs="+", type=int, default=list(range(1, 9)),
                    help="GQA groups of 2 KV heads to compile (SmolLM2's 9 / 3 heads always)")
+    p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES),
+                   help="(tokens, sequences, context) of the step")
     p.add_argument("--json", help="write the cells here")
     ns = p.parse_args(argv)
     from jax.experimental import topologies
@@ -64,10 +71,13 @@ def main(argv=None) -> list[dict]:
                                               platform="tpu").devices[0]
         mesh = Mesh(np.array([device]), ("x",))
         heads = [(nq, nkv) for nq, nkv in HEADS if nkv == 3 or nq // nkv in ns.groups]
-        for (dt, hd, (nq, nkv), variant) in itertools.product(KV_DTYPES, HEAD_DIMS, heads, VARIANTS):
-            ok, secs, error = compile_cell(mesh, KV_DTYPES[dt], hd, nq, nkv, variant)
+        for (shape, dt, hd, (nq, nkv), variant) in itertools.product(ns.shapes, KV_DTYPES, HEAD_DIMS, heads,
+                                                                      VARIANTS):
+            ok, secs, error = compile_cell(mesh, KV_DTYPES[dt], hd, nq, nkv, variant, shape)
+            tokens, seqs, context = SHAPES[shape]
             rows.append(dict(chip=chip, kv_dtype=dt, head_dim=hd, q_heads=nq, kv_heads=nkv, variant=variant,
-                             compiled=ok, compile_s=round(secs, 2), error=error))
+                             tokens=tokens, seqs=seqs, context=context, compiled=ok, compile_s=round(secs, 2),
+                             error=error))
             if not ok:
                 print(f"FAILED {rows[-1]}", flush=True)
         done = [r for r in rows if r["chip"] == chip]

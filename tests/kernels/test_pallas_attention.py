@@ -171,3 +171,29 @@ def test_native_kernel(seqs, nq, nkv, hd, ps, window, cap, dtype):
     tol = 1e-5 if dtype == jnp.float32 else 2e-2
     np.testing.assert_allclose(got, naive(*args, **kw), rtol=tol, atol=tol)
     assert not got[int(args[5][int(args[6][0])]):].any()
+
+
+@pytest.mark.parametrize("pages_per_block", [2, 8])
+def test_tpu_page_table_beyond_one_tile(pages_per_block):
+    # The TPU kernel reads page indices from HBM a tile (128) at a time: sequences of 130 to
+    # 350 pages, in rows padded to 384, take KV blocks on both sides of tile boundaries.
+    args = build(np.random.default_rng(13), [(1, 700), (3, 530), (2, 260)], nq=4, nkv=2, hd=64, ps=2)
+    assert args[4].shape[1] > 2 * 128
+    got = tpu.ragged_paged_attention(*args, sm_scale=0.125, block_q=8, pages_per_block=pages_per_block,
+                                     interpret=True)
+    assert_matches_naive(got, args, 1e-5, sm_scale=0.125)
+
+
+def test_tpu_strict_interpreter_beyond_one_tile():
+    # Index DMAs and page DMAs in flight together, checked by the strict interpreter.
+    from jax.experimental.pallas import tpu as pltpu
+    args = build(np.random.default_rng(17), [(1, 140), (2, 133)], nq=2, nkv=1, hd=64, ps=1, pad_seqs=1)
+    got = tpu.ragged_paged_attention(*args, sm_scale=0.125, block_q=8, pages_per_block=16,
+                                     interpret=pltpu.InterpretParams())
+    np.testing.assert_allclose(np.asarray(got, np.float64), naive(*args, sm_scale=0.125), rtol=1e-5, atol=1e-5)
+
+
+def test_tpu_pages_per_block_power_of_two():
+    args = build(np.random.default_rng(0), DECODE, nq=4, nkv=2, hd=64)
+    with pytest.raises(ValueError, match="pages_per_block=3"):
+        tpu.ragged_paged_attention(*args, sm_scale=0.125, pages_per_block=3, interpret=True)
