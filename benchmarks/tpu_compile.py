@@ -1,9 +1,9 @@
 """Large models' decode step compiled by libtpu for TPU slices on this CPU (no TPU: compile-only
 chips, jaxvllm/aot_compile.py): compile time, the HBM plan, and the decode throughput the
 chip's roofline predicts for 64 sequences of 2k context. PREDICTIONS, NOT MEASUREMENTS: the
-roofline is the larger of bytes / HBM bandwidth and flops / peak, from XLA's cost analysis of
-the compiled forward plus the KV cache the attention kernel reads (a Pallas kernel is opaque
-to XLA's cost analysis), with Google's published per-chip peaks.
+roofline (jaxvllm/roofline.py) is the larger of the bytes the step must move (weights once,
+the KV read for the stated context, activations) over HBM bandwidth and its flops over the
+peak, with Google's published per-chip figures.
 
     python benchmarks/tpu_compile.py --json benchmarks/results/tpu-compile.json
 """
@@ -20,7 +20,6 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from jaxvllm.aot_compile import compile_for_target  # noqa: E402
-from jaxvllm.platforms.tpu_targets import TARGETS  # noqa: E402
 
 SEQS, CONTEXT = 64, 2048
 # Hugging Face config.json fields of the published models (no weights are read).
@@ -29,6 +28,16 @@ MODELS = {
                        hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                        num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-5, rope_theta=500000.0,
                        tie_word_embeddings=False, max_position_embeddings=8192),
+    "Llama-3.1-8B": dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=128256,
+                         hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                         num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-5, rope_theta=500000.0,
+                         rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                           original_max_position_embeddings=8192),
+                         tie_word_embeddings=False, max_position_embeddings=131072),
+    "Qwen3-8B": dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size=151936, hidden_size=4096,
+                     intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+                     head_dim=128, rms_norm_eps=1e-6, rope_theta=1e6, tie_word_embeddings=False,
+                     max_position_embeddings=40960),
     "Qwen3-30B-A3B": dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=151936,
                           hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
                           num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
@@ -45,14 +54,6 @@ RUNS = [("Llama-3-8B", "bf16", {}), ("Llama-3-8B", "int8 weights", dict(quantiza
         ("Llama-3-8B", "fp8 KV", dict(kv_cache_dtype="fp8")),
         ("Qwen3-30B-A3B", "bf16, EP", dict(enable_expert_parallel=True)), ("Gemma-3-27B", "bf16", {})]
 DECODE = dict(max_num_seqs=SEQS, max_num_batched_tokens=SEQS, max_model_len=2 * CONTEXT)
-
-
-def predicted_decode(report: dict, row: dict) -> float:
-    """Tokens/s of SEQS decode sequences at CONTEXT tokens at the chip's roofline."""
-    chip = TARGETS[report["target"]].chip
-    kv_per_token = report["kv_cache_bytes"] / (report["kv_blocks"] * report["block_size"])  # per chip
-    accessed = row["bytes_accessed"] + SEQS * CONTEXT * kv_per_token
-    return SEQS / max(accessed / chip.hbm_bytes_per_s, row["flops"] / chip.peak_flops)
 
 
 def main(argv=None) -> list[dict]:
@@ -75,7 +76,7 @@ def main(argv=None) -> list[dict]:
                 row = dict(model=model, variant=variant, target=target)
                 try:
                     report = compile_for_target(path, target, programs=(f"forward T={SEQS}", f"sample R={SEQS}"),
-                                                **DECODE, **extra)
+                                                context=CONTEXT, **DECODE, **extra)
                 except ValueError as e:  # does not fit: the refusal is the row
                     rows.append(dict(row, error=str(e)))
                     print(f"{model:14s} {variant:13s} {target:10s} refused: {e}", flush=True)
@@ -86,7 +87,7 @@ def main(argv=None) -> list[dict]:
                            max_concurrency=report["max_concurrency"], wall_s=report["wall_s"],
                            compile_s={r["program"]: r["compile_s"] for r in report["programs"]},
                            errors=[r["error"] for r in report["programs"] if r["error"]],
-                           predicted_decode_tok_s=predicted_decode(report, forward) if forward["compiled"] else None)
+                           predicted_decode_tok_s=SEQS / forward["predicted_s"] if forward["compiled"] else None)
                 rows.append(row)
                 pred = row["predicted_decode_tok_s"]
                 print(f"{model:14s} {variant:13s} {target:10s} compiled={row['compiled']} fits={row['fits']} "

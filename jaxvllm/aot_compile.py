@@ -7,18 +7,21 @@ parallel over its chips, the memory plan for its HBM (the KV cache gets hbm_util
 the chip less the weights and the largest step's temporaries, which it compiles for as the
 worker profiles them), then compiles each program against abstract weights and KV cache and
 reports what the compiler says: memory (arguments, temporaries, the donated KV cache as
-aliased bytes), cost, and a roofline time from the chip's published figures (a prediction,
-not a measurement). A plan that does not fit is refused naming the smallest slice that
+aliased bytes), cost, and a roofline time from the chip's published figures
+(jaxvllm/roofline.py: a prediction, not a measurement). A plan that does not fit is refused naming the smallest slice that
 holds the weights and one request of max_model_len.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
+import threading
 import time
 from typing import Callable
 
 from jaxvllm.platforms.tpu_targets import TARGETS, Target, get_target
+from jaxvllm.roofline import predict
 
 
 def _per_device_bytes(tree) -> int:
@@ -56,7 +59,13 @@ def _program_name(runner, program, args, static) -> str:
     return program.name + bucket + "".join(f" {k}={v}" for k, v in static.items())
 
 
-def _compile_one(program, args, static, mesh, chip) -> dict:
+_FORWARDS = ("forward", "forward_lora")  # programs of a step's tokens through the model
+
+
+def _compile_one(program, args, static, mesh, chip, roofline: Callable[[int, float], dict]) -> dict:
+    """Compile one program and read what the compiler says. `roofline(tokens, xla_flops)`:
+    a forward's prediction (jaxvllm/roofline.py); other programs' comes from XLA's cost
+    analysis, which sees all of their work."""
     import jax
     start = time.perf_counter()
     try:
@@ -69,11 +78,12 @@ def _compile_one(program, args, static, mesh, chip) -> dict:
     if isinstance(cost, list):  # older jax: one dict per module
         cost = cost[0] if cost else {}
     flops, accessed = float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
+    predicted = (roofline(len(args[2]), flops) if program.name in _FORWARDS else
+                 dict(predicted_s=max(accessed / chip.hbm_bytes_per_s, flops / chip.peak_flops)))
     return dict(compiled=True, error=None, compile_s=round(time.perf_counter() - start, 2),
                 argument_bytes=mem.argument_size_in_bytes, output_bytes=mem.output_size_in_bytes,
                 temp_bytes=mem.temp_size_in_bytes, alias_bytes=mem.alias_size_in_bytes,
-                flops=flops, bytes_accessed=accessed,
-                predicted_s=max(accessed / chip.hbm_bytes_per_s, flops / chip.peak_flops))
+                flops=flops, bytes_accessed=accessed, **predicted)
 
 
 def _smallest_fit(target: Target, need_weights: int, need_kv: int, peak: int, utilization: float) -> str | None:
@@ -87,11 +97,14 @@ def _smallest_fit(target: Target, need_weights: int, need_kv: int, peak: int, ut
 
 
 def compile_for_target(model: str, target: str, *, programs: tuple[str, ...] | None = None,
-                       on_program: Callable[[dict], None] | None = None, **engine_kwargs) -> dict:
+                       on_program: Callable[[dict], None] | None = None, context: int | None = None,
+                       compile_threads: int | None = None, **engine_kwargs) -> dict:
     """The report of `jaxvllm compile` (module doc) as a dict; `programs`: compile only those
     whose names start with one of these (`forward`, `sample`, ...); `on_program`: called with
-    each program's row as it is compiled; engine_kwargs: EngineArgs (tensor_parallel_size
-    defaults to the slice's chips). Raises ValueError for an unknown
+    each program's row as it is compiled; `context`: the KV each sequence reads in a forward's
+    roofline (default min(2,048, max_model_len)); `compile_threads`: programs compiled at once
+    (default: the TPU platform's, as its warm-up does); engine_kwargs: EngineArgs
+    (tensor_parallel_size defaults to the slice's chips). Raises ValueError for an unknown
     target or a configuration that does not fit, naming what would."""
     spec = get_target(target)
     start = time.perf_counter()
@@ -107,6 +120,7 @@ def compile_for_target(model: str, target: str, *, programs: tuple[str, ...] | N
     from jaxvllm.transformers_utils.config import load_hf_config
     from jaxvllm.transformers_utils.model_path import resolve_model
     from jaxvllm.worker.memory_profiling import MemoryProfile, peak_step_bytes
+    from jaxvllm.worker.compiled_programs import run_on_pool
     from jaxvllm.worker.spec_decode.spec_runner import runner_class
 
     path = model if os.path.isfile(os.path.join(model, "config.json")) else resolve_model(model)
@@ -177,21 +191,45 @@ def compile_for_target(model: str, target: str, *, programs: tuple[str, ...] | N
         refuse(num_blocks)
 
     runner = runner_for(num_blocks)
-    rows = []
+    context = min(context or 2048, max_len)
+    experts = sum(_per_device_bytes(v) for path, v in nnx.state(abstract_model).flat_state()
+                  if any(str(k).startswith("experts_") for k in path))
+
+    def roofline(tokens: int, xla_flops: float) -> dict:
+        # A step of `tokens` in min(tokens, max_num_seqs) sequences, each reading `context`.
+        return predict(a, spec.chip, xla_flops=xla_flops, tokens=tokens,
+                       seqs=min(tokens, config.scheduler.max_num_seqs), context=context,
+                       weight_bytes=weights, expert_bytes=experts,
+                       kv_bytes_per_token_layer=block_bytes / (num_layers * bs * tp),
+                       dtype_bytes=jax.numpy.dtype(config.dtype).itemsize, tp=tp)
+
+    reported = threading.Lock()
+
+    def compile_row(name, program, args, static) -> dict:
+        row = dict(program=name, **_compile_one(program, args, static, mesh, spec.chip, roofline))
+        if on_program:
+            with reported:
+                on_program(row)
+        return row
+
+    jobs = []
     for program, args, static in runner.warmup_jobs():
         name = _program_name(runner, program, args, static)
-        if programs and not name.startswith(tuple(programs)):
-            continue
-        rows.append(dict(program=name, **_compile_one(program, args, static, mesh, spec.chip)))
-        if on_program:
-            on_program(rows[-1])
+        if not programs or name.startswith(tuple(programs)):
+            jobs.append(functools.partial(compile_row, name, program, args, static))
+    threads = compile_threads or platform.compile_threads
+    compile_start = time.perf_counter()
+    rows = run_on_pool(jobs, threads)
+    compile_wall = time.perf_counter() - compile_start
     kv_bytes = _per_device_bytes(runner.kv_cache)
     fits = all(r["compiled"] and r["argument_bytes"] + r["output_bytes"] - r["alias_bytes"] + r["temp_bytes"]
                <= spec.chip.hbm_bytes for r in rows)
     return dict(target=target, model=config.model.name, chips=spec.num_chips, tensor_parallel_size=tp,
                 device_kind=spec.chip.device_kind, attention_backend=config.model.attention_backend,
                 dtype=config.dtype, kv_cache_dtype=config.cache.kv_cache_dtype, quantization=config.quantization,
-                block_size=bs, max_model_len=max_len, fits=fits, hbm_bytes=spec.chip.hbm_bytes,
+                block_size=bs, max_model_len=max_len, max_num_seqs=config.scheduler.max_num_seqs,
+                max_num_batched_tokens=config.scheduler.max_num_batched_tokens, roofline_context=context, fits=fits, hbm_bytes=spec.chip.hbm_bytes,
                 weights_bytes=weights, kv_blocks=num_blocks, kv_cache_bytes=kv_bytes, peak_step_bytes=peak,
-                max_concurrency=max_concurrency, compile_s=round(sum(r["compile_s"] for r in rows), 2),
+                max_concurrency=max_concurrency, compile_threads=threads,
+                compile_s=round(sum(r["compile_s"] for r in rows), 2), compile_wall_s=round(compile_wall, 1),
                 wall_s=round(time.perf_counter() - start, 1), programs=rows)

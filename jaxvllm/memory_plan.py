@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import re
 
 import jax.numpy as jnp
@@ -99,8 +100,12 @@ def weight_bytes(model_cls, args, quant_config: QuantizationConfig, dtype) -> tu
     return matmul, other
 
 
-def kv_bytes_per_block(args, block_size: int, kv_format) -> int:
-    return args.num_layers * 2 * block_size * args.num_kv_heads * args.head_dim * kv_format.dtype.itemsize
+def kv_bytes_per_block(args, block_size: int, kv_format, platform: str = "cuda") -> int:
+    """In the platform's layout: the TPU's pads each head to whole 128-lane vregs (head_dim
+    64 takes 128 lanes)."""
+    from jaxvllm.platforms import get_platform
+    shape = get_platform(platform).kv_cache_shape(args.num_layers, 1, block_size, args.num_kv_heads, args.head_dim)
+    return math.prod(shape) * kv_format.dtype.itemsize
 
 
 def kv_cache_groups(args, block_size: int, max_model_len: int):
@@ -112,12 +117,13 @@ def kv_cache_groups(args, block_size: int, max_model_len: int):
 
 def plan(model_cls, args, *, dtype="bfloat16", quantization: str | None = None, kv_cache_dtype_name="auto",
          device_memory: int, hbm_utilization: float = 0.9, block_size: int = 16,
-         max_model_len: int = 8192, tensor_parallel_size: int = 1) -> MemoryPlan:
+         max_model_len: int = 8192, tensor_parallel_size: int = 1, platform: str = "cuda") -> MemoryPlan:
     """The plan for one device of `device_memory` bytes: the KV cache gets hbm_utilization of
-    it less the weights, as the worker sizes it (activations are not counted)."""
+    it less the weights, as the worker sizes it (activations are not counted), its pages in
+    the platform's KV layout."""
     tp = tensor_parallel_size
     matmul, other = weight_bytes(model_cls, args, quant_config_for(quantization), dtype)
-    all_layers = kv_bytes_per_block(args, block_size, kv_cache_dtype(kv_cache_dtype_name, dtype))
+    all_layers = kv_bytes_per_block(args, block_size, kv_cache_dtype(kv_cache_dtype_name, dtype), platform)
     groups = kv_cache_groups(args, block_size, max_model_len)
     block = all_layers * max(len(g.layer_names) for g in groups) // args.num_layers
     matmul, other, block = -(-matmul // tp), -(-other // tp), -(-block // tp)
@@ -153,13 +159,16 @@ def main(argv=None) -> None:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-model-len", type=int, default=8192)
     p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--platform", choices=("cpu", "cuda", "tpu"), default="cuda",
+                   help="whose KV layout (the TPU's pads each head to 128 lanes)")
     ns = p.parse_args(argv)
     args = SHAPES[ns.shape]
     result = plan(GemmaForCausalLM if isinstance(args, GemmaArgs) else LlamaForCausalLM, args, dtype=ns.dtype, quantization=ns.quantization,
                   kv_cache_dtype_name=ns.kv_cache_dtype, device_memory=ns.device_memory,
                   hbm_utilization=ns.hbm_utilization, block_size=ns.block_size,
-                  max_model_len=ns.max_model_len, tensor_parallel_size=ns.tensor_parallel_size)
-    print(f"{ns.shape}, {ns.dtype}, quantization={ns.quantization}, kv_cache_dtype={ns.kv_cache_dtype}, "
+                  max_model_len=ns.max_model_len, tensor_parallel_size=ns.tensor_parallel_size,
+                  platform=ns.platform)
+    print(f"{ns.shape} on {ns.platform}, {ns.dtype}, quantization={ns.quantization}, kv_cache_dtype={ns.kv_cache_dtype}, "
           f"{ns.device_memory / GiB:g} GiB x {ns.hbm_utilization} per device, TP={ns.tensor_parallel_size}:")
     for line in result.lines():
         print("  " + line)

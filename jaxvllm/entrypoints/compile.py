@@ -24,6 +24,10 @@ def add_parser(sub, add_engine_flags) -> None:
     p.add_argument("--json", help="Write the report here.")
     p.add_argument("--programs", nargs="+", default=None,
                    help="Only programs whose names start with these (forward, sample, ...).")
+    p.add_argument("--context", type=int, default=None,
+                   help="Tokens of KV each sequence reads in a forward's roofline (default: 2048 or max_model_len).")
+    p.add_argument("--compile-threads", type=int, default=None,
+                   help="Programs compiled at once (default: the TPU platform's warm-up threads).")
     add_engine_flags(p)
 
 
@@ -64,16 +68,18 @@ def run(ns: argparse.Namespace) -> int:
 
     try:
         report = compile_for_target(model, ns.target, programs=ns.programs, on_program=on_program,
-                                    **_engine_kwargs(ns))
+                                    context=ns.context, compile_threads=ns.compile_threads, **_engine_kwargs(ns))
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"{report['target']} (TP {report['tensor_parallel_size']}): fits={report['fits']}, weights "
           f"{report['weights_bytes'] / MiB:.1f} MiB/chip, {report['kv_blocks']} KV blocks "
           f"({report['kv_cache_bytes'] / MiB:.1f} MiB/chip), max_concurrency {report['max_concurrency']} at "
-          f"max_model_len {report['max_model_len']}; {len(report['programs'])} programs compiled in "
-          f"{report['compile_s']:.1f} s ({report['wall_s']:.0f} s in all). "
-          "predicted_s is the chip's roofline, not a measurement.")
+          f"max_model_len {report['max_model_len']}, max_num_seqs {report['max_num_seqs']}; "
+          f"{len(report['programs'])} programs compiled in {report['compile_wall_s']:.1f} s on "
+          f"{report['compile_threads']} threads ({report['compile_s']:.1f} s of compiles; {report['wall_s']:.0f} s "
+          f"in all). predicted ms: the chip's roofline at {report['roofline_context']} tokens of context per "
+          "sequence, not a measurement.")
     if ns.json:
         with open(ns.json, "w") as f:
             json.dump(report, f, indent=1)

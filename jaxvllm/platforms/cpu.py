@@ -30,6 +30,8 @@ class CpuPlatform(Platform):
     step_may_branch = True
     serialize_executables = True
     huge_pages = True
+    # The CPU is the device too: its warm-up compiles on one thread (see compile_threads).
+    compile_threads = 1
     # XLA:CPU writes into a bfloat16 or fp8 array by converting all of it through float32
     # (a bfloat16 model's step converted its whole pool twice: 8x slower than float32).
     kv_cache_floats_as_bits = True

@@ -7,6 +7,7 @@ the defaults below in processes that never start a device.
 from __future__ import annotations
 
 import functools
+import os
 from typing import Callable
 
 ATTENTION_BACKENDS = ("xla", "native", "pallas", "pallas-tpu", "pallas-gpu")
@@ -34,6 +35,9 @@ class Platform:
     # scheduling of collectives and weight prefetch. Where False, the sampler's variants are
     # separate programs chosen on the host.
     step_may_branch = False
+    # Warm-up compiles the programs not found on disk on this many threads
+    # (worker/compiled_programs.warm_all): an accelerator's host has cores to spare at start-up.
+    compile_threads = min(8, os.cpu_count() or 1)
     # Save warmed step programs as serialized executables (worker/compiled_programs.py), and
     # back weights and KV cache with huge pages: measured to pay on the CPU only.
     serialize_executables = False

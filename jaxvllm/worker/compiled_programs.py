@@ -29,6 +29,7 @@ import importlib.metadata
 import importlib.util
 import logging
 import os
+import threading
 from pathlib import Path
 
 import jax
@@ -37,6 +38,8 @@ from jax.experimental.compilation_cache import compilation_cache
 from jax.experimental.serialize_executable import deserialize_and_load, serialize
 
 logger = logging.getLogger(__name__)
+# Counters of programs warmed on several threads (warm_all) are updated under this.
+COUNT_LOCK = threading.Lock()
 # The folder is bounded: past this, the programs least recently saved or loaded are removed.
 MAX_SAVED_BYTES = 2 << 30
 _TRACED_PACKAGES = ("jaxvllm", "pallas_kernels")  # whose code ends up in the programs
@@ -143,14 +146,15 @@ class CompiledProgram:
         signature = _signature(args, static, self.fixed)
         if signature in self.programs or signature in self.loading:
             return
-        if (program := self.load_saved(*args, **static)) is not None:
-            self.num_loaded += 1
-        else:
+        loaded = (program := self.load_saved(*args, **static)) is not None
+        if not loaded:
             path = self._path(args, static)
             program = self.jitted.lower(*args, **static).compile()
-            self.num_compiled += 1
             if path:
                 self._save(path, program)
+        with COUNT_LOCK:  # warm_all may warm on several threads
+            self.num_loaded += loaded
+            self.num_compiled += not loaded
         self.programs[signature] = program
 
     def load_in_background(self, pool: concurrent.futures.Executor, *args, **static) -> bool:
@@ -233,13 +237,24 @@ class CompiledProgram:
         return self._out_tree
 
 
-def warm_all(jobs: list[tuple[CompiledProgram, tuple, dict]], threads: int = 1) -> None:
+def warm_all(jobs: list[tuple[CompiledProgram, tuple, dict]], threads: int = 1, compile_threads: int = 1) -> None:
     """Warm many (program, args, static) at once: saved programs load in the background, in
     job order, on one thread by default (XLA releases the GIL while it loads; with more, the
-    loads took both cores from the first step); whatever was not saved compiles now, one
-    program at a time."""
+    loads took both cores from the first step); whatever was not saved compiles now, on
+    `compile_threads` threads (tracing holds the GIL, XLA's compile does not: tpu-inference
+    compiles its programs ahead of time on a pool too)."""
     pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="load-program")
     unsaved = [job for job in jobs if not job[0].load_in_background(pool, *job[1], **job[2])]
     pool.shutdown(wait=False)  # its threads end once the queued loads are done
-    for program, args, static in unsaved:
-        program.warm(*args, **static)
+    run_on_pool([functools.partial(program.warm, *args, **static) for program, args, static in unsaved],
+                compile_threads)
+
+
+def run_on_pool(calls: list, threads: int) -> list:
+    """Each call's result, in order, run on `threads` threads (here, one after another if 1);
+    the first exception is raised once all have ended."""
+    if threads <= 1:
+        return [call() for call in calls]
+    with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="compile-program") as compiler:
+        futures = [compiler.submit(call) for call in calls]
+    return [f.result() for f in futures]

@@ -35,7 +35,7 @@ from jaxvllm.outputs import LogprobsLists, ModelRunnerOutput
 from jaxvllm.platforms import Platform
 from jaxvllm.worker import penalties
 from jaxvllm.worker.async_output import AsyncModelRunnerOutput
-from jaxvllm.worker.compiled_programs import CompiledProgram, executables_dir, fingerprint
+from jaxvllm.worker.compiled_programs import COUNT_LOCK, CompiledProgram, executables_dir, fingerprint
 from jaxvllm.worker.input_batch import InputBatch
 from jaxvllm.worker.kv_swap import KVSwapper
 from jaxvllm.worker.logprobs import step_prompt_logprobs
@@ -81,6 +81,7 @@ class ModelRunner:
         compile its programs for devices that cannot run them (jaxvllm/aot_compile.py)."""
         self.config = config
         self.step_may_branch = platform.step_may_branch  # else the host picks sampler variants
+        self.compile_threads = platform.compile_threads
         self.block_size = config.cache.block_size
         self.max_num_seqs = config.scheduler.max_num_seqs
         self.max_pages_per_seq = -(-config.scheduler.max_model_len // self.block_size)
@@ -202,7 +203,7 @@ class ModelRunner:
         """A step program, counted at trace time (one trace is one compilation) and saved
         under the runner's fingerprint (worker/compiled_programs.py)."""
         def traced(*args, **kwargs):
-            self.num_compilations += 1
+            self._count_compilation()
             return fn(*args, **kwargs)
         return CompiledProgram(name, fn, jax.jit(traced, **jit_kwargs), self._program_key,
                                self._executables_dir, self._devices, fixed_argnums)
@@ -219,7 +220,8 @@ class ModelRunner:
         self.param_leaves, self.head_leaves = self.step_params.split(params)
 
     def _count_compilation(self) -> None:
-        self.num_compilations += 1
+        with COUNT_LOCK:  # programs may be traced on several threads (warm-up)
+            self.num_compilations += 1
 
     # ---- one step -----------------------------------------------------------------
     def execute_model(self, out: SchedulerOutput) -> ModelRunnerOutput:

@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 def warmup(runner) -> None:
     start = time.perf_counter()
     with persistent_cache_off(runner._executables_dir is not None):
-        warm_all(runner.warmup_jobs())
+        warm_all(runner.warmup_jobs(), compile_threads=runner.compile_threads)
     if runner.swapper is not None:
         runner.kv_cache = runner.swapper.warmup(runner.kv_cache)
     jax.block_until_ready(runner.kv_cache)

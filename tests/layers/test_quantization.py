@@ -108,6 +108,18 @@ def test_memory_plan_cli_for_llama3_8b_on_16gib(capsys):
     assert "blocks that fit: none" in capsys.readouterr().out
 
 
+def test_memory_plan_counts_the_tpu_layouts_lane_padding(capsys):
+    """On a TPU each KV head takes whole 128-lane vregs: SmolLM2's heads of 64 take twice their
+    bytes, so its pool holds half the blocks the portable layout would."""
+    from jaxvllm.models.shapes import SMOLLM2
+    plans = {p: plan(LlamaForCausalLM, SMOLLM2, device_memory=16 * GiB, block_size=32, platform=p)
+             for p in ("cuda", "tpu")}
+    assert plans["tpu"].kv_bytes_per_block == 2 * plans["cuda"].kv_bytes_per_block
+    assert plans["tpu"].num_blocks == plans["cuda"].num_blocks // 2
+    memory_plan_main(["--shape", "smollm2", "--device-memory", "16GiB", "--block-size", "32", "--platform", "tpu"])
+    assert f"{plans['tpu'].kv_bytes_per_block:,} bytes per block" in capsys.readouterr().out
+
+
 def test_memory_plan_counts_what_sliding_window_groups_hold():
     """Gemma 3 (5 sliding layers at window 1,024 to 1 global): at 32k tokens a request holds
     its whole length in the global group only, so the pool holds over 4x the requests."""
