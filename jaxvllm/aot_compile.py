@@ -147,13 +147,16 @@ def compile_for_target(model: str, target: str, *, programs: tuple[str, ...] | N
     attend = get_attention(config.model.attention_backend, platform, mesh, kv_format)
     bs, max_len = config.cache.block_size, config.scheduler.max_model_len
     pages_per_request = -(-max_len // bs)
+    threads = compile_threads or platform.compile_threads
 
     def runner_for(num_blocks: int):
         shape = platform.kv_cache_shape(num_layers, num_blocks, bs, a.num_kv_heads, a.head_dim)
         kv = jax.ShapeDtypeStruct(shape, kv_format.storage,
                                   sharding=kv_cache_sharding(mesh, platform.kv_cache_layout))
-        return runner_class(config)(config, abstract_model, kv, attend, mesh=mesh, platform=platform, abstract=True,
-                                    **draft)
+        runner = runner_class(config)(config, abstract_model, kv, attend, mesh=mesh, platform=platform,
+                                      abstract=True, **draft)
+        runner.compile_threads = threads
+        return runner
 
     weights = sum(_per_device_bytes(nnx.state(m)) for m in (abstract_model, *draft.values()))
     block_bytes = math.prod(platform.kv_cache_shape(num_layers, 1, bs, a.num_kv_heads, a.head_dim)) \
@@ -182,8 +185,7 @@ def compile_for_target(model: str, target: str, *, programs: tuple[str, ...] | N
     elif config.cache.kv_cache_memory_bytes is not None:
         num_blocks = config.cache.kv_cache_memory_bytes // block_bytes
     else:
-        with jax.set_mesh(mesh):
-            peak = peak_step_bytes(runner_for(pages_per_request + 1))
+        peak = peak_step_bytes(runner_for(pages_per_request + 1), mesh)
         budget = MemoryProfile(spec.chip.hbm_bytes, weights, peak).kv_cache_budget(utilization, tp)
         num_blocks = max(budget // block_bytes, 0)
     max_concurrency = max(num_blocks - 1, 0) // pages_per_request
@@ -217,7 +219,6 @@ def compile_for_target(model: str, target: str, *, programs: tuple[str, ...] | N
         name = _program_name(runner, program, args, static)
         if not programs or name.startswith(tuple(programs)):
             jobs.append(functools.partial(compile_row, name, program, args, static))
-    threads = compile_threads or platform.compile_threads
     compile_start = time.perf_counter()
     rows = run_on_pool(jobs, threads)
     compile_wall = time.perf_counter() - compile_start

@@ -8,10 +8,14 @@ allocated); the persistent compilation cache keeps them for the next start.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 from dataclasses import dataclass
 
 import jax
+
+from jaxvllm.worker.compiled_programs import run_on_pool
 
 logger = logging.getLogger(__name__)
 
@@ -42,11 +46,12 @@ _TOKEN_BUCKETED = {"forward": 2, "forward_lora": 2, "draft_forward": 2, "propose
 _REQUEST_BUCKETED = {"sample": 3, "sample_extended": 3, "verify": 3, "propose": 2}
 
 
-def peak_step_bytes(runner) -> int:
+def peak_step_bytes(runner, mesh=None) -> int:
     """The most memory one step needs beyond its arguments, per device: each of its programs
-    at the largest token or request bucket, compiled (not run) with the runner's abstract or
-    real arguments; the programs after the forward with its outputs (their arguments) still
-    held."""
+    at the largest token or request bucket, compiled (not run, on the runner's compile
+    threads) with the runner's abstract or real arguments; the programs after the forward with
+    its outputs (their arguments) still held. `mesh`: set while compiling (compile-only
+    devices: Mosaic asks the mesh for its TPU)."""
     def bucket(program, args) -> int:
         arg = args[{**_TOKEN_BUCKETED, **_REQUEST_BUCKETED}[program.name]]
         return int(arg) if not hasattr(arg, "shape") or arg.ndim == 0 else arg.shape[0]
@@ -54,7 +59,11 @@ def peak_step_bytes(runner) -> int:
                **dict.fromkeys(_REQUEST_BUCKETED, max(runner.request_buckets))}
     chosen = [(p, args, static) for p, args, static in runner.warmup_jobs()
               if p.name in largest and bucket(p, args) == largest[p.name]]
-    stats = [(p.name, p.jitted.lower(*args, **static).compile().memory_analysis()) for p, args, static in chosen]
+
+    def analysis(program, args, static):
+        with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+            return program.name, program.jitted.lower(*args, **static).compile().memory_analysis()
+    stats = run_on_pool([functools.partial(analysis, *job) for job in chosen], runner.compile_threads)
     if any(s is None for _, s in stats):  # a backend that does not say
         return 0
     forward = max(_outputs(s) for name, s in stats if name == "forward")
