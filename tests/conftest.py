@@ -180,12 +180,23 @@ def assert_every_spec_method_keeps(path, prompts, plain, params, aux_layer_ids, 
         {"method": "eagle3", "model": str(eagle3), "num_speculative_tokens": 3}], **kwargs)
 
 
+def backend_for(platform: str, attention_backend: str = "auto", *, dtype: str = "float32",
+                quantization: str | None = None, tensor_parallel_size: int = 1):
+    """The backend (jaxvllm/backends) of an engine on `platform` with these settings."""
+    from jaxvllm.backends import get_backend
+    from jaxvllm.config import EngineConfig, ModelConfig, ParallelConfig, QuantizationConfig
+    from jaxvllm.platforms import get_platform
+    config = EngineConfig(model=ModelConfig(dtype=dtype, attention_backend=attention_backend),
+                          parallel=ParallelConfig(tensor_parallel_size=tensor_parallel_size),
+                          quant_config=QuantizationConfig(quantization))
+    return get_backend(config, get_platform(platform))
+
+
 def run_prefill(model, token_ids: list[int], num_blocks: int = 16, layer_loop=None) -> np.ndarray:
     """Logits at every position of one sequence written to pages 1..n of a fresh cache
     (the layers run in the CPU's loop unless `layer_loop` is given)."""
     import jax.numpy as jnp
-    from jaxvllm.layers.attention import AttentionMetadata, get_attention
-    from jaxvllm.platforms import get_platform
+    from jaxvllm.layers.attention import AttentionMetadata
 
     a = model.args
     n = len(token_ids)
@@ -195,9 +206,8 @@ def run_prefill(model, token_ids: list[int], num_blocks: int = 16, layer_loop=No
                            kv_lens=np.array([n], np.int32), page_indices=pages[None],
                            cu_q_lens=np.array([0, n], np.int32), num_seqs=np.array([1], np.int32))
     kv = jnp.zeros((a.num_layers, 2, num_blocks, BLOCK, a.num_kv_heads, a.head_dim))
-    cpu = get_platform("cpu")
-    hidden, _ = model(jnp.asarray(token_ids), kv, md, get_attention("auto", cpu),
-                      layer_loop or cpu.layer_loop)
+    cpu = backend_for("cpu")
+    hidden, _ = model(jnp.asarray(token_ids), kv, md, cpu.attention(), layer_loop or cpu.layer_loop)
     return np.asarray(model.compute_logits(hidden))
 
 

@@ -4,7 +4,7 @@ expert outputs weighted by its router probabilities.
 
 Expert weights are stacked: gate/up `[experts, hidden, 2, intermediate]` (one matmul reads a
 row once for both halves) and down `[experts, intermediate, hidden]`. The grouped matmul is
-the platform's (`Platform.fused_moe_method`): `jax.lax.ragged_dot` by default (the GPU), Pallas
+the backend's (`Backend.moe_method`): `jax.lax.ragged_dot` by default (the GPU), Pallas
 megablox `gmm` on a TPU; on one CPU device the native kernel over experts packed as the packed
 linear method packs a weight (jaxvllm/kernels/cpu/packed_matmul.py), elsewhere on the CPU a
 loop over the row tiles each expert's rows occupy. The experts do not go through the linear

@@ -33,7 +33,7 @@ class CausalLM(nnx.Module):
     def __init__(self, args, *, dtype=jnp.float32, linear_method=None, moe_method=None,
                  quant_config: QuantizationConfig | None = None, first_layer: int = 0):
         """Weights are zeros (a plain norm's ones): the model is built under nnx.eval_shape and
-        its weights loaded next. linear_method / moe_method: the platform's (default XLA's),
+        its weights loaded next. linear_method / moe_method: the backend's (default XLA's),
         or quant_config, which picks a method per named layer. first_layer: a pipeline stage's
         first checkpoint layer (its own are numbered from 0)."""
         self.args, self.dtype, self.first_layer = args, jnp.dtype(dtype), first_layer

@@ -1,7 +1,7 @@
 """Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2-style QKV bias) in Flax NNX.
 
 Each decoder layer keeps its own weight arrays, and a layer is two pure functions around its
-attention (`attention_inputs`, `mlp_block`); the caller's `layer_loop` (the platform's choice,
+attention (`attention_inputs`, `mlp_block`); the caller's `layer_loop` (the backend's choice,
 models/layer_loops.py) runs them over the layers. The paged KV cache is carried through the
 loop and updated in place. `attention_weights` and `mlp_weights` declare the layer's weights
 (q/k/v and gate/up fused at load, as nano-vLLM's packed_modules_mapping); the families built

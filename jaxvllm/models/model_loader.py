@@ -91,7 +91,7 @@ def _part_sharding(weight: jax.ShapeDtypeStruct, shape: tuple[int, ...]) -> Name
 def get_model(config: EngineConfig, model_path: str, hf_config, mesh: Mesh, *,
               pad_heads: bool = True, linear_method=None, moe_method=None,
               weights: dict | None = None, layers: range | None = None) -> nnx.Module:
-    """linear_method / moe_method: the platform's for the engine's quantization
+    """linear_method / moe_method: the backend's for the engine's quantization
     (jaxvllm/layers/linear.py, layers/fused_moe.py; default XLA's). weights: the checkpoint's
     tensors if the caller has read them (load_weights), else read here. layers: a pipeline
     stage's decoder layers (models/stage_loader.py)."""

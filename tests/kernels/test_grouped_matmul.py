@@ -13,7 +13,8 @@ import pytest
 from test_pallas_lowering import lower
 from pallas_kernels.grouped_matmul_tpu import grouped_matmul
 from jaxvllm.kernels.cpu import build as native_build
-from jaxvllm.kernels.cpu.packed_matmul import PackedFusedMoEMethod, grouped_packed_matmul, pack_experts
+from jaxvllm.kernels.cpu.packed_matmul import grouped_packed_matmul, pack_experts
+from jaxvllm.layers.packed_linear import PackedFusedMoEMethod
 from jaxvllm.kernels.xla import grouped_matmul as xla
 from jaxvllm.layers.fused_moe import UnquantizedFusedMoEMethod, select_experts
 

@@ -15,7 +15,8 @@ from hypothesis import given, settings, strategies as st
 
 from jaxvllm import LLM
 from jaxvllm.kernels.cpu import build as native_build
-from jaxvllm.kernels.cpu.packed_matmul import PANEL, PackedLinearMethod, pack_weight, packed_matmul
+from jaxvllm.kernels.cpu.packed_matmul import PANEL, pack_weight, packed_matmul
+from jaxvllm.layers.packed_linear import PackedLinearMethod
 from jaxvllm.layers.linear import UnquantizedLinearMethod
 from jaxvllm.models.llama import LlamaForCausalLM
 

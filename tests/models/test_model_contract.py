@@ -12,7 +12,10 @@ from flax import nnx
 
 from family_checkpoints import write_checkpoint
 from jaxvllm.distributed.partition import param_name
-from jaxvllm.memory_plan import quant_config_for, weight_bytes
+from jaxvllm.backends import get_backend
+from jaxvllm.layers.quantization.config import QuantizationConfig
+from jaxvllm.memory_plan import engine_config, weight_bytes
+from jaxvllm.platforms import get_platform
 from jaxvllm.models.interfaces import ModelFamily
 from jaxvllm.models.loader import load_weights
 from jaxvllm.models.model_loader import build_model, model_args
@@ -47,7 +50,8 @@ def test_memory_plan_is_what_the_model_holds(checkpoint, quantization):
     hf_config, weights = checkpoint
     model_cls, args_cls = get_model_class(hf_config)
     args = model_args(model_cls, args_cls.from_hf_config(hf_config), 1)
-    quant = quant_config_for(quantization)
+    backend = get_backend(engine_config(quantization=quantization), get_platform("tpu"))
+    quant = QuantizationConfig(backend.linear_method, backend.moe_method)
     model = build_model(model_cls, args, dtype=jnp.float32, linear_method=quant.linear_method,
                         moe_method=quant.moe_method)
     model.load_hf_weights(weights)

@@ -13,7 +13,7 @@ from jaxvllm.models.weight_spec import EXPERTS, LINEAR, Weight
 
 class QuantizationConfig:
     def __init__(self, linear_method=None, moe_method=None, ignore: tuple[str, ...] = ()):
-        """linear_method / moe_method: the platform's for the engine's `quantization` (default
+        """linear_method / moe_method: the backend's for the engine's `quantization` (default
         XLA's float ones); ignore: paths ('lm_head', 'layers.0.qkv_proj') or 're:' patterns
         (as a compressed-tensors ignore list writes them) whose linears stay float."""
         self.linear_method = linear_method or UnquantizedLinearMethod()
