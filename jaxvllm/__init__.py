@@ -7,13 +7,12 @@ from jaxvllm.outputs import (ClassificationOutput, ClassificationRequestOutput, 
                              EmbeddingOutput, EmbeddingRequestOutput, Logprob, PoolingOutput,
                              PoolingRequestOutput, RequestOutput, ScoringOutput, ScoringRequestOutput)
 from jaxvllm.pooling_params import PoolingParams
-
-__version__ = "0.1.0"
+from jaxvllm.version import __version__
 __all__ = ["LLM", "AsyncLLM", "EngineArgs", "SamplingParams", "StructuredOutputsParams",
            "BeamSearchParams", "RequestOutputKind", "RequestOutput", "CompletionOutput", "Logprob",
            "TextPrompt", "TokensPrompt", "PoolingParams", "PoolingOutput", "PoolingRequestOutput",
            "EmbeddingOutput", "EmbeddingRequestOutput", "ClassificationOutput", "ClassificationRequestOutput",
-           "ScoringOutput", "ScoringRequestOutput", "LoRARequest"]
+           "ScoringOutput", "ScoringRequestOutput", "LoRARequest", "__version__"]
 
 
 def __getattr__(name):

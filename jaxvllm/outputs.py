@@ -64,7 +64,7 @@ class ModelRunnerOutput:
     # Speculative decoding (else None): per request, the proposer's drafts for its next step;
     # sampled_token_ids then holds each request's accepted drafts and one token after them.
     spec_token_ids: list[list[int]] | None = None
-    # A KV connector's report (distributed/kv_transfer/base.py), where one runs.
+    # A KV connector's report (kv_transfer/base.py), where one runs.
     kv_connector_output: KVConnectorOutput | None = None
 
 

@@ -93,7 +93,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     structured_outputs: StructuredOutputsParams | None = None
     # vLLM's extra arguments; the one read here is `kv_transfer_params` (a KV connector's
-    # per-request orders: distributed/kv_transfer/jax_transfer_connector.py).
+    # per-request orders: kv_transfer/jax_transfer_connector.py).
     extra_args: dict | None = None
     # Filled in by the Processor from `bad_words` (vLLM's name): each word's token ids.
     _bad_words_token_ids: list[list[int]] | None = field(default=None, repr=False)

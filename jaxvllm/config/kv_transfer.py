@@ -2,11 +2,27 @@
 into the KVTransferConfig section, and its checks, each naming the field and its limit."""
 from __future__ import annotations
 
-from jaxvllm.config.engine_config import KVTransferConfig
+from dataclasses import dataclass, field
+
 from jaxvllm.config.json_section import section_fields
+from jaxvllm.kv_transfer.factory import CONNECTOR_NAMES
 
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
 _OFFLOADING_EXTRA = ("num_cpu_blocks", "cpu_bytes_to_use", "num_staging_blocks", "block_size")
+
+
+@dataclass(frozen=True)
+class KVTransferConfig:
+    """A KV connector (vLLM's `kv_transfer_config`, jaxvllm/kv_transfer): `kv_connector`
+    names it, `kv_role` is kv_producer, kv_consumer or kv_both, `kv_connector_extra_config`
+    holds its own settings (OffloadingConnector: num_cpu_blocks or cpu_bytes_to_use,
+    num_staging_blocks; JaxTransferConnector: pull_timeout_s, send_timeout_s). kv_ip and
+    kv_port: where a prefill engine's side channel listens (vLLM's defaults)."""
+    kv_connector: str | None = None
+    kv_role: str = "kv_both"
+    kv_connector_extra_config: dict = field(default_factory=dict)
+    kv_ip: str = "127.0.0.1"
+    kv_port: int = 14579
 
 
 def parse_kv_transfer_config(value) -> KVTransferConfig | None:
@@ -17,7 +33,6 @@ def parse_kv_transfer_config(value) -> KVTransferConfig | None:
 
 
 def verify_kv_transfer(config) -> None:
-    from jaxvllm.distributed.kv_transfer.factory import CONNECTOR_NAMES
     kv = config.kv_transfer
     if kv is None:
         return

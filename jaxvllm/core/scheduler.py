@@ -37,8 +37,8 @@ from jaxvllm.core.sched_output import CachedRequestData, NewRequestData, Schedul
 from jaxvllm.core.stats import SchedulerStats
 from jaxvllm.core.structured_output import StructuredOutputManager
 from jaxvllm.core.swap_space import SwapSpace
-from jaxvllm.distributed.kv_transfer.base import KVConnectorRole
-from jaxvllm.distributed.kv_transfer.factory import KVConnectorFactory
+from jaxvllm.kv_transfer.base import KVConnectorRole
+from jaxvllm.kv_transfer.factory import KVConnectorFactory
 from jaxvllm.outputs import EngineCoreOutput, FinishReason, ModelRunnerOutput
 
 
@@ -54,7 +54,7 @@ class Scheduler:
         its drafts' KV there, vLLM's name); use_eagle: an EAGLE-3 head drafts. max_loras:
         most distinct LoRA adapters in one step (the worker's device slots); 0: none served.
         engine_config: the whole EngineConfig, where its kv_transfer section asks for a KV
-        connector (distributed/kv_transfer), whose scheduler side lives here."""
+        connector (kv_transfer), whose scheduler side lives here."""
         s = scheduler_config
         if s.preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {s.preemption_mode!r}.")

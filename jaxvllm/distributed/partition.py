@@ -22,7 +22,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxvllm.distributed.mesh import MODEL_AXIS as M
-from jaxvllm.layers.quantization.quantized_weight import QuantizedWeight
+from jaxvllm.transformers_utils.quantized_weight import QuantizedWeight
 
 
 def padded_heads(num_heads: int, num_kv_heads: int, tp: int) -> tuple[int, int]:

@@ -15,7 +15,7 @@ import jax
 
 from jaxvllm.config import EngineArgs
 from jaxvllm.core.stats import SchedulerStats
-from jaxvllm.distributed.multihost import initialize_distributed
+from jaxvllm.executor.multihost import initialize_distributed
 from jaxvllm.engine.core_client import InprocClient, SyncMPClient
 from jaxvllm.engine.dp_client import DPSyncMPClient
 from jaxvllm.engine.engine_core import EngineCore

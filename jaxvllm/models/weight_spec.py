@@ -15,9 +15,8 @@ import math
 from typing import Callable, Mapping
 
 from jaxvllm.distributed.mesh import MODEL_AXIS as M
+from jaxvllm.layers.quantization.config import EXPERTS, LINEAR, OTHER
 from jaxvllm.models.hf_weights import fit
-
-LINEAR, EXPERTS, OTHER = "linear", "experts", "other"
 
 
 @dataclasses.dataclass(frozen=True)

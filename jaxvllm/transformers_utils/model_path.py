@@ -8,7 +8,7 @@ import glob
 import importlib.util
 import os
 
-from jaxvllm.models.orbax_checkpoint import is_orbax_checkpoint
+from jaxvllm.transformers_utils.orbax_checkpoint import is_orbax_checkpoint
 from jaxvllm.transformers_utils.hub import download_model, looks_like_hub_id
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"

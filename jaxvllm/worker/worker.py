@@ -4,7 +4,6 @@ them and the memory offered), and the ModelRunner that executes steps. Built fro
 EngineConfig alone (vLLM's Worker(vllm_config)): the checkpoint is config.model.path."""
 from __future__ import annotations
 
-import dataclasses
 import logging
 from dataclasses import dataclass
 import math
@@ -23,13 +22,13 @@ from jaxvllm.config import EngineConfig
 from jaxvllm.core.kv_cache_interface import (KVCacheConfig, KVCacheSpec, block_bytes, blocks_per_request,
                                              describe_groups, group_layers)
 from jaxvllm.core.sched_output import SchedulerOutput
-from jaxvllm.distributed.kv_transfer.base import KVConnectorRole
-from jaxvllm.distributed.kv_transfer.factory import KVConnectorFactory
+from jaxvllm.kv_transfer.base import KVConnectorRole
+from jaxvllm.kv_transfer.factory import KVConnectorFactory
 from jaxvllm.distributed.mesh import make_mesh
 from jaxvllm.distributed.partition import kv_cache_sharding
 from jaxvllm.models.loader import load_weights
 from jaxvllm.models.model_loader import get_model
-from jaxvllm.models.orbax_checkpoint import is_orbax_checkpoint
+from jaxvllm.transformers_utils.orbax_checkpoint import is_orbax_checkpoint
 from jaxvllm.models.weight_update import WeightUpdater
 from jaxvllm.outputs import KVConnectorOutput, ModelRunnerOutput
 from jaxvllm.transformers_utils.config import load_hf_config
@@ -104,7 +103,8 @@ class Worker:
         config, model_path, hf_config, backend = self.config, self.model_path, self.config.model.hf_config, self.backend
         # Read here so that update_weights knows the checkpoint's names and shapes.
         weights = None if is_orbax_checkpoint(model_path) else load_weights(model_path)
-        self.model = get_model(config, model_path, hf_config, self.mesh, weights=weights,
+        self.model = get_model(model_path, hf_config, self.mesh, dtype=config.dtype, weights=weights,
+                               expert_parallel=config.parallel.enable_expert_parallel,
                                linear_method=backend.linear_method, moe_method=backend.moe_method)
         self.weight_updater = WeightUpdater(self.model, self.mesh, hf_config,
                                             weights and {name: w.shape for name, w in weights.items()},
@@ -119,9 +119,7 @@ class Worker:
                     "embed_tokens.weight", "model.embed_tokens.weight"} & draft_weights.keys():
                 # An EAGLE-3 head without its own embedding shares the target's (as vLLM does).
                 draft_weights["model.embed_tokens.weight"] = np.asarray(self.model.embed_tokens.get_value())
-            draft_config = dataclasses.replace(config, parallel=dataclasses.replace(
-                config.parallel, enable_expert_parallel=False))
-            self.draft_model = get_model(draft_config, spec.model, load_hf_config(spec.model), self.mesh,
+            self.draft_model = get_model(spec.model, load_hf_config(spec.model), self.mesh, dtype=config.dtype,
                                          weights=draft_weights, linear_method=backend.float_linear_method,
                                          moe_method=backend.float_moe_method)
 
@@ -230,7 +228,7 @@ class Worker:
             logger.info("Swap space: %d host blocks (%.1f MiB).", kv_cache_config.num_swap_blocks,
                         kv_cache_config.num_swap_blocks * kv_cache_config.block_bytes / 2**20)
         runner = self._make_runner(kv_caches, kv_cache_config.num_swap_blocks)
-        if self.config.kv_transfer is not None:  # its worker side (distributed/kv_transfer)
+        if self.config.kv_transfer is not None:  # its worker side (kv_transfer)
             self.kv_connector = KVConnectorFactory.create_connector(self.config, KVConnectorRole.WORKER,
                                                                     kv_cache_config)
             self.kv_connector.register_kv_caches(runner.kv_cache, runner._count_compilation)

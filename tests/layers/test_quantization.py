@@ -158,7 +158,7 @@ def test_engine_allocates_quantized_weights_and_cache(tiny_model_dir):
 @pytest.mark.parametrize("platform", ["cpu", "cuda", "tpu"])
 def test_every_platform_runs_quantized_weights_through_xla(platform):
     from jaxvllm.config import EngineConfig, ModelConfig, QuantizationConfig as QuantizationSection
-    model = ModelConfig(attention_backend="xla" if platform != "cpu" else "auto")
+    model = ModelConfig(dtype="float32", attention_backend="xla" if platform != "cpu" else "auto")
     backend = get_backend(EngineConfig(model=model, quant_config=QuantizationSection("fp8")), get_platform(platform))
     method = backend.linear_method
     assert isinstance(method, WeightOnlyLinearMethod) and method.qtype == jnp.float8_e4m3fn

@@ -185,7 +185,7 @@ class OpenAIServingResponses(OpenAIServingChat):
 
 
 def add_responses_routes(app, engine, model_name, server_args, metrics, renderer, models=None) -> None:
-    from jaxvllm.entrypoints.openai.api_server import cancel_on_disconnect
+    from jaxvllm.entrypoints.openai.disconnect import cancel_on_disconnect
     from jaxvllm.entrypoints.openai.request_body import parse_body
 
     responses = OpenAIServingResponses(engine, model_name, server_args, metrics, renderer, models=models)

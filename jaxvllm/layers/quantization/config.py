@@ -8,7 +8,10 @@ import re
 
 from jaxvllm.layers.fused_moe import UnquantizedFusedMoEMethod
 from jaxvllm.layers.linear import UnquantizedLinearMethod
-from jaxvllm.models.weight_spec import EXPERTS, LINEAR, Weight
+
+# What a declared weight is (models/weight_spec.Weight.kind): a linear's, stored and run by its
+# linear method; a stack of experts, by the MoE method; anything else, stored as loaded.
+LINEAR, EXPERTS, OTHER = "linear", "experts", "other"
 
 
 class QuantizationConfig:
@@ -24,9 +27,10 @@ class QuantizationConfig:
     def is_ignored(self, prefix: str) -> bool:
         return any(re.fullmatch(p[3:], prefix) if p.startswith("re:") else p == prefix for p in self.ignore)
 
-    def get_quant_method(self, layer: Weight, prefix: str):
-        """The method of the weight at `prefix`: the MoE method for experts, the linear method
-        (or float, where ignored) for a linear, None for the rest (stored as loaded)."""
+    def get_quant_method(self, layer, prefix: str):
+        """The method of the weight at `prefix` (layer: its models/weight_spec.Weight): the MoE
+        method for experts, the linear method (or float, where ignored) for a linear, None for
+        the rest (stored as loaded)."""
         if layer.kind == EXPERTS:
             return self.moe_method
         if layer.kind == LINEAR:

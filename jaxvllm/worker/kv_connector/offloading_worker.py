@@ -19,8 +19,8 @@ import jax
 import numpy as np
 
 from jaxvllm import platforms
-from jaxvllm.distributed.kv_transfer.base import KVConnectorBase_V1
-from jaxvllm.distributed.kv_transfer.offloading_connector import OffloadingConnectorMetadata, num_cpu_blocks
+from jaxvllm.kv_transfer.base import KVConnectorBase_V1
+from jaxvllm.kv_transfer.offloading_connector import OffloadingConnectorMetadata, num_cpu_blocks
 from jaxvllm.worker.kv_block_copy import KVBlockCopier, host_rows
 
 DEFAULT_STAGING_BLOCKS = 32
