@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from flax import struct
 from jax.sharding import Mesh, PartitionSpec as P
 
-from jaxvllm.distributed.mesh import MODEL_AXIS
+from jaxvllm.distributed.logical_axes import HEADS, KV_HEADS, SEQUENCE, axis_rules, logical_to_mesh
 from jaxvllm.distributed.partition import kv_cache_spec
 from jaxvllm.layers.kv_cache_dtype import KVCacheDtype
 
@@ -64,16 +64,17 @@ def get_attention(impl: Callable, kv_layout: str = "portable", mesh: Mesh | None
     if mesh is None or mesh.size == 1:
         return local
 
-    heads = P(None, MODEL_AXIS, None)
+    rules = axis_rules(mesh.axis_names)
+    q_heads, kv_heads = (logical_to_mesh((SEQUENCE, h, None), rules) for h in (HEADS, KV_HEADS))
+    cache = kv_cache_spec(kv_layout, mesh.axis_names)
 
     def attend(q, k, v, kv_cache, layer, md: AttentionMetadata, sm_scale: float,
                sliding_window=None, soft_cap: float | None = None):
         def per_shard(q, k, v, kv_cache, layer, md, sliding_window):
             return local(q, k, v, kv_cache, layer, md, sm_scale, sliding_window, soft_cap)
 
-        cache = kv_cache_spec(kv_layout)
-        f = jax.shard_map(per_shard, mesh=mesh, in_specs=(heads, heads, heads, cache, P(), P(), P()),
-                          out_specs=(heads, cache), check_vma=False)
+        f = jax.shard_map(per_shard, mesh=mesh, in_specs=(q_heads, kv_heads, kv_heads, cache, P(), P(), P()),
+                          out_specs=(q_heads, cache), check_vma=False)
         return f(q, k, v, kv_cache, layer, md, sliding_window)
     return attend
 
