@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 
@@ -149,6 +149,7 @@ class PoolingRequestOutput(Generic[_O]):
     finished: bool = True
     num_cached_tokens: int = 0
     prompt: str | None = None
+    _output_type: ClassVar[Any]  # a task's output class (EmbeddingOutput, ...), which makes its view
 
     @classmethod
     def from_base(cls, base: "PoolingRequestOutput"):

@@ -169,7 +169,9 @@ def attribute_docs(cls) -> dict[str, str]:
     if cls is EngineArgs:
         for section in SECTIONS:
             docs.update(attribute_docs(section))
-    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    node = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0]
+    assert isinstance(node, ast.ClassDef)
+    body = node.body
     docs.update({node.target.id: " ".join(doc.value.value.split())
                  for node, doc in zip(body, body[1:])
                  if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
