@@ -22,13 +22,12 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.family_configs import ARCHITECTURES, family_args  # noqa: E402
-from benchmarks.model_shapes import SHAPES  # noqa: E402
 from benchmarks.machine import engine_backend  # noqa: E402
+from benchmarks.model_shapes import SHAPES  # noqa: E402
 from benchmarks.model_step import step_inputs  # noqa: E402
 from jaxvllm.layers.attention import get_attention  # noqa: E402
 from jaxvllm.platforms import current_platform  # noqa: E402

@@ -89,6 +89,7 @@ def tiny_model(path: Path, vocab_size: int | None = None) -> Path:
     """A random Llama with the default model's tokenizer, so detokenization is real.
     vocab_size: its LM head's rows, the tokenizer's first ids (default: all of them)."""
     from conftest import write_tiny_llama
+
     from jaxvllm.transformers_utils.model_path import default_model_path
     from jaxvllm.transformers_utils.tokenizer import load_tokenizer
     tokenizer = load_tokenizer(default_model_path())

@@ -27,8 +27,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.trace_summary import format_rows, load_events, summarize  # noqa: E402
-from pallas_kernels import ragged_paged_attention_gpu, ragged_paged_attention_tpu  # noqa: E402
 from jaxvllm.kernels.xla.ragged_paged_attention import ragged_paged_attention as reference  # noqa: E402
+from pallas_kernels import ragged_paged_attention_gpu, ragged_paged_attention_tpu  # noqa: E402
 
 NQ, NKV, HD = 32, 8, 128
 

@@ -29,11 +29,13 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.machine import engine_backend  # noqa: E402
-from jaxvllm.distributed.mesh import MODEL_AXIS as M, make_mesh  # noqa: E402
+from jaxvllm.distributed.mesh import MODEL_AXIS as M  # noqa: E402
+from jaxvllm.distributed.mesh import make_mesh
 from jaxvllm.layers.fused_moe import UnquantizedFusedMoEMethod, dense_moe, fused_moe, select_experts  # noqa: E402
 from jaxvllm.platforms import current_platform  # noqa: E402
 

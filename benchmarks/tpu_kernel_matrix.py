@@ -20,14 +20,15 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the compile-only TPU devices ne
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+from jax.sharding import Mesh, NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from pallas_kernels import ragged_paged_attention_tpu as tpu  # noqa: E402
 from jaxvllm.backends import get_backend  # noqa: E402
 from jaxvllm.config import EngineConfig, ModelConfig  # noqa: E402
 from jaxvllm.platforms import get_platform  # noqa: E402
 from jaxvllm.platforms.tpu_targets import CHIPS  # noqa: E402
+from pallas_kernels import ragged_paged_attention_tpu as tpu  # noqa: E402
 
 KV_DTYPES = {"bf16": jnp.bfloat16, "fp8": jnp.float8_e4m3fn, "int8": jnp.int8}
 HEAD_DIMS = (64, 128, 256)

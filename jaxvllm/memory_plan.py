@@ -20,8 +20,8 @@ import re
 import jax.numpy as jnp
 
 from jaxvllm.backends import Backend, get_backend
-from jaxvllm.config import (KV_CACHE_DTYPES, CacheConfig, EngineConfig, ModelConfig, ParallelConfig,
-                            QuantizationConfig as QuantizationSection, SchedulerConfig)
+from jaxvllm.config import KV_CACHE_DTYPES, CacheConfig, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig
+from jaxvllm.config import QuantizationConfig as QuantizationSection
 from jaxvllm.core.kv_cache_interface import KVCacheSpec, blocks_per_request, describe_groups, group_layers
 from jaxvllm.layers.quantization import QUANTIZATION_METHODS
 from jaxvllm.layers.quantization.config import QuantizationConfig

@@ -110,6 +110,7 @@ def write_tiny_eagle3(path, *, hidden_size=64, num_heads=4, num_kv_heads=2, head
     own unless own_embedding) for a target of hidden_size and vocab_size; aux_layer_ids: its
     eagle_config's captured layers (None: vLLM's default). Returns its tensors."""
     import json
+
     from safetensors.numpy import save_file
     rng = np.random.default_rng(seed)
     H, inter, m = hidden_size, 96, "midlayer."
@@ -196,6 +197,7 @@ def run_prefill(model, token_ids: list[int], num_blocks: int = 16, layer_loop=No
     """Logits at every position of one sequence written to pages 1..n of a fresh cache
     (the layers run in the CPU's loop unless `layer_loop` is given)."""
     import jax.numpy as jnp
+
     from jaxvllm.layers.attention import AttentionMetadata
 
     a = model.args
@@ -230,6 +232,7 @@ def hf_default_model():
     the test extra installs): loaded once for the loader's tests and the default model's."""
     torch = pytest.importorskip("torch")
     import transformers
+
     from jaxvllm.transformers_utils.model_path import default_model_path
 
     directory, name = os.path.split(default_model_path())

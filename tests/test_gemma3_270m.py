@@ -45,6 +45,7 @@ def gguf_path() -> Path:
 def test_greedy_matches_transformers(gguf_path):
     torch = pytest.importorskip("torch")
     import transformers
+
     from jaxvllm import LLM, SamplingParams
 
     # max_model_len past the 512-token window: the sliding layers are five KV cache groups

@@ -13,8 +13,17 @@ from dataclasses import dataclass, fields
 
 import yaml
 
-from jaxvllm.config.engine_config import (CacheConfig, CompilationConfig, EngineConfig, LoadConfig, LoRAConfig,
-                                          ModelConfig, ParallelConfig, QuantizationConfig, SchedulerConfig)
+from jaxvllm.config.engine_config import (
+    CacheConfig,
+    CompilationConfig,
+    EngineConfig,
+    LoadConfig,
+    LoRAConfig,
+    ModelConfig,
+    ParallelConfig,
+    QuantizationConfig,
+    SchedulerConfig,
+)
 from jaxvllm.config.kv_transfer import parse_kv_transfer_config
 from jaxvllm.config.pooler import resolve_runner
 from jaxvllm.config.speculative import parse_speculative_config, resolve_draft_model

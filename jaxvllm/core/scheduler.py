@@ -30,10 +30,15 @@ from jaxvllm.core.kv_cache_manager import KVCacheManager
 from jaxvllm.core.preemption import pick_victim, preempt
 from jaxvllm.core.request import Request, RequestStatus
 from jaxvllm.core.request_queue import create_request_queue
-from jaxvllm.core.sched_utils import (check_stop, needs_host_tokens, new_request_data, num_new_tokens,
-                                      owes_prompt_logprobs)
-from jaxvllm.core.spec_decode import SpecDecodingStats, accept_tokens
 from jaxvllm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
+from jaxvllm.core.sched_utils import (
+    check_stop,
+    needs_host_tokens,
+    new_request_data,
+    num_new_tokens,
+    owes_prompt_logprobs,
+)
+from jaxvllm.core.spec_decode import SpecDecodingStats, accept_tokens
 from jaxvllm.core.stats import SchedulerStats
 from jaxvllm.core.structured_output import StructuredOutputManager
 from jaxvllm.core.swap_space import SwapSpace

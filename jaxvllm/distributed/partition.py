@@ -19,7 +19,8 @@ import math
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jaxvllm.distributed.logical_axes import EXPERTS, KV_HEADS, axis_rules, logical_to_mesh
 from jaxvllm.transformers_utils.quantized_weight import QuantizedWeight

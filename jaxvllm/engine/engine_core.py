@@ -19,13 +19,13 @@ from jaxvllm.core.sched_output import SchedulerOutput
 from jaxvllm.core.scheduler import Scheduler
 from jaxvllm.core.stats import SchedulerStats
 from jaxvllm.core.structured_output import StructuredOutputManager
-from jaxvllm.kv_transfer.jax_transfer_connector import check_kv_transfer_params
-from jaxvllm.executor.multihost import SchedulerOutputBroadcaster
 from jaxvllm.engine.batch_queue import BatchQueue
 from jaxvllm.engine.exceptions import EngineSleepingError
 from jaxvllm.engine.messages import EngineCoreRequest
 from jaxvllm.executor import get_executor_class
 from jaxvllm.executor.abstract import Executor
+from jaxvllm.executor.multihost import SchedulerOutputBroadcaster
+from jaxvllm.kv_transfer.jax_transfer_connector import check_kv_transfer_params
 from jaxvllm.outputs import EngineCoreOutput
 from jaxvllm.sampling_params import is_int
 from jaxvllm.transformers_utils.tokenizer import load_tokenizer

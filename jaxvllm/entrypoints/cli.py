@@ -12,8 +12,14 @@ import sys
 from jaxvllm import vllm_compat
 from jaxvllm.entrypoints import compile as compile_cli
 from jaxvllm.entrypoints import disagg_proxy
-from jaxvllm.entrypoints.cli_args import (ArgumentParser, add_engine_flags, add_serve_args, configure_logging,
-                                          engine_args, exit_now)
+from jaxvllm.entrypoints.cli_args import (
+    ArgumentParser,
+    add_engine_flags,
+    add_serve_args,
+    configure_logging,
+    engine_args,
+    exit_now,
+)
 from jaxvllm.sampling_params import SamplingParams
 from jaxvllm.version import __version__
 

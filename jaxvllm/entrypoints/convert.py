@@ -12,9 +12,9 @@ from flax import nnx
 from jaxvllm.config import EngineArgs
 from jaxvllm.distributed.mesh import make_mesh
 from jaxvllm.models.model_loader import get_model
-from jaxvllm.transformers_utils.orbax_checkpoint import save_checkpoint
 from jaxvllm.transformers_utils.config import load_hf_config
 from jaxvllm.transformers_utils.model_path import resolve_model
+from jaxvllm.transformers_utils.orbax_checkpoint import save_checkpoint
 from jaxvllm.transformers_utils.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)

@@ -18,7 +18,8 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 from flax import struct
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 from jaxvllm.distributed.logical_axes import HEADS, KV_HEADS, SEQUENCE, axis_rules, logical_to_mesh
 from jaxvllm.distributed.partition import kv_cache_spec

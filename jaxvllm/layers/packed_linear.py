@@ -8,8 +8,14 @@ import math
 import jax
 import jax.numpy as jnp
 
-from jaxvllm.kernels.cpu.packed_matmul import (PANEL, grouped_packed_matmul, pack_experts, pack_weight,
-                                               packed_matmul, supports)
+from jaxvllm.kernels.cpu.packed_matmul import (
+    PANEL,
+    grouped_packed_matmul,
+    pack_experts,
+    pack_weight,
+    packed_matmul,
+    supports,
+)
 from jaxvllm.layers.fused_moe import UnquantizedFusedMoEMethod
 
 

@@ -14,9 +14,9 @@ from jaxvllm.distributed.partition import padded_heads, param_name, param_shardi
 from jaxvllm.layers.linear import UnquantizedLinearMethod
 from jaxvllm.layers.quantization.config import QuantizationConfig
 from jaxvllm.models.loader import load_weights
-from jaxvllm.transformers_utils.orbax_checkpoint import is_orbax_checkpoint, restore_params
 from jaxvllm.models.registry import get_model_class
 from jaxvllm.models.weight_spec import EXPERTS, LINEAR
+from jaxvllm.transformers_utils.orbax_checkpoint import is_orbax_checkpoint, restore_params
 
 logger = logging.getLogger(__name__)
 

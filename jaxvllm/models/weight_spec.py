@@ -16,8 +16,11 @@ import math
 from typing import Callable, Mapping
 
 from jaxvllm.distributed.logical_axes import TENSOR_PARALLEL, logical_to_mesh
+
 # The weight kinds, re-exported: a family declares its weights' kinds from here.
-from jaxvllm.layers.quantization.config import EXPERTS as EXPERTS, LINEAR as LINEAR, OTHER as OTHER
+from jaxvllm.layers.quantization.config import EXPERTS as EXPERTS
+from jaxvllm.layers.quantization.config import LINEAR as LINEAR
+from jaxvllm.layers.quantization.config import OTHER as OTHER
 from jaxvllm.models.hf_weights import fit
 
 

@@ -26,7 +26,8 @@ import collections
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jaxvllm.config.engine_config import LoRAConfig
 from jaxvllm.distributed.partition import fit_spec

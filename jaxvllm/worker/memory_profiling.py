@@ -11,8 +11,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-import jax
-
 logger = logging.getLogger(__name__)
 
 

@@ -23,7 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AbstractMesh, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jaxvllm.backends import Backend
 from jaxvllm.config import EngineConfig
@@ -42,9 +43,9 @@ from jaxvllm.worker.logprobs import step_prompt_logprobs
 from jaxvllm.worker.lora_manager import LoRAManager
 from jaxvllm.worker.model_runner_utils import make_buckets, pick_bucket
 from jaxvllm.worker.sampler import compute_logprobs, sample, sample_extended
+from jaxvllm.worker.sampling_inputs import penalty_metadata, sampler_variant, sampling_metadata
 from jaxvllm.worker.step_inputs import build_step_inputs
 from jaxvllm.worker.step_params import StepParams
-from jaxvllm.worker.sampling_inputs import penalty_metadata, sampler_variant, sampling_metadata
 from jaxvllm.worker.warmup import warmup, warmup_jobs
 
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 import jax
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jaxvllm.backends import Backend
 from jaxvllm.config import EngineConfig

@@ -32,8 +32,7 @@ from jax import lax
 
 from jaxvllm.kernels.xla.argmax import first_argmax
 from jaxvllm.sampling_params import MAX_LOGPROBS
-from jaxvllm.worker.penalties import (PenaltyMetadata, PenaltyState, apply_bias, apply_penalties,
-                                      record)
+from jaxvllm.worker.penalties import PenaltyMetadata, PenaltyState, apply_bias, apply_penalties, record
 
 _SAMPLING_EPS = 1e-5  # vLLM: temperatures below this mean greedy
 _FAST_K = 256  # logits examined before falling back to a full sort

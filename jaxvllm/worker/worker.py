@@ -5,10 +5,10 @@ EngineConfig alone (vLLM's Worker(vllm_config)): the checkpoint is config.model.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 import math
 import os
 import threading
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -19,20 +19,26 @@ from jax.sharding import Mesh
 from jaxvllm import platforms
 from jaxvllm.backends import get_backend
 from jaxvllm.config import EngineConfig
-from jaxvllm.core.kv_cache_interface import (KVCacheConfig, KVCacheSpec, block_bytes, blocks_per_request,
-                                             describe_groups, group_layers)
+from jaxvllm.core.kv_cache_interface import (
+    KVCacheConfig,
+    KVCacheSpec,
+    block_bytes,
+    blocks_per_request,
+    describe_groups,
+    group_layers,
+)
 from jaxvllm.core.sched_output import SchedulerOutput
-from jaxvllm.kv_transfer.base import KVConnectorRole
-from jaxvllm.kv_transfer.factory import KVConnectorFactory
 from jaxvllm.distributed.mesh import make_mesh
 from jaxvllm.distributed.partition import kv_cache_sharding
+from jaxvllm.kv_transfer.base import KVConnectorRole
+from jaxvllm.kv_transfer.factory import KVConnectorFactory
 from jaxvllm.models.loader import load_weights
 from jaxvllm.models.model_loader import get_model
-from jaxvllm.transformers_utils.orbax_checkpoint import is_orbax_checkpoint
 from jaxvllm.models.weight_update import WeightUpdater
 from jaxvllm.outputs import KVConnectorOutput, ModelRunnerOutput
-from jaxvllm.transformers_utils.config import load_hf_config
 from jaxvllm.platforms.huge_pages import advise_huge_pages, huge_page_ranges, run_at_idle_priority
+from jaxvllm.transformers_utils.config import load_hf_config
+from jaxvllm.transformers_utils.orbax_checkpoint import is_orbax_checkpoint
 from jaxvllm.worker import sleep_mode
 from jaxvllm.worker.async_output import AsyncModelRunnerOutput
 from jaxvllm.worker.memory_profiling import MemoryProfile, peak_step_bytes

@@ -6,8 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from conftest import backend_for
+
 from jaxvllm.kernels.cpu import build
 from jaxvllm.layers.linear import UnquantizedLinearMethod
 from jaxvllm.layers.packed_linear import PackedFusedMoEMethod, PackedLinearMethod

@@ -18,8 +18,8 @@ from benchmarks import model_step  # noqa: E402
 from benchmarks.family_configs import ARCHITECTURES, family_args  # noqa: E402
 from benchmarks.lower_step import KERNEL_TARGETS, lower_step, program_rows  # noqa: E402
 from benchmarks.model_shapes import SHAPES, SMOLLM2, TINY  # noqa: E402
-from jaxvllm.models.layer_loops import switched_layers  # noqa: E402
 from jaxvllm.backends.backend import Backend  # noqa: E402
+from jaxvllm.models.layer_loops import switched_layers  # noqa: E402
 
 # Lane-sized heads (Mosaic tiles head_dim by 128); three layers, so Gemma's differ in window.
 FAMILY_SHAPE = dataclasses.replace(TINY, num_layers=3, hidden_size=256, num_heads=2, num_kv_heads=1,

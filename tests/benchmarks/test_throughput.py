@@ -38,9 +38,10 @@ def test_peak_matmul_is_the_fastest_measured():
     peak = machine.peak_matmul("float32", 256)
     assert peak["flops"] == peak["measured"][peak["source"]] == max(peak["measured"].values())
     assert "xla float32" in peak["measured"]
-    from conftest import backend_for
-    from jaxvllm.layers.packed_linear import PackedLinearMethod
     import jax
+    from conftest import backend_for
+
+    from jaxvllm.layers.packed_linear import PackedLinearMethod
     if isinstance(backend_for(jax.default_backend()).linear_method, PackedLinearMethod):
         assert "native packed float32" in peak["measured"]  # the engine's own matmul counts
 

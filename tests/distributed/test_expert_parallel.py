@@ -10,9 +10,9 @@ import subprocess
 import sys
 
 import pytest
+from conftest import write_tiny_moe
 from jax.sharding import AbstractMesh
 
-from conftest import write_tiny_moe
 from jaxvllm import LLM
 from jaxvllm.distributed.partition import param_sharding
 from jaxvllm.layers.fused_moe import DOWN_AXES

@@ -19,11 +19,11 @@ from jaxvllm import LLM, SamplingParams
 from jaxvllm.config import EngineArgs
 from jaxvllm.config.engine_config import EngineConfig, KVTransferConfig
 from jaxvllm.core.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, KVCacheSpec
+from jaxvllm.entrypoints.cli_args import add_engine_flags, engine_args
 from jaxvllm.kv_transfer.base import KVConnectorRole
 from jaxvllm.kv_transfer.offloading_connector import OffloadingConnectorMetadata
-from jaxvllm.worker.kv_connector.offloading_worker import OffloadingConnectorWorker
-from jaxvllm.entrypoints.cli_args import add_engine_flags, engine_args
 from jaxvllm.transformers_utils.config import load_hf_config
+from jaxvllm.worker.kv_connector.offloading_worker import OffloadingConnectorWorker
 
 rng = np.random.default_rng(0)
 PREFIXES = [[int(t) for t in rng.integers(3, 256, 96)] for _ in range(8)]  # 6 blocks each

@@ -12,8 +12,8 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import write_tiny_llama
+
 from jaxvllm.distributed.pipeline import stage_layer_ranges
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -109,6 +109,7 @@ def test_every_family_runs_in_stages(tmp_path):
     from conftest import write_tiny_moe
     sys.path.insert(0, os.path.join(ROOT, "tests", "models"))
     from family_checkpoints import write_family_checkpoint
+
     from jaxvllm.models.causal_lm import CausalLM
     from jaxvllm.models.registry import get_model_class, supported_architectures
     from jaxvllm.transformers_utils.model_path import default_model_path

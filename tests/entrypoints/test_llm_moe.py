@@ -10,8 +10,8 @@ import functools
 import numpy as np
 import pytest
 import torch
-
 from conftest import assert_every_spec_method_keeps, write_tiny_moe
+
 from jaxvllm import LLM, SamplingParams
 from jaxvllm.kernels.cpu import build as native_build
 from jaxvllm.kernels.cpu.packed_matmul import PANEL

@@ -209,6 +209,7 @@ def test_gemma_block_builds_and_runs_the_model(workdir):
 def test_chat_fills_the_rendered_prompt(tmp_path):
     """vLLM's LLM.chat returns the conversation as the chat template rendered it."""
     from conftest import write_tiny_llama
+
     from jaxvllm import LLM, SamplingParams
     from jaxvllm.transformers_utils.model_path import default_model_path
     from jaxvllm.transformers_utils.tokenizer import load_tokenizer

@@ -7,8 +7,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from conftest import backend_for
+
 from jaxvllm.kernels.xla.argmax import blocked_argmax, first_argmax
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import backend_for
+
 from jaxvllm import LLM, SamplingParams
 from jaxvllm.backends.cpu import native_kernels_available
 from jaxvllm.kernels.cpu import build as native_build

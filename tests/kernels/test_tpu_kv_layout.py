@@ -10,13 +10,12 @@ import functools
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
+from conftest import backend_for
 from naive_attention import MIXED, POISON, assert_matches_naive, build
 
-from pallas_kernels import ragged_paged_attention_tpu as tpu
 from jaxvllm.kernels.xla import ragged_paged_attention as xla
-from conftest import backend_for
 from jaxvllm.layers.attention import write_kv
+from pallas_kernels import ragged_paged_attention_tpu as tpu
 
 
 def tpu_layout(cache):

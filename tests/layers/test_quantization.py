@@ -8,15 +8,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import qwix
+from conftest import run_prefill, write_tiny_llama
 from flax import nnx
 
-from conftest import run_prefill, write_tiny_llama
 from jaxvllm import LLM, SamplingParams
 from jaxvllm.backends import get_backend
+from jaxvllm.layers.linear import UnquantizedLinearMethod
 from jaxvllm.layers.quantization.config import QuantizationConfig
 from jaxvllm.layers.quantization.weight_only import WeightOnlyLinearMethod
-from jaxvllm.layers.linear import UnquantizedLinearMethod
-from jaxvllm.memory_plan import GiB, engine_config, main as memory_plan_main, plan, weight_bytes
+from jaxvllm.memory_plan import GiB, engine_config, plan, weight_bytes
+from jaxvllm.memory_plan import main as memory_plan_main
 from jaxvllm.models.llama import LlamaArgs, LlamaForCausalLM
 from jaxvllm.models.loader import load_weights
 from jaxvllm.models.shapes import LLAMA3_8B, SMOLLM2
@@ -157,7 +158,8 @@ def test_engine_allocates_quantized_weights_and_cache(tiny_model_dir):
 
 @pytest.mark.parametrize("platform", ["cpu", "cuda", "tpu"])
 def test_every_platform_runs_quantized_weights_through_xla(platform):
-    from jaxvllm.config import EngineConfig, ModelConfig, QuantizationConfig as QuantizationSection
+    from jaxvllm.config import EngineConfig, ModelConfig
+    from jaxvllm.config import QuantizationConfig as QuantizationSection
     model = ModelConfig(dtype="float32", attention_backend="xla" if platform != "cpu" else "auto")
     backend = get_backend(EngineConfig(model=model, quant_config=QuantizationSection("fp8")), get_platform(platform))
     method = backend.linear_method

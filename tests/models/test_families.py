@@ -9,10 +9,10 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from flax import nnx
-
 from conftest import assert_every_spec_method_keeps, run_prefill
 from family_checkpoints import FAMILIES, write_family_checkpoint
+from flax import nnx
+
 from jaxvllm.models.layer_loops import unrolled_layers
 from jaxvllm.models.loader import load_weights
 from jaxvllm.models.registry import get_model_class
@@ -210,6 +210,7 @@ def test_missing_or_misshapen_tensor_is_named(family):
 def test_unsupported_architecture_is_named_with_the_supported_ones(tiny_model_dir, tmp_path):
     import json
     import shutil
+
     from jaxvllm import LLM
     shutil.copytree(tiny_model_dir, tmp_path, dirs_exist_ok=True)
     config = json.loads((tmp_path / "config.json").read_text())

@@ -8,19 +8,19 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import pytest
+from family_checkpoints import write_checkpoint
 from flax import nnx
 
-from family_checkpoints import write_checkpoint
-from jaxvllm.distributed.partition import param_name
 from jaxvllm.backends import get_backend
+from jaxvllm.distributed.partition import param_name
 from jaxvllm.layers.quantization.config import QuantizationConfig
 from jaxvllm.memory_plan import engine_config, weight_bytes
-from jaxvllm.platforms import get_platform
 from jaxvllm.models.interfaces import ModelFamily
 from jaxvllm.models.loader import load_weights
 from jaxvllm.models.model_loader import build_model, model_args
 from jaxvllm.models.registry import get_model_class, supported_architectures
 from jaxvllm.models.weight_spec import canonical
+from jaxvllm.platforms import get_platform
 from jaxvllm.transformers_utils.config import load_hf_config
 
 

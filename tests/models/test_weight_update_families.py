@@ -7,16 +7,15 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
+from family_checkpoints import write_checkpoint
 from flax import nnx
 
-from family_checkpoints import write_checkpoint
 from jaxvllm.distributed.mesh import make_mesh
 from jaxvllm.distributed.partition import param_name
 from jaxvllm.models.loader import load_weights
 from jaxvllm.models.registry import get_model_class, supported_architectures
 from jaxvllm.models.weight_update import WeightUpdater
 from jaxvllm.transformers_utils.config import load_hf_config
-
 
 
 def load(hf_config, weights) -> nnx.Module:

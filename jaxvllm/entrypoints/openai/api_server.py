@@ -27,16 +27,24 @@ from jaxvllm.engine.exceptions import EngineDeadError
 from jaxvllm.entrypoints import cli_args
 from jaxvllm.entrypoints.openai.chat_template_sandbox import ChatTemplateSandbox
 from jaxvllm.entrypoints.openai.chat_utils import ChatRenderer, load_chat_template
+from jaxvllm.entrypoints.openai.connection_limits import install_accept_error_handler, protocol_class, raise_fd_limit
 from jaxvllm.entrypoints.openai.disconnect import cancel_on_disconnect
-from jaxvllm.entrypoints.openai.connection_limits import (install_accept_error_handler,
-                                                          protocol_class, raise_fd_limit)
 from jaxvllm.entrypoints.openai.errors import APIError, error_response
 from jaxvllm.entrypoints.openai.graceful_shutdown import GracefulServer
 from jaxvllm.entrypoints.openai.middleware import ServerMiddleware
-from jaxvllm.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest,
-                                                 DetokenizeRequest, TokenizeRequest)
-from jaxvllm.entrypoints.openai.protocol_pooling import (ClassificationRequest, EmbeddingRequest,
-                                                         PoolingRequest, RerankRequest, ScoreRequest)
+from jaxvllm.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from jaxvllm.entrypoints.openai.protocol_pooling import (
+    ClassificationRequest,
+    EmbeddingRequest,
+    PoolingRequest,
+    RerankRequest,
+    ScoreRequest,
+)
 from jaxvllm.entrypoints.openai.protocol_replies import ModelCard, ModelList
 from jaxvllm.entrypoints.openai.request_body import parse_body
 from jaxvllm.entrypoints.openai.server_args import ServerArgs
@@ -47,8 +55,8 @@ from jaxvllm.entrypoints.openai.serving_models import OpenAIServingModels, add_l
 from jaxvllm.entrypoints.openai.serving_pooling import OpenAIServingPooling
 from jaxvllm.entrypoints.openai.serving_responses import add_responses_routes
 from jaxvllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
-from jaxvllm.lora.peft_helper import read_adapter
 from jaxvllm.entrypoints.openai.sleep_routes import add_sleep_routes
+from jaxvllm.lora.peft_helper import read_adapter
 from jaxvllm.metrics.prometheus import PrometheusStatLogger
 from jaxvllm.version import __version__
 

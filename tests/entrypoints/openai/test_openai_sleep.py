@@ -9,9 +9,8 @@ import shutil
 import httpx
 import numpy as np
 import pytest
-from safetensors.numpy import load_file, save_file
-
 from openai_server import API_KEY, TINY_ENGINE_FLAGS, client, module_server, tiny_model, tiny_server  # noqa: F401
+from safetensors.numpy import load_file, save_file
 
 PROMPT = {"model": "tiny", "prompt": "Hello there", "max_tokens": 6, "temperature": 0}
 
