@@ -16,8 +16,9 @@ streaming server request does.
 
 Step period: `--period-batch` decoding requests; the period is the wall time per engine step
 with nothing timed inside it, the device time the forward and sampler calls waited for one by
-one, over as many steps, in alternating windows (the context grows by one token per step). With async scheduling the host's work hides behind the
-device's, so the period approaches the device time.
+one, over as many steps, in alternating windows (the context grows by one token per step).
+With async scheduling the host's work hides behind the device's, so the period approaches
+the device time.
 
     python benchmarks/host_overhead.py [--batches 64 256 1024] [--steps 50] [--cpu-time]
         [--period-batch 64] [--period-steps 30] [--period-model PATH|tiny]

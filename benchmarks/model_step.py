@@ -211,7 +211,8 @@ def run_case(step, params, args, kind, seqs, context, page_size, dtype, steps, t
 
 def print_table(result: dict) -> None:
     print(f"\nmodel step table: {result['shape']}, {result['dtype']}, {result['device']}, "
-          f"copy {result['copy_gbps']:.1f} GB/s, matmul {result['matmul_tflops']:.2f} TFLOP/s ({result['matmul_source']})")
+          f"copy {result['copy_gbps']:.1f} GB/s, matmul {result['matmul_tflops']:.2f} TFLOP/s "
+          f"({result['matmul_source']})")
     print(f"  {'case':<22}{'wall us':>10}{'busy %':>8}{'roofline %':>11}{'MFU %':>7}{'tok/s':>10}")
     for r in result["cases"]:
         roof = f"{r['pct_roofline']:.1f}" if r["kind"] == "decode" else "-"

@@ -40,7 +40,8 @@ TOKENS, SEQS, PAGES, PAGE_SIZE, PAGES_PER_SEQ = 128, 32, 512, 32, 32
 def compile_cell(mesh, kv_dtype, head_dim, nq, nkv, variant) -> tuple[bool, float, str | None]:
     shd = NamedSharding(mesh, P())
     s = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=shd)
-    cache = get_backend(EngineConfig(model=ModelConfig(dtype="bfloat16")), get_platform("tpu")).kv_cache_shape(1, PAGES, PAGE_SIZE, nkv, head_dim)
+    backend = get_backend(EngineConfig(model=ModelConfig(dtype="bfloat16")), get_platform("tpu"))
+    cache = backend.kv_cache_shape(1, PAGES, PAGE_SIZE, nkv, head_dim)
     args = (s((TOKENS, nq, head_dim), jnp.bfloat16), s(cache, kv_dtype), s((), jnp.int32), s((SEQS,), jnp.int32),
             s((SEQS, PAGES_PER_SEQ), jnp.int32), s((SEQS + 1,), jnp.int32), s((1,), jnp.int32))
     fn = functools.partial(tpu.ragged_paged_attention, sm_scale=head_dim ** -0.5, kv_layout="tpu", **VARIANTS[variant])

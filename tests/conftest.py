@@ -71,7 +71,8 @@ def write_tiny_llama(path, *, seed=0, vocab_size=256, hidden_size=64, intermedia
     import transformers
     from safetensors.numpy import save_file
 
-    cfg = getattr(transformers, f"{arch}Config")(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+    cfg = getattr(transformers, f"{arch}Config")(
+                      vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
                       num_hidden_layers=num_layers, num_attention_heads=num_heads,
                       num_key_value_heads=num_kv_heads, max_position_embeddings=max_position_embeddings,
                       tie_word_embeddings=tie, eos_token_id=2, bos_token_id=1, **extra)

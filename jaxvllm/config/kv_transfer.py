@@ -64,9 +64,9 @@ def _verify_jax_transfer(kv: KVTransferConfig) -> None:
     if unknown := sorted(set(extra) - {"pull_timeout_s", "send_timeout_s"}):
         raise ValueError(f"{name} has unknown fields {unknown} for JaxTransferConnector; known: "
                          "['pull_timeout_s', 'send_timeout_s'].")
-    for field in ("pull_timeout_s", "send_timeout_s"):
-        if field in extra and not (type(extra[field]) in (int, float) and extra[field] > 0):
-            raise ValueError(f"{name}.{field} must be a positive number of seconds, got {extra[field]!r}.")
+    for key in ("pull_timeout_s", "send_timeout_s"):
+        if key in extra and not (type(extra[key]) in (int, float) and extra[key] > 0):
+            raise ValueError(f"{name}.{key} must be a positive number of seconds, got {extra[key]!r}.")
     if not isinstance(kv.kv_ip, str) or not kv.kv_ip:
         raise ValueError(f"kv_transfer_config.kv_ip must be a host address, got {kv.kv_ip!r}.")
     if type(kv.kv_port) is not int or not 1 <= kv.kv_port <= 65535:
@@ -84,9 +84,9 @@ def _verify_offloading(config, kv: KVTransferConfig) -> None:
     if ("num_cpu_blocks" in extra) == ("cpu_bytes_to_use" in extra):
         raise ValueError(f"{name} needs exactly one of num_cpu_blocks and cpu_bytes_to_use (the host "
                          f"tier's size), got {sorted(extra)}.")
-    for field in ("num_cpu_blocks", "cpu_bytes_to_use", "num_staging_blocks"):
-        if field in extra and (type(extra[field]) is not int or extra[field] < 1):
-            raise ValueError(f"{name}.{field} must be a positive integer, got {extra[field]!r}.")
+    for key in ("num_cpu_blocks", "cpu_bytes_to_use", "num_staging_blocks"):
+        if key in extra and (type(extra[key]) is not int or extra[key] < 1):
+            raise ValueError(f"{name}.{key} must be a positive integer, got {extra[key]!r}.")
     if extra.get("block_size", config.cache.block_size) != config.cache.block_size:
         raise ValueError(f"{name}.block_size must equal the KV cache's block_size ({config.cache.block_size}): "
                          f"the host tier keeps whole pages, got {extra['block_size']!r}.")

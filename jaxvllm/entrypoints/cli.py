@@ -73,7 +73,7 @@ def build_parser() -> ArgumentParser:
     conv.add_argument("--tensor-parallel-size", type=int, default=1)
     compile_cli.add_parser(sub, add_engine_flags)
     disagg_proxy.add_parser(sub)
-    for name, sub_parser in sub.choices.items():  # which parser's flags to suggest from
+    for sub_parser in sub.choices.values():  # which parser's flags to suggest from
         sub_parser.set_defaults(_subparser=sub_parser)
     return parser
 

@@ -168,7 +168,8 @@ def mlp_weights(a: LlamaArgs, prefix: str = "model.layers.{i}.mlp.") -> list[Wei
         linear("layers.{i}.gate_up_proj", a.hidden_size, (2, a.intermediate_size), (EMBED, None, MLP),
                [prefix + "gate_proj.weight", prefix + "up_proj.weight"], stack_gate_up,
                name=prefix + "gate_up_proj.weight"),
-        linear("layers.{i}.down_proj", a.intermediate_size, (a.hidden_size,), (MLP, EMBED), [prefix + "down_proj.weight"]),
+        linear("layers.{i}.down_proj", a.intermediate_size, (a.hidden_size,), (MLP, EMBED),
+               [prefix + "down_proj.weight"]),
     ]
 
 

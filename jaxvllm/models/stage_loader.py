@@ -29,7 +29,7 @@ def get_stage_models(model_path: str, hf_config, meshes: list[Mesh], layer_range
                           linear_method=linear_method, moe_method=moe_method,
                           weights=weights, layers=layers)
         held = stage_weights(model, first=s == 0, last=s == len(meshes) - 1)
-        for path, w in model.weights().items():
+        for path in model.weights():
             if not path.startswith("layers.") and path not in held:
                 setattr(model, path, None)
         stages.append(model)

@@ -142,7 +142,8 @@ class LoRAManager:
                                  out_shardings=(shardings, NamedSharding(mesh, P())))
         if abstract:
             given = {leaf: (jax.ShapeDtypeStruct(A, self.dtype, sharding=shardings[leaf][0]),
-                            tuple(jax.ShapeDtypeStruct(B, self.dtype, sharding=sb) for B, sb in zip(Bs, shardings[leaf][1])))
+                            tuple(jax.ShapeDtypeStruct(B, self.dtype, sharding=sb)
+                                  for B, sb in zip(Bs, shardings[leaf][1])))
                      for leaf, (A, Bs) in shapes.items()}
             stored = jax.eval_shape(lambda g: {leaf: self._stored(leaf, *g[leaf]) for leaf in g}, given)
             rep = NamedSharding(mesh, P())  # the slot writer's out_shardings for the stored form

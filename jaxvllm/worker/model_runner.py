@@ -76,8 +76,9 @@ class ModelRunner:
                  abstract_mesh: AbstractMesh | None = None, abstract: bool = False,
                  kv_cache_groups: list[KVCacheGroupSpec] | None = None):
         """kv_cache_groups: the pool's groups (core/kv_cache_interface.py); None: one group of
-        every layer, as the cache's slots. abstract_mesh: the mesh the step is traced against (default: `mesh`'s); an abstract
-        TPU's stands in to lower the step for a TPU elsewhere (benchmarks/lower_step.py).
+        every layer, as the cache's slots. abstract_mesh: the mesh the step is traced against
+        (default: `mesh`'s); an abstract TPU's stands in to lower the step for a TPU elsewhere
+        (benchmarks/lower_step.py).
         abstract: allocate nothing, the runner's own device state being shape structs too, to
         compile its programs for devices that cannot run them (jaxvllm/aot_compile.py).
         backend: the engine's kernels and methods (jaxvllm/backends)."""

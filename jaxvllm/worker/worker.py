@@ -215,7 +215,7 @@ class Worker:
         # Created in place, each device allocating only its KV heads; kept to create them
         # again at wake-up without compiling.
         layout = self.backend.platform.kv_cache_layout
-        self._new_kv_caches = [jax.jit(lambda shape=self._kv_cache_shape(n, num_blocks):
+        self._new_kv_caches = [jax.jit(lambda shape=self._kv_cache_shape(n, num_blocks):  # noqa: B008
                                        jnp.zeros(shape, self.kv_dtype.storage),
                                        out_shardings=kv_cache_sharding(mesh, layout))
                                for mesh, n in zip(self.meshes, slots)]
@@ -257,7 +257,8 @@ class Worker:
         runner_cls = PoolingModelRunner if self.config.model.runner == "pooling" else runner_class(self.config)
         draft = {} if self.draft_model is None else {"draft_model": self.draft_model}
         return runner_cls(self.config, self.model, kv_caches[0], self.attend, num_swap_blocks,
-                          mesh=self.mesh, backend=self.backend, kv_cache_groups=self.kv_cache_config.kv_cache_groups, **draft)
+                          mesh=self.mesh, backend=self.backend,
+                          kv_cache_groups=self.kv_cache_config.kv_cache_groups, **draft)
 
     @staticmethod
     def _advise_huge_pages(ranges, stop: threading.Event) -> None:

@@ -127,4 +127,5 @@ def test_every_family_runs_in_stages(tmp_path):
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     assert r[mixtral]["1"]["expert_dtypes"] == ["int8"] and r[mixtral]["2"]["expert_dtypes"] == ["int8", "int8"]
     for model in (opt, mixtral):
-        np.testing.assert_allclose(r[model]["2"]["prompt_logprobs"], r[model]["1"]["prompt_logprobs"], rtol=0, atol=1e-5)
+        np.testing.assert_allclose(r[model]["2"]["prompt_logprobs"], r[model]["1"]["prompt_logprobs"],
+                                   rtol=0, atol=1e-5)

@@ -111,7 +111,8 @@ def test_per_layer_weights_under_jit_fori_loop_and_switch():
     # As the model calls it: each layer's packed weight picked by lax.switch inside fori_loop.
     x, w0 = operands(9, 64, 64, seed=1)
     _, w1 = operands(9, 64, 64, seed=2)
-    branches = [lambda h, p=pack_weight(w): jnp.tanh(PackedLinearMethod().apply(h, p)) for w in (w0, w1)]
+    branches = [lambda h, p=pack_weight(w): jnp.tanh(PackedLinearMethod().apply(h, p))  # noqa: B008
+                for w in (w0, w1)]
 
     @jax.jit
     def run(h):

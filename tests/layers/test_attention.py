@@ -33,7 +33,8 @@ def test_only_the_platform_that_runs_a_kernel_imports_it():
     # A TPU or GPU process never loads the C++ kernels; the xla backend loads no Pallas attention either.
     code = ("import sys; from jaxvllm.backends import get_backend; from jaxvllm.config import EngineConfig, "
             "ModelConfig; from jaxvllm.platforms import get_platform; "
-            "get_backend(EngineConfig(model=ModelConfig(dtype='float32', attention_backend='xla')), get_platform('tpu')).attention(); "
+            "config = EngineConfig(model=ModelConfig(dtype='float32', attention_backend='xla')); "
+            "get_backend(config, get_platform('tpu')).attention(); "
             "print(sorted(m for m in sys.modules if m.startswith(('jaxvllm.kernels.', 'pallas_kernels.ragged'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["['jaxvllm.kernels.xla',", "'jaxvllm.kernels.xla.argmax',",

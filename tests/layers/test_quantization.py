@@ -70,10 +70,11 @@ def test_tiny_model_logits_with_quantized_weights(tmp_path, quantization):
     weights = load_weights(str(tmp_path))
     models = {}
     for name, method in (("float", UnquantizedLinearMethod()), (quantization, WeightOnlyLinearMethod(quantization))):
-        models[name] = nnx.eval_shape(lambda: LlamaForCausalLM(args, linear_method=method))
+        models[name] = nnx.eval_shape(lambda: LlamaForCausalLM(args, linear_method=method))  # noqa: B023
         models[name].load_hf_weights(weights)
     layer = models[quantization].layers[0]
-    assert all(isinstance(layer[n].get_value(), qwix.QArray) for n in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"))
+    assert all(isinstance(layer[n].get_value(), qwix.QArray)
+               for n in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"))
     assert models[quantization].lm_head is None  # the tied head stays the float embedding
     tokens = [3, 17, 42, 99, 7, 250, 1, 64]
     ref, got = run_prefill(models["float"], tokens), run_prefill(models[quantization], tokens)
@@ -100,7 +101,8 @@ def test_layers_the_config_ignores_stay_float(tmp_path):
     assert model.quant_method("layers.1.down_proj").__class__ is UnquantizedLinearMethod
     tokens = [3, 17, 42, 99, 7, 250, 1, 64]
     everything = QuantizationConfig(WeightOnlyLinearMethod("int8"), ignore=(r"re:.*",))
-    np.testing.assert_array_equal(run_prefill(load(everything), tokens), run_prefill(load(QuantizationConfig()), tokens))
+    np.testing.assert_array_equal(run_prefill(load(everything), tokens),
+                                  run_prefill(load(QuantizationConfig()), tokens))
 
 
 @pytest.mark.parametrize("args", [SMOLLM2, LLAMA3_8B], ids=["smollm2", "llama3-8b"])

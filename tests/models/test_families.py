@@ -80,9 +80,10 @@ N_NEW = 32
 
 def test_greedy_matches_transformers_chunked_and_preempted(family):
     """Also with speculative decoding (every method; the model drafting for itself). One engine
-    both chunks prefills (a 32-token budget: the 70-token prompt takes three steps) and preempts (9 usable pages of 16 for three requests needing 14; Gemma's
-    3 layers are 3 KV cache groups of 1 layer, its sliding ones holding 12-token windows:
-    19 usable blocks of one layer's page for requests needing about 33)."""
+    both chunks prefills (a 32-token budget: the 70-token prompt takes three steps) and preempts
+    (9 usable pages of 16 for three requests needing 14; Gemma's 3 layers are 3 KV cache groups
+    of 1 layer, its sliding ones holding 12-token windows: 19 usable blocks of one layer's page
+    for requests needing about 33)."""
     from jaxvllm import LLM, SamplingParams
     arch, path, ref = family
     with torch.no_grad():

@@ -44,7 +44,8 @@ def test_update_by_checkpoint_names(arch, tmp_path):
     for name, value in params(model).items():
         np.testing.assert_array_equal(value, expected[name], err_msg=name)
 
-    one = next(k for k in weights if k.endswith(("layers.1.self_attn.o_proj.weight", "layers.1.self_attn.out_proj.weight")))
+    one = next(k for k in weights
+               if k.endswith(("layers.1.self_attn.o_proj.weight", "layers.1.self_attn.out_proj.weight")))
     model.load_weights(updater.prepare({one: weights[one]}))
     changed = {name for name, value in params(model).items() if not np.array_equal(value, expected[name])}
     assert changed == {"layers.1.o_proj"}

@@ -113,7 +113,7 @@ def test_requests_racing_sleep_get_503(sleepy):
     admitted before it is still in flight."""
     c, _ = sleepy
     seen = {}
-    for round_ in range(6):
+    for _ in range(6):
         sleep, statuses = asyncio.run(_race(str(c.base_url), [0.002 * i for i in range(12)]))
         assert sleep in (200, 409), sleep
         assert set(statuses) <= {200, 503}, statuses
