@@ -41,20 +41,27 @@ LAYERS = [
 RANK = {unit: rank for rank, row in enumerate(LAYERS) for unit in row}
 
 
-def imported_modules(path: Path) -> set[str]:
-    """Every module a file imports, at the top or inside a function, relative imports resolved."""
+def import_statements(path: Path):
+    """(module, names imported from it) for each import in a file, at the top or inside a
+    function, relative imports resolved; names is () for a plain `import module`."""
     package = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1])
-    modules = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            modules.update(alias.name for alias in node.names)
+            yield from ((alias.name, ()) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
                 base = f"{parent}.{base}" if base else parent
-            modules.add(base)
-            modules.update(f"{base}.{alias.name}" for alias in node.names)
+            yield base, tuple(alias.name for alias in node.names)
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module a file imports, and every name it imports from one (as module.name)."""
+    modules = set()
+    for base, names in import_statements(path):
+        modules.add(base)
+        modules.update(f"{base}.{name}" for name in names)
     return modules
 
 
@@ -95,18 +102,9 @@ def module_graph() -> dict[str, set[str]]:
     paths = {module_name(p): p for p in source_files()}
     graph = {}
     for name, path in paths.items():
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         imported = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                imported.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
-                    base = f"{parent}.{base}" if base else parent
-                named = {f"{base}.{alias.name}" for alias in node.names} & paths.keys()
-                imported.update(named or {base})
+        for base, names in import_statements(path):
+            imported.update({f"{base}.{n}" for n in names} & paths.keys() or {base})
         graph[name] = (imported & paths.keys()) - {name}
     return graph
 
