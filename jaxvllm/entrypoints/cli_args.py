@@ -88,7 +88,6 @@ def add_serve_args(serve: argparse.ArgumentParser) -> None:
     add_engine_flags(serve)
 
 
-
 def configure_logging() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("jaxvllm").setLevel(logging.INFO)
