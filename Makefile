@@ -28,10 +28,13 @@ run: setup
 	  "Explain what a paged KV cache is in one sentence." \
 	  --chat --max-tokens 64
 
-# Two workers: CI has 2 cores and one pytest process used about 1.1 of them (most of a test
-# is one XLA compile at a time); tests/conftest.py keeps a module's tests in one worker and
-# the memory-heavy modules in turns.
+# The lint and the public API's type check first (seconds; pyproject.toml configures both).
+# Then two workers: CI has 2 cores and one pytest process used about 1.1 of them (most of a
+# test is one XLA compile at a time); tests/conftest.py keeps a module's tests in one worker
+# and the memory-heavy modules in turns.
 test: setup-test
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=25 tests
 
 clean:

@@ -64,15 +64,16 @@ def figure_lines(out: Path) -> list[str]:
     spec = _load(out / "spec_decode.json")
     if spec:
         for r in spec["rows"]:
-            lines.append(f"  spec decode {r['method']:<10}batch {r['batch_size']}: {r['spec_tok_s']} tok/s against {r['off_tok_s']} "
-                         f"({r['speedup']}x), accepted length {r['mean_accepted_length']}, "
+            lines.append(f"  spec decode {r['method']:<10}batch {r['batch_size']}: {r['spec_tok_s']} tok/s "
+                         f"against {r['off_tok_s']} ({r['speedup']}x), accepted length {r['mean_accepted_length']}, "
                          f"same tokens: {r['identical_tokens']}")
     else:
         lines.append("  spec decode           no figures")
     offload = _load(out / "kv_offload.json")
     if offload:
         lines.append(f"  kv offload            {offload['prefix_len']}-token prefix, TTFT reloaded from host "
-                     f"{offload['ttft_median_s_offload']:.3f} s against computed {offload['ttft_median_s_recompute']:.3f} s "
+                     f"{offload['ttft_median_s_offload']:.3f} s against computed "
+                     f"{offload['ttft_median_s_recompute']:.3f} s "
                      f"({offload['ttft_median_speedup']:.1f}x), host hits {offload['host_tier_hit_tokens']} tokens, "
                      f"same tokens: {offload['identical_outputs']}")
     else:

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.family_configs import ARCHITECTURES, family_args  # noqa: E402
+from benchmarks.machine import engine_backend  # noqa: E402
 from benchmarks.model_shapes import SHAPES  # noqa: E402
 from benchmarks.model_step import step_inputs  # noqa: E402
 from jaxvllm.layers.attention import get_attention  # noqa: E402
@@ -35,10 +35,10 @@ from jaxvllm.platforms import current_platform  # noqa: E402
 
 def random_model(model_cls, args, dtype, key):
     """(graphdef, params) of model_cls with N(0, 0.02) weights (norms at their identity plus
-    noise), stored as the platform's linear method stores them (packed, on a CPU with AVX-512)."""
-    backend = current_platform.auto_attention_backend()
-    abstract = nnx.eval_shape(lambda: model_cls(args, dtype=dtype, linear_method=current_platform.linear_method(
-        backend, 1, dtype=dtype), moe_method=current_platform.fused_moe_method(attention_backend=backend)))
+    noise), stored as the backend's linear method stores them (packed, on a CPU with AVX-512)."""
+    backend = engine_backend(dtype=dtype)
+    abstract = nnx.eval_shape(lambda: model_cls(args, dtype=dtype, linear_method=backend.linear_method,
+                                                moe_method=backend.moe_method))
     graphdef, params = nnx.split(abstract)
     leaves, treedef = jax.tree_util.tree_flatten(params)
     draw = jax.jit(lambda k, shape: 0.02 * jax.random.normal(k, shape, dtype), static_argnums=1)
@@ -76,11 +76,12 @@ def median_seconds(calls: dict, steps: int) -> dict:
 def run_family(arch, shape, dtype, ns, seed) -> dict:
     model_cls, args = family_args(arch, shape)
     graphdef, params = random_model(model_cls, args, dtype, jax.random.key(seed))
-    attend = get_attention("auto", current_platform)
+    backend = engine_backend(dtype=dtype)
+    attend = get_attention(backend.attention_impl, current_platform.kv_cache_layout)  # pages in the model's dtype
 
     def step(params, input_ids, kv_cache, md, logits_indices):
         model = nnx.merge(graphdef, params)
-        hidden, kv_cache = model(input_ids, kv_cache, md, attend, current_platform.layer_loop)
+        hidden, kv_cache = model(input_ids, kv_cache, md, attend, backend.layer_loop)
         return jnp.argmax(model.compute_logits(hidden[logits_indices]), axis=-1), kv_cache
 
     block_bytes = args.num_layers * 2 * 16 * args.num_kv_heads * args.head_dim * dtype.itemsize

@@ -16,8 +16,9 @@ streaming server request does.
 
 Step period: `--period-batch` decoding requests; the period is the wall time per engine step
 with nothing timed inside it, the device time the forward and sampler calls waited for one by
-one, over as many steps, in alternating windows (the context grows by one token per step). With async scheduling the host's work hides behind the
-device's, so the period approaches the device time.
+one, over as many steps, in alternating windows (the context grows by one token per step).
+With async scheduling the host's work hides behind the device's, so the period approaches
+the device time.
 
     python benchmarks/host_overhead.py [--batches 64 256 1024] [--steps 50] [--cpu-time]
         [--period-batch 64] [--period-steps 30] [--period-model PATH|tiny]
@@ -89,6 +90,7 @@ def tiny_model(path: Path, vocab_size: int | None = None) -> Path:
     """A random Llama with the default model's tokenizer, so detokenization is real.
     vocab_size: its LM head's rows, the tokenizer's first ids (default: all of them)."""
     from conftest import write_tiny_llama
+
     from jaxvllm.transformers_utils.model_path import default_model_path
     from jaxvllm.transformers_utils.tokenizer import load_tokenizer
     tokenizer = load_tokenizer(default_model_path())

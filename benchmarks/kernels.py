@@ -27,8 +27,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.trace_summary import format_rows, load_events, summarize  # noqa: E402
-from pallas_kernels import ragged_paged_attention_gpu, ragged_paged_attention_tpu  # noqa: E402
 from jaxvllm.kernels.xla.ragged_paged_attention import ragged_paged_attention as reference  # noqa: E402
+from pallas_kernels import ragged_paged_attention_gpu, ragged_paged_attention_tpu  # noqa: E402
 
 NQ, NKV, HD = 32, 8, 128
 
@@ -168,8 +168,8 @@ def main(argv=None):
     for kind, seqs, ps in cases:
         args = make_case(rng, seqs, ps, dtype, nq, nkv, hd)
         scale = hd ** -0.5
-        kfn = jax.jit(lambda *x: kernel(*x, sm_scale=scale, interpret=interpret))
-        rfn = jax.jit(lambda *x: reference(*x, sm_scale=scale))
+        kfn = jax.jit(lambda *x: kernel(*x, sm_scale=scale, interpret=interpret))  # noqa: B023 (timed at once)
+        rfn = jax.jit(lambda *x: reference(*x, sm_scale=scale))  # noqa: B023
         kt, kout = timeit(kfn, args, iters)
         rt, rout = timeit(rfn, args, iters)
         nbytes, flops = case_cost(seqs, dtype, nq, nkv, hd)
@@ -211,7 +211,7 @@ def main(argv=None):
         profile(jax.jit(lambda *x: kernel(*x, sm_scale=HD ** -0.5, interpret=interpret)),
                 make_case(rng, seqs, ps, dtype), CASES[0], a.profile, iters)
 
-    result = save()
+    save()
 
     print(f"\nragged paged attention, {dev.device_kind}, {dtype.name}, copy bandwidth {bw / 1e9:.0f} GB/s")
     print(f"{'case':8s} {'seqs':>4s} {'ctx':>5s} {'q tok':>5s} {'ps':>3s} {'kernel ms':>9s} {'ref ms':>8s} "

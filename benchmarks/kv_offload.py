@@ -65,7 +65,8 @@ def main(argv=None) -> dict:
     p.add_argument("--output-len", type=int, default=8)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--num-gpu-blocks", type=int, default=256, help="the device pool (too small on purpose)")
-    p.add_argument("--num-cpu-blocks", type=int, default=None, help="the host tier (default: every prefix, in every KV cache group)")
+    p.add_argument("--num-cpu-blocks", type=int, default=None,
+                   help="the host tier (default: every prefix, in every KV cache group)")
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     p.add_argument("--skip-warmup", action="store_true")

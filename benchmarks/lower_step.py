@@ -2,7 +2,8 @@
 and what its StableHLO says about how it will run there.
 
 The programs are ModelRunner's (the functions it compiles at warm-up), built with the target
-platform's choices: attention kernel, layer loop, sampler variants, dtype and block size.
+platform's backend and defaults: attention kernel, layer loop, sampler variants, dtype and
+block size.
 Weights and KV cache are `jax.ShapeDtypeStruct`s, so Llama-3-8B shapes allocate nothing
 large. A step for a GPU or TPU should hold no conditional (`stablehlo.case`: XLA:GPU waits on
 the host for its predicate) and no loop (`stablehlo.while`), run one attention kernel per
@@ -23,11 +24,10 @@ from flax import nnx
 from jax.sharding import AbstractDevice, AbstractMesh
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from jaxvllm.backends import get_backend  # noqa: E402
 from jaxvllm.config import EngineArgs  # noqa: E402
 from jaxvllm.distributed.mesh import MODEL_AXIS, make_mesh  # noqa: E402
 from jaxvllm.distributed.partition import kv_cache_sharding, padded_heads  # noqa: E402
-from jaxvllm.layers.attention import get_attention  # noqa: E402
-from jaxvllm.layers.kv_cache_dtype import kv_cache_dtype  # noqa: E402
 from jaxvllm.models.eagle3 import Eagle3Args, Eagle3LlamaForCausalLM  # noqa: E402
 from jaxvllm.models.llama import LlamaArgs, LlamaForCausalLM  # noqa: E402
 from jaxvllm.models.model_loader import shard_abstract  # noqa: E402
@@ -51,13 +51,12 @@ def step_runner(platform_name: str, args: LlamaArgs, tensor_parallel_size: int =
     weights and KV cache `jax.ShapeDtypeStruct`s. Tensor parallel over that many of this
     machine's devices, which stand in for the accelerators (on a CPU:
     --xla_force_host_platform_device_count). model_cls: the family whose args these are
-    (models/registry.py); a mixture-of-experts class gets the platform's grouped matmul.
+    (models/registry.py); a mixture-of-experts class gets the backend's grouped matmul.
     The chip context is where a TPU step must be traced (Mosaic asks which chip it tiles for).
     draft_layers: speculative decoding's method draft_model, the draft the target's first
     draft_layers layers (its speculative_config's num_speculative_tokens kept), its KV in the
     same cache after the target's layers. eagle3: method eagle3, an EAGLE-3 head of the
     target's shapes (a draft vocabulary half the target's)."""
-    platform = get_platform(platform_name)
     # max_num_seqs: the batch lowered (the penalty rows ModelRunner allocates grow with it).
     engine_args = dict(dict(max_num_seqs=REQUESTS), **engine_args)
     config = EngineArgs(num_gpu_blocks_override=num_blocks, skip_warmup=True, **engine_args).create_engine_config(
@@ -66,13 +65,14 @@ def step_runner(platform_name: str, args: LlamaArgs, tensor_parallel_size: int =
         config = dataclasses.replace(config, speculative=dataclasses.replace(
             config.speculative, method="eagle3" if eagle3 else "draft_model", model="(abstract)"))
     dtype = jnp.dtype(config.dtype)
+    backend = get_backend(config, get_platform(platform_name))
     mesh = make_mesh(tensor_parallel_size)
     num_heads, num_kv_heads = padded_heads(args.num_heads, args.num_kv_heads, tensor_parallel_size)
     args = dataclasses.replace(args, num_heads=num_heads, num_kv_heads=num_kv_heads)
-    model = shard_abstract(nnx.eval_shape(lambda: model_cls(args, dtype=dtype, moe_method=platform.fused_moe_method())),
-                           mesh)
+    moe_method = backend.float_moe_method  # the weights here are float, as lowered
+    model = shard_abstract(nnx.eval_shape(lambda: model_cls(args, dtype=dtype, moe_method=moe_method)), mesh)
     draft = ({"draft_model": shard_abstract(nnx.eval_shape(lambda: model_cls(
-        dataclasses.replace(args, num_layers=draft_layers), dtype=dtype, moe_method=platform.fused_moe_method())),
+        dataclasses.replace(args, num_layers=draft_layers), dtype=dtype, moe_method=moe_method)),
         mesh)} if draft_layers else {})
     if eagle3:
         head = Eagle3Args(**{f.name: getattr(args, f.name) for f in dataclasses.fields(LlamaArgs)},
@@ -80,20 +80,18 @@ def step_runner(platform_name: str, args: LlamaArgs, tensor_parallel_size: int =
         draft = {"draft_model": shard_abstract(nnx.eval_shape(lambda: Eagle3LlamaForCausalLM(
             dataclasses.replace(head, num_layers=1), dtype=dtype)), mesh)}
         draft_layers = 1
-    kv_format = kv_cache_dtype(config.cache.kv_cache_dtype, dtype, platform.kv_cache_floats_as_bits)
     kv_cache = jax.ShapeDtypeStruct(
-        platform.kv_cache_shape(args.num_layers + draft_layers, num_blocks, config.cache.block_size, args.num_kv_heads,
-                                args.head_dim), kv_format.storage,
-        sharding=kv_cache_sharding(mesh, platform.kv_cache_layout))
+        backend.kv_cache_shape(args.num_layers + draft_layers, num_blocks, config.cache.block_size, args.num_kv_heads,
+                               args.head_dim), backend.kv_dtype.storage,
+        sharding=kv_cache_sharding(mesh, backend.platform.kv_cache_layout))
     chip = contextlib.nullcontext()
     abstract_mesh = None
     if platform_name == "tpu":  # the Mosaic lowering asks which chip it tiles for
         device = AbstractDevice(device_kind=TPU_KIND, num_cores=1, platform="tpu")
         abstract_mesh = AbstractMesh((tensor_parallel_size,), (MODEL_AXIS,), abstract_device=device)
         chip = jax.sharding.use_abstract_mesh(abstract_mesh)
-    attend = get_attention(config.model.attention_backend, platform, abstract_mesh or mesh, kv_format)
-    runner = runner_class(config)(config, model, kv_cache, attend, mesh=mesh, platform=platform,
-                                  abstract_mesh=abstract_mesh, **draft)
+    runner = runner_class(config)(config, model, kv_cache, backend.attention(abstract_mesh or mesh), mesh=mesh,
+                                  backend=backend, abstract_mesh=abstract_mesh, **draft)
     return runner, kv_cache, chip
 
 

@@ -31,10 +31,18 @@ def _best_time(fn, *args, repeats: int = 5) -> float:
     return min(_times(fn, *args, repeats=repeats))
 
 
-def xla_matmul(dtype):
-    """XLA's matmul as the platform runs a `dtype` model's (its accumulation dtype)."""
+def engine_backend(attention_backend: str = "auto", dtype="float32"):
+    """The backend (jaxvllm/backends) an engine of this dtype runs with here, on one device."""
+    from jaxvllm.backends import get_backend
+    from jaxvllm.config import EngineConfig, ModelConfig
     from jaxvllm.platforms import current_platform
-    return jax.jit(current_platform.linear_method("xla", 1, dtype=dtype).apply)
+    config = EngineConfig(model=ModelConfig(dtype=jnp.dtype(dtype).name, attention_backend=attention_backend))
+    return get_backend(config, current_platform)
+
+
+def xla_matmul(dtype):
+    """XLA's matmul as the backend runs a `dtype` model's (its accumulation dtype)."""
+    return jax.jit(engine_backend("xla", dtype).linear_method.apply)
 
 
 def matmul_flops(n: int = 2048, dtype="float32") -> float:
@@ -45,14 +53,14 @@ def matmul_flops(n: int = 2048, dtype="float32") -> float:
 
 
 def native_matmul_flops(n: int = 2048) -> float | None:
-    """FLOP/s of the packed native CPU matmul (float32), or None where the platform does not
+    """FLOP/s of the packed native CPU matmul (float32), or None where the backend does not
     run it (no AVX-512, no compiler, or not a CPU)."""
-    from jaxvllm.platforms import current_platform
     try:
-        method = current_platform.linear_method("auto", 1)
+        method = engine_backend().linear_method
     except (ValueError, OSError, RuntimeError):  # a CPU that cannot build the kernels: XLA's
         return None
-    from jaxvllm.kernels.cpu.packed_matmul import PackedLinearMethod, pack_weight, packed_matmul
+    from jaxvllm.kernels.cpu.packed_matmul import pack_weight, packed_matmul
+    from jaxvllm.layers.packed_linear import PackedLinearMethod
     if not isinstance(method, PackedLinearMethod):
         return None
     a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
@@ -77,7 +85,6 @@ def decode_matmul_peak(hf_config, batch: int, dtype="float32") -> dict:
     the platform may use, on the threads the engine's steps use (XLA's pool, this process);
     total FLOPs over the sum of each shape's best time. A large square matmul is the wrong
     yardstick for decode's skinny ones: against it a decode step measured "MFU 118.7%"."""
-    from jaxvllm.platforms import current_platform
     c = hf_config
     hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     inter = getattr(c, "intermediate_size", None) or c.ffn_dim
@@ -85,9 +92,9 @@ def decode_matmul_peak(hf_config, batch: int, dtype="float32") -> dict:
               (c.num_attention_heads * hd, c.hidden_size), (c.hidden_size, 2 * inter), (inter, c.hidden_size)]
     matmuls = {f"xla {jnp.dtype(dtype).name}": xla_matmul(dtype)}
     try:
-        from jaxvllm.kernels.cpu.packed_matmul import PackedLinearMethod, pack_weight, packed_matmul
-        if jnp.dtype(dtype) == jnp.float32 and isinstance(current_platform.linear_method("auto", 1),
-                                                            PackedLinearMethod):
+        from jaxvllm.kernels.cpu.packed_matmul import pack_weight, packed_matmul
+        from jaxvllm.layers.packed_linear import PackedLinearMethod
+        if jnp.dtype(dtype) == jnp.float32 and isinstance(engine_backend().linear_method, PackedLinearMethod):
             matmuls["native packed"] = jax.jit(packed_matmul)
     except (ImportError, ValueError, OSError, RuntimeError):  # no native kernels here: XLA's only
         pass

@@ -35,7 +35,7 @@ from flax import nnx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.kernels import copy_bandwidth  # noqa: E402
 from benchmarks.lower_step import KERNEL_TARGETS, REQUESTS, TOKENS, lower_step, program_rows  # noqa: E402
-from benchmarks.machine import args_flops_per_token, peak_matmul  # noqa: E402
+from benchmarks.machine import args_flops_per_token, engine_backend, peak_matmul  # noqa: E402
 from benchmarks.model_shapes import SHAPES, TINY  # noqa: E402
 from benchmarks.random_weights import random_params  # noqa: E402
 from benchmarks.trace_summary import format_rows, load_events, summarize, timeline_busy_union  # noqa: E402
@@ -132,11 +132,12 @@ def main(argv=None):
     abstract = nnx.eval_shape(lambda: LlamaForCausalLM(args, dtype=dtype))
     graphdef, params = nnx.split(abstract)
     nnx.replace_by_pure_dict(params, random_params(args, dtype))
-    attend = get_attention(a.attention_backend, current_platform)
+    backend = engine_backend(a.attention_backend, dtype)
+    attend = get_attention(backend.attention_impl, current_platform.kv_cache_layout)  # pages in the model's dtype
 
     def step(params, input_ids, kv_cache, md, logits_indices):
         model = nnx.merge(graphdef, params)
-        hidden, kv_cache = model(input_ids, kv_cache, md, attend, current_platform.layer_loop)
+        hidden, kv_cache = model(input_ids, kv_cache, md, attend, backend.layer_loop)
         return jnp.argmax(model.compute_logits(hidden[logits_indices]), axis=-1), kv_cache
 
     print(f"model step: {name}, {args.num_layers} layers, hidden {args.hidden_size}, {dtype.name}, "
@@ -210,7 +211,8 @@ def run_case(step, params, args, kind, seqs, context, page_size, dtype, steps, t
 
 def print_table(result: dict) -> None:
     print(f"\nmodel step table: {result['shape']}, {result['dtype']}, {result['device']}, "
-          f"copy {result['copy_gbps']:.1f} GB/s, matmul {result['matmul_tflops']:.2f} TFLOP/s ({result['matmul_source']})")
+          f"copy {result['copy_gbps']:.1f} GB/s, matmul {result['matmul_tflops']:.2f} TFLOP/s "
+          f"({result['matmul_source']})")
     print(f"  {'case':<22}{'wall us':>10}{'busy %':>8}{'roofline %':>11}{'MFU %':>7}{'tok/s':>10}")
     for r in result["cases"]:
         roof = f"{r['pct_roofline']:.1f}" if r["kind"] == "decode" else "-"

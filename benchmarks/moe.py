@@ -29,10 +29,13 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from jaxvllm.distributed.mesh import MODEL_AXIS as M, make_mesh  # noqa: E402
+from benchmarks.machine import engine_backend  # noqa: E402
+from jaxvllm.distributed.mesh import MODEL_AXIS as M  # noqa: E402
+from jaxvllm.distributed.mesh import make_mesh
 from jaxvllm.layers.fused_moe import UnquantizedFusedMoEMethod, dense_moe, fused_moe, select_experts  # noqa: E402
 from jaxvllm.platforms import current_platform  # noqa: E402
 
@@ -59,8 +62,8 @@ def make_layer(rng, hidden, inter, experts, top_k, dtype):
 
 def variants(top_k: int, renormalize: bool = True):
     """name -> f(weights, x): the three layers compared, and XLA's ragged_dot where the
-    platform's grouped matmul is another (why it is)."""
-    method = current_platform.fused_moe_method()
+    backend's grouped matmul is another (why it is)."""
+    method = engine_backend().moe_method
 
     def routed(w, x):
         return select_experts(x @ w["router"], top_k, renormalize)
@@ -103,7 +106,7 @@ def run(shape: str, tokens: list[int], dtype, calls: int) -> list[dict]:
     hidden, inter, experts, top_k = SHAPES[shape]
     rng = np.random.default_rng(0)
     w = make_layer(rng, hidden, inter, experts, top_k, dtype)
-    method = current_platform.fused_moe_method()
+    method = engine_backend().moe_method
     w.update(stored_gate_up=method.process_weights_after_loading(w["gate_up"]),
              stored_down=method.process_weights_after_loading(w["down"]))
     fns = {name: jax.jit(f) for name, f in variants(top_k).items()}
@@ -134,7 +137,7 @@ def run_ep(shape: str, tokens: list[int], dtype, calls: int, ep: int) -> list[di
     split = {"gate_up": P(M, None, None, None), "down": P(M, None, None)}
     w = {name: jax.device_put(v, NamedSharding(mesh, split.get(name, P())))
          for name, v in make_layer(rng, hidden, inter, experts, top_k, dtype).items()}
-    platform_method, ragged = current_platform.fused_moe_method(), UnquantizedFusedMoEMethod()
+    platform_method, ragged = engine_backend().moe_method, UnquantizedFusedMoEMethod()
 
     def engine(w, x):
         return fused_moe(platform_method, x, w["gate_up"], w["down"], *select_experts(x @ w["router"], top_k, True),

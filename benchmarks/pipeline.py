@@ -46,7 +46,7 @@ def main(argv=None) -> dict:
     greedy = SamplingParams(temperature=0, max_tokens=ns.output_len, ignore_eos=True)
     result, tokens = {"pipeline_parallel_size": pp, "num_requests": ns.num_requests,
                       "input_len": ns.input_len, "output_len": ns.output_len}, {}
-    for timed in (False, True):  # the first pass compiles the buckets each way uses
+    for _timed in (False, True):  # the first pass compiles the buckets each way uses
         for name, size in (("batch_queue", pp), ("one_batch", 1)):
             core.batch_queue = BatchQueue(size)
             core.scheduler.in_flight.max_batch_reqs = -(-ns.max_num_seqs // size)

@@ -4,7 +4,7 @@ around them, so the end-to-end benchmarks run Llama-3-8B shapes with nothing to 
 Random, not zeros: a GPU's clocks and power depend on the data its matmuls multiply, so a
 model of zeros times faster than a real one. Each tensor is drawn on the device by a small
 jitted program, one tensor at a time (no host ever holds the model in float32, nor twice).
-The directory is the engine's own Orbax checkpoint (models/orbax_checkpoint.py): the engine
+The directory is the engine's own Orbax checkpoint (transformers_utils/orbax_checkpoint.py): the engine
 restores it straight into device memory, as it does a model that `jaxvllm convert` wrote,
 instead of parsing and casting 16 GB of safetensors on the host. It holds a Hugging Face
 config and a stand-in tokenizer (one word per token id, `t0` ... `tN`) that covers the
@@ -86,7 +86,7 @@ def word_tokenizer(vocab_size: int):
 def write_random_checkpoint(shape: str | LlamaArgs, out: str | Path, dtype="bfloat16", seed: int = 0) -> Path:
     """A model directory of random weights at `out` (kept and reused when it already holds
     the same shapes, dtype and seed). Returns its path."""
-    from jaxvllm.models.orbax_checkpoint import save_checkpoint
+    from jaxvllm.transformers_utils.orbax_checkpoint import save_checkpoint
     args = RANDOM_SHAPES[shape] if isinstance(shape, str) else shape
     out = Path(out).expanduser().resolve()
     dtype = jnp.dtype(dtype)

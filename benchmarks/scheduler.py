@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from jaxvllm.core.request import Request  # noqa: E402
 from jaxvllm.config import CacheConfig, SchedulerConfig  # noqa: E402
 from jaxvllm.core.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, KVCacheSpec  # noqa: E402
+from jaxvllm.core.request import Request  # noqa: E402
 from jaxvllm.core.scheduler import Scheduler  # noqa: E402
 from jaxvllm.outputs import ModelRunnerOutput  # noqa: E402
 from jaxvllm.sampling_params import SamplingParams  # noqa: E402

@@ -6,8 +6,8 @@ the device memory the engine holds awake, asleep at level 1 and 2, and awake aga
 fraction freed is of what the engine added to what the process held before it); that
 greedy outputs survive sleep and a reload; and the programs compiled during all of it (none).
 
-    [JAXVLLM_XLA_CACHE=] python benchmarks/sleep_mode.py [--model PATH] [--json PATH] [--max-model-len N] [--max-num-seqs N]
-        [--max-num-batched-tokens N] [--kv-cache-memory-bytes N] [--skip-warmup]
+    [JAXVLLM_XLA_CACHE=] python benchmarks/sleep_mode.py [--model PATH] [--json PATH] [--max-model-len N]
+        [--max-num-seqs N] [--max-num-batched-tokens N] [--kv-cache-memory-bytes N] [--skip-warmup]
 """
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def main(argv=None) -> dict:
     memory = {"awake": core.device_memory_in_use()}
     compiled_before = len(lowered)
     for level in (1, 2):
-        r[f"sleep_level{level}_s"] = timed(lambda: llm.sleep(level=level))
+        r[f"sleep_level{level}_s"] = timed(lambda: llm.sleep(level=level))  # noqa: B023 (called at once)
         memory[f"asleep_level{level}"] = core.device_memory_in_use()
         r[f"wake_up_level{level}_s"] = timed(llm.wake_up)  # level 2: reloads the checkpoint
         memory[f"awake_after_level{level}"] = core.device_memory_in_use()

@@ -320,6 +320,7 @@ def write_tiny_model(path: Path) -> None:
     """A random Llama (2 layers, hidden 64: tests/conftest.py's write_tiny_llama) with the
     default model's vocabulary and tokenizer, as the OpenAI server tests serve it."""
     from conftest import write_tiny_llama
+
     from jaxvllm.transformers_utils.model_path import default_model_path
     from jaxvllm.transformers_utils.tokenizer import load_tokenizer
 

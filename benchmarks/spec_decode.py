@@ -74,6 +74,7 @@ def truncated_model(model_path: str | None, num_layers: int, out: str) -> str:
 
     import torch
     import transformers
+
     from jaxvllm.transformers_utils.model_path import resolve_model
     path = resolve_model(model_path)
     directory, name = (os.path.split(path) if path.endswith(".gguf") else (path, None))

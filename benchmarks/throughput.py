@@ -40,8 +40,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from machine import (anon_huge_pages_bytes, cpu_times, decode_matmul_peak, llama_flops_per_token,  # noqa: E402
-                     memory_bandwidth, peak_matmul, probe_matmul_flops, round_conditions, wait_for_huge_pages)
+from machine import (  # noqa: E402
+    anon_huge_pages_bytes,
+    cpu_times,
+    decode_matmul_peak,
+    llama_flops_per_token,
+    memory_bandwidth,
+    peak_matmul,
+    probe_matmul_flops,
+    round_conditions,
+    wait_for_huge_pages,
+)
 from model_shapes import RANDOM_SHAPES  # noqa: E402
 from workload import Workload, make_random_workload, make_workload  # noqa: E402
 

@@ -18,8 +18,9 @@ from pathlib import Path
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from jaxvllm.aot_compile import compile_for_target  # noqa: E402
 from tpu_compile import MODELS  # noqa: E402
+
+from jaxvllm.aot_compile import compile_for_target  # noqa: E402
 
 RUNS = [("Llama-3.1-8B", "tpu-v6e-4", {}), ("Llama-3.1-8B", "tpu-v5e-8", {}), ("Qwen3-8B", "tpu-v6e-1", {}),
         ("Gemma-3-27B", "tpu-v6e-8", {}), ("Qwen3-30B-A3B", "tpu-v5p-8", dict(enable_expert_parallel=True))]

@@ -21,12 +21,15 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the compile-only TPU devices ne
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+from jax.sharding import Mesh, NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from pallas_kernels import ragged_paged_attention_tpu as tpu  # noqa: E402
+from jaxvllm.backends import get_backend  # noqa: E402
+from jaxvllm.config import EngineConfig, ModelConfig  # noqa: E402
 from jaxvllm.platforms import get_platform  # noqa: E402
 from jaxvllm.platforms.tpu_targets import CHIPS  # noqa: E402
+from pallas_kernels import ragged_paged_attention_tpu as tpu  # noqa: E402
 
 KV_DTYPES = {"bf16": jnp.bfloat16, "fp8": jnp.float8_e4m3fn, "int8": jnp.int8}
 HEAD_DIMS = (64, 128, 256)
@@ -42,7 +45,8 @@ def compile_cell(mesh, kv_dtype, head_dim, nq, nkv, variant, shape="32x1k") -> t
     shd = NamedSharding(mesh, P())
     s = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=shd)
     tokens, seqs, context = SHAPES[shape]
-    cache = get_platform("tpu").kv_cache_shape(1, PAGES, PAGE_SIZE, nkv, head_dim)
+    backend = get_backend(EngineConfig(model=ModelConfig(dtype="bfloat16")), get_platform("tpu"))
+    cache = backend.kv_cache_shape(1, PAGES, PAGE_SIZE, nkv, head_dim)
     args = (s((tokens, nq, head_dim), jnp.bfloat16), s(cache, kv_dtype), s((), jnp.int32), s((seqs,), jnp.int32),
             s((seqs, context // PAGE_SIZE), jnp.int32), s((seqs + 1,), jnp.int32), s((1,), jnp.int32))
     fn = functools.partial(tpu.ragged_paged_attention, sm_scale=head_dim ** -0.5, kv_layout="tpu", **VARIANTS[variant])

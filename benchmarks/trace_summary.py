@@ -102,7 +102,8 @@ def format_rows(rows: list[dict]) -> str:
         if r["timeline"] != last:
             lines.append(f"  {r['timeline']}")
             last = r["timeline"]
-        lines.append(f"    {r['us_per_call']:9.1f} us/call {100 * r['share']:5.1f}%  x{r['count']:<4d} {r['name'][:70]}")
+        lines.append(f"    {r['us_per_call']:9.1f} us/call {100 * r['share']:5.1f}%  x{r['count']:<4d} "
+                     f"{r['name'][:70]}")
     return "\n".join(lines)
 
 

@@ -77,7 +77,10 @@ def mse_round_trip(w: np.ndarray, fmt: str, grid: float = 100, maxshrink: float 
     return best
 
 
-def interval(logprobs: np.ndarray, base: np.ndarray, rng=np.random.default_rng(0)) -> tuple[float, float]:
+_RNG = np.random.default_rng(0)  # one stream for every interval of a run
+
+
+def interval(logprobs: np.ndarray, base: np.ndarray, rng=_RNG) -> tuple[float, float]:
     """95% paired bootstrap interval of the perplexity change over the text's tokens."""
     picks = rng.integers(0, len(base), (1000, len(base)))
     changes = np.exp((base[picks] - logprobs[picks]).mean(axis=1)) - 1

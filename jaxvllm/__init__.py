@@ -1,19 +1,28 @@
 """jaxvllm: vLLM's architecture on JAX/XLA."""
 from jaxvllm.inputs import TextPrompt, TokensPrompt
 from jaxvllm.lora.request import LoRARequest
-from jaxvllm.sampling_params import (BeamSearchParams, RequestOutputKind, SamplingParams,
-                                     StructuredOutputsParams)
-from jaxvllm.outputs import (ClassificationOutput, ClassificationRequestOutput, CompletionOutput,
-                             EmbeddingOutput, EmbeddingRequestOutput, Logprob, PoolingOutput,
-                             PoolingRequestOutput, RequestOutput, ScoringOutput, ScoringRequestOutput)
+from jaxvllm.outputs import (
+    ClassificationOutput,
+    ClassificationRequestOutput,
+    CompletionOutput,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    Logprob,
+    PoolingOutput,
+    PoolingRequestOutput,
+    RequestOutput,
+    ScoringOutput,
+    ScoringRequestOutput,
+)
 from jaxvllm.pooling_params import PoolingParams
+from jaxvllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams, StructuredOutputsParams
+from jaxvllm.version import __version__
 
-__version__ = "0.1.0"
 __all__ = ["LLM", "AsyncLLM", "EngineArgs", "SamplingParams", "StructuredOutputsParams",
            "BeamSearchParams", "RequestOutputKind", "RequestOutput", "CompletionOutput", "Logprob",
            "TextPrompt", "TokensPrompt", "PoolingParams", "PoolingOutput", "PoolingRequestOutput",
            "EmbeddingOutput", "EmbeddingRequestOutput", "ClassificationOutput", "ClassificationRequestOutput",
-           "ScoringOutput", "ScoringRequestOutput", "LoRARequest"]
+           "ScoringOutput", "ScoringRequestOutput", "LoRARequest", "__version__"]
 
 
 def __getattr__(name):

@@ -2,14 +2,14 @@
 warms up, compiled by the TPU compiler (Mosaic kernels included) for a slice's compile-only
 devices, on any machine, with no weights read (a directory holding only config.json will do).
 
-It builds what the engine would build on that slice: the TPU platform's choices, tensor
+It builds what the engine would build on that slice: the TPU backend's choices, tensor
 parallel over its chips, the memory plan for its HBM (the KV cache gets hbm_utilization of
 the chip less the weights and the largest step's temporaries, which it compiles for as the
 worker profiles them), then compiles each program against abstract weights and KV cache and
 reports what the compiler says: memory (arguments, temporaries, the donated KV cache as
 aliased bytes), cost, and a roofline time from the chip's published figures
-(jaxvllm/roofline.py: a prediction, not a measurement). A plan that does not fit is refused naming the smallest slice that
-holds the weights and one request of max_model_len.
+(jaxvllm/roofline.py: a prediction, not a measurement). A plan that does not fit is refused
+naming the smallest slice that holds the weights and one request of max_model_len.
 """
 from __future__ import annotations
 
@@ -29,9 +29,9 @@ def _per_device_bytes(tree) -> int:
     return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
 
-def _abstract_model(config, hf_config, mesh, platform, draft: bool = False):
+def _abstract_model(config, hf_config, mesh, backend, draft: bool = False):
     """The model as the worker holds it on this mesh once loaded (padded heads, the
-    platform's matmuls, quantized weights as QArrays), every weight a ShapeDtypeStruct with
+    backend's matmuls, quantized weights as QArrays), every weight a ShapeDtypeStruct with
     its sharding; a draft as the worker loads one:
     unquantized, without expert parallelism."""
     import jax.numpy as jnp
@@ -42,11 +42,9 @@ def _abstract_model(config, hf_config, mesh, platform, draft: bool = False):
     model_cls, args_cls = get_model_class(hf_config)
     ep = config.parallel.enable_expert_parallel and not draft
     args = model_args(model_cls, args_cls.from_hf_config(hf_config), mesh.size, expert_parallel=ep)
-    quantization = None if draft else config.quantization
     model = build_model(model_cls, args, dtype=jnp.dtype(config.dtype),
-                        linear_method=platform.linear_method(config.model.attention_backend, mesh.size, quantization,
-                                                             config.dtype),
-                        moe_method=platform.fused_moe_method(quantization, config.model.attention_backend, mesh.size))
+                        linear_method=backend.float_linear_method if draft else backend.linear_method,
+                        moe_method=backend.float_moe_method if draft else backend.moe_method)
     return store_abstract(shard_abstract(model, mesh, ep))
 
 
@@ -111,55 +109,53 @@ def compile_for_target(model: str, target: str, *, programs: tuple[str, ...] | N
     import jax
     from flax import nnx
 
+    from jaxvllm.backends import get_backend
     from jaxvllm.config import EngineArgs
     from jaxvllm.distributed.mesh import make_mesh
     from jaxvllm.distributed.partition import kv_cache_sharding
-    from jaxvllm.layers.attention import get_attention
-    from jaxvllm.layers.kv_cache_dtype import kv_cache_dtype
     from jaxvllm.platforms import get_platform
     from jaxvllm.transformers_utils.config import load_hf_config
     from jaxvllm.transformers_utils.model_path import resolve_model
-    from jaxvllm.worker.memory_profiling import MemoryProfile, peak_step_bytes
     from jaxvllm.worker.compiled_programs import run_on_pool
+    from jaxvllm.worker.memory_profiling import MemoryProfile, peak_step_bytes
     from jaxvllm.worker.spec_decode.spec_runner import runner_class
 
     path = model if os.path.isfile(os.path.join(model, "config.json")) else resolve_model(model)
     hf_config = load_hf_config(path)
     engine_kwargs.setdefault("tensor_parallel_size", spec.num_chips)
     config = EngineArgs(model=path, skip_warmup=True, **engine_kwargs).create_engine_config(hf_config, "tpu")
-    platform = get_platform("tpu")
+    backend = get_backend(config, get_platform("tpu"))
     tp = config.parallel.tensor_parallel_size
     if tp > spec.num_chips:
         raise ValueError(f"tensor_parallel_size={tp} is more than {target}'s {spec.num_chips} chips.")
     mesh = make_mesh(tp, spec.devices())
-    abstract_model = _abstract_model(config, hf_config, mesh, platform)
+    abstract_model = _abstract_model(config, hf_config, mesh, backend)
     a = abstract_model.args
     draft = {}  # speculative decoding's draft model: its layers' KV in the same blocks, after the target's
     if config.speculative is not None and config.speculative.model is not None:  # draft_model, eagle3
-        draft["draft_model"] = _abstract_model(config, load_hf_config(config.speculative.model), mesh, platform,
+        draft["draft_model"] = _abstract_model(config, load_hf_config(config.speculative.model), mesh, backend,
                                                  draft=True)
         d = draft["draft_model"].args
         if (d.num_kv_heads, d.head_dim) != (a.num_kv_heads, a.head_dim):
             raise ValueError(f"speculative_config.model has {d.num_kv_heads} KV heads of {d.head_dim}, the target "
                              f"{a.num_kv_heads} of {a.head_dim}: a draft model's KV shares the target's pages.")
     num_layers = a.num_layers + sum(m.args.num_layers for m in draft.values())
-    kv_format = kv_cache_dtype(config.cache.kv_cache_dtype, jax.numpy.dtype(config.dtype), platform.kv_cache_floats_as_bits)
-    attend = get_attention(config.model.attention_backend, platform, mesh, kv_format)
+    kv_format, attend = backend.kv_dtype, backend.attention(mesh)
     bs, max_len = config.cache.block_size, config.scheduler.max_model_len
     pages_per_request = -(-max_len // bs)
-    threads = compile_threads or platform.compile_threads
+    threads = compile_threads or backend.platform.compile_threads
 
     def runner_for(num_blocks: int):
-        shape = platform.kv_cache_shape(num_layers, num_blocks, bs, a.num_kv_heads, a.head_dim)
+        shape = backend.kv_cache_shape(num_layers, num_blocks, bs, a.num_kv_heads, a.head_dim)
         kv = jax.ShapeDtypeStruct(shape, kv_format.storage,
-                                  sharding=kv_cache_sharding(mesh, platform.kv_cache_layout))
-        runner = runner_class(config)(config, abstract_model, kv, attend, mesh=mesh, platform=platform,
+                                  sharding=kv_cache_sharding(mesh, backend.platform.kv_cache_layout))
+        runner = runner_class(config)(config, abstract_model, kv, attend, mesh=mesh, backend=backend,
                                       abstract=True, **draft)
         runner.compile_threads = threads
         return runner
 
     weights = sum(_per_device_bytes(nnx.state(m)) for m in (abstract_model, *draft.values()))
-    block_bytes = math.prod(platform.kv_cache_shape(num_layers, 1, bs, a.num_kv_heads, a.head_dim)) \
+    block_bytes = math.prod(backend.kv_cache_shape(num_layers, 1, bs, a.num_kv_heads, a.head_dim)) \
         * kv_format.storage.itemsize  # whole mesh, as the worker counts it
     utilization = config.cache.hbm_utilization
     peak = None
@@ -229,7 +225,8 @@ def compile_for_target(model: str, target: str, *, programs: tuple[str, ...] | N
                 device_kind=spec.chip.device_kind, attention_backend=config.model.attention_backend,
                 dtype=config.dtype, kv_cache_dtype=config.cache.kv_cache_dtype, quantization=config.quantization,
                 block_size=bs, max_model_len=max_len, max_num_seqs=config.scheduler.max_num_seqs,
-                max_num_batched_tokens=config.scheduler.max_num_batched_tokens, roofline_context=context, fits=fits, hbm_bytes=spec.chip.hbm_bytes,
+                max_num_batched_tokens=config.scheduler.max_num_batched_tokens, roofline_context=context,
+                fits=fits, hbm_bytes=spec.chip.hbm_bytes,
                 weights_bytes=weights, kv_blocks=num_blocks, kv_cache_bytes=kv_bytes, peak_step_bytes=peak,
                 max_concurrency=max_concurrency, compile_threads=threads,
                 compile_s=round(sum(r["compile_s"] for r in rows), 2), compile_wall_s=round(compile_wall, 1),

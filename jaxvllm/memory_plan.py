@@ -1,7 +1,7 @@
 """What fits a device, from shapes alone: weight bytes, KV bytes per block, and the blocks a
 memory budget holds, per device, for a weight format (`quantization`) and a KV format
-(`kv_cache_dtype`). The worker logs the same figures at start-up; this prints them before
-anything is allocated:
+(`kv_cache_dtype`), as the engine's backend (jaxvllm/backends) stores them on that device.
+The worker logs the same figures at start-up; this prints them before anything is allocated:
 
     python -m jaxvllm.memory_plan --shape llama3-8b --quantization int8 --kv-cache-dtype fp8 \\
         --device-memory 16GiB --max-model-len 8192
@@ -19,13 +19,15 @@ import re
 
 import jax.numpy as jnp
 
-from jaxvllm.config import KV_CACHE_DTYPES
+from jaxvllm.backends import Backend, get_backend
+from jaxvllm.config import KV_CACHE_DTYPES, CacheConfig, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig
+from jaxvllm.config import QuantizationConfig as QuantizationSection
 from jaxvllm.core.kv_cache_interface import KVCacheSpec, blocks_per_request, describe_groups, group_layers
-from jaxvllm.layers.kv_cache_dtype import kv_cache_dtype
 from jaxvllm.layers.quantization import QUANTIZATION_METHODS
 from jaxvllm.layers.quantization.config import QuantizationConfig
 from jaxvllm.models.causal_lm import layer_windows
 from jaxvllm.models.weight_spec import EXPERTS, LINEAR, expand
+from jaxvllm.platforms import get_platform
 
 GiB = 2**30
 
@@ -75,13 +77,15 @@ class MemoryPlan:
         return lines
 
 
-def quant_config_for(quantization: str | None) -> QuantizationConfig:
-    """The XLA methods of a weight format (what an accelerator runs)."""
-    if quantization is None:
-        return QuantizationConfig()
-    from jaxvllm.layers.quantization.weight_only import WeightOnlyLinearMethod
-    from jaxvllm.layers.quantization.weight_only_moe import WeightOnlyFusedMoEMethod
-    return QuantizationConfig(WeightOnlyLinearMethod(quantization), WeightOnlyFusedMoEMethod(quantization))
+def engine_config(*, dtype: str = "bfloat16", quantization: str | None = None, kv_cache_dtype: str = "auto",
+                  hbm_utilization: float = 0.9, block_size: int = 16, max_model_len: int = 8192,
+                  tensor_parallel_size: int = 1) -> EngineConfig:
+    """The config sections a plan reads, from the flags below (no checkpoint is read)."""
+    return EngineConfig(model=ModelConfig(dtype=dtype), quant_config=QuantizationSection(quantization),
+                        cache=CacheConfig(block_size=block_size, hbm_utilization=hbm_utilization,
+                                          kv_cache_dtype=kv_cache_dtype),
+                        scheduler=SchedulerConfig(max_model_len=max_model_len),
+                        parallel=ParallelConfig(tensor_parallel_size=tensor_parallel_size))
 
 
 def weight_bytes(model_cls, args, quant_config: QuantizationConfig, dtype) -> tuple[int, int]:
@@ -100,12 +104,10 @@ def weight_bytes(model_cls, args, quant_config: QuantizationConfig, dtype) -> tu
     return matmul, other
 
 
-def kv_bytes_per_block(args, block_size: int, kv_format, platform: str = "cuda") -> int:
-    """In the platform's layout: the TPU's pads each head to whole 128-lane vregs (head_dim
-    64 takes 128 lanes)."""
-    from jaxvllm.platforms import get_platform
-    shape = get_platform(platform).kv_cache_shape(args.num_layers, 1, block_size, args.num_kv_heads, args.head_dim)
-    return math.prod(shape) * kv_format.dtype.itemsize
+def kv_bytes_per_block(args, block_size: int, backend: Backend) -> int:
+    """Every layer's page of K and V, in the backend's layout and storage."""
+    shape = backend.kv_cache_shape(args.num_layers, 1, block_size, args.num_kv_heads, args.head_dim)
+    return math.prod(shape) * backend.kv_dtype.storage.itemsize
 
 
 def kv_cache_groups(args, block_size: int, max_model_len: int):
@@ -115,19 +117,19 @@ def kv_cache_groups(args, block_size: int, max_model_len: int):
     return group_layers(specs)
 
 
-def plan(model_cls, args, *, dtype="bfloat16", quantization: str | None = None, kv_cache_dtype_name="auto",
-         device_memory: int, hbm_utilization: float = 0.9, block_size: int = 16,
-         max_model_len: int = 8192, tensor_parallel_size: int = 1, platform: str = "cuda") -> MemoryPlan:
-    """The plan for one device of `device_memory` bytes: the KV cache gets hbm_utilization of
-    it less the weights, as the worker sizes it (activations are not counted), its pages in
-    the platform's KV layout."""
-    tp = tensor_parallel_size
-    matmul, other = weight_bytes(model_cls, args, quant_config_for(quantization), dtype)
-    all_layers = kv_bytes_per_block(args, block_size, kv_cache_dtype(kv_cache_dtype_name, dtype), platform)
+def plan(model_cls, args, config: EngineConfig, backend: Backend, device_memory: int) -> MemoryPlan:
+    """The plan for one device of `device_memory` bytes for an engine of this config and
+    backend: the KV cache gets hbm_utilization of it less the weights, as the worker sizes it
+    (activations are not counted)."""
+    tp, block_size = config.parallel.tensor_parallel_size, config.cache.block_size
+    max_model_len = config.scheduler.max_model_len
+    quant_config = QuantizationConfig(backend.linear_method, backend.moe_method)
+    matmul, other = weight_bytes(model_cls, args, quant_config, config.dtype)
+    all_layers = kv_bytes_per_block(args, block_size, backend)
     groups = kv_cache_groups(args, block_size, max_model_len)
     block = all_layers * max(len(g.layer_names) for g in groups) // args.num_layers
     matmul, other, block = -(-matmul // tp), -(-other // tp), -(-block // tp)
-    budget = int(device_memory * hbm_utilization) - matmul - other
+    budget = int(device_memory * config.cache.hbm_utilization) - matmul - other
     hybrid = len(groups) > 1 or groups[0].kv_cache_spec.sliding_window is not None
     return MemoryPlan(matmul, other, block, max(budget, 0), max(budget // block, 0), block_size, max_model_len,
                       groups=describe_groups(groups),
@@ -151,6 +153,8 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m jaxvllm.memory_plan", description=__doc__.split("\n\n")[0],
                                 allow_abbrev=False)
     p.add_argument("--shape", choices=sorted(SHAPES), default="llama3-8b")
+    p.add_argument("--platform", choices=("tpu", "cuda", "cpu"), default="tpu",
+                   help="the device whose backend stores the weights and KV cache")
     p.add_argument("--quantization", choices=QUANTIZATION_METHODS, default=None)
     p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
     p.add_argument("--dtype", default="bfloat16", help="weights and activations (the platform's on TPU/GPU)")
@@ -159,16 +163,14 @@ def main(argv=None) -> None:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-model-len", type=int, default=8192)
     p.add_argument("--tensor-parallel-size", type=int, default=1)
-    p.add_argument("--platform", choices=("cpu", "cuda", "tpu"), default="cuda",
-                   help="whose KV layout (the TPU's pads each head to 128 lanes)")
     ns = p.parse_args(argv)
     args = SHAPES[ns.shape]
-    result = plan(GemmaForCausalLM if isinstance(args, GemmaArgs) else LlamaForCausalLM, args, dtype=ns.dtype, quantization=ns.quantization,
-                  kv_cache_dtype_name=ns.kv_cache_dtype, device_memory=ns.device_memory,
-                  hbm_utilization=ns.hbm_utilization, block_size=ns.block_size,
-                  max_model_len=ns.max_model_len, tensor_parallel_size=ns.tensor_parallel_size,
-                  platform=ns.platform)
-    print(f"{ns.shape} on {ns.platform}, {ns.dtype}, quantization={ns.quantization}, kv_cache_dtype={ns.kv_cache_dtype}, "
+    config = engine_config(dtype=ns.dtype, quantization=ns.quantization, kv_cache_dtype=ns.kv_cache_dtype,
+                           hbm_utilization=ns.hbm_utilization, block_size=ns.block_size,
+                           max_model_len=ns.max_model_len, tensor_parallel_size=ns.tensor_parallel_size)
+    model_cls = GemmaForCausalLM if isinstance(args, GemmaArgs) else LlamaForCausalLM
+    result = plan(model_cls, args, config, get_backend(config, get_platform(ns.platform)), ns.device_memory)
+    print(f"{ns.shape}, {ns.dtype}, quantization={ns.quantization}, kv_cache_dtype={ns.kv_cache_dtype}, "
           f"{ns.device_memory / GiB:g} GiB x {ns.hbm_utilization} per device, TP={ns.tensor_parallel_size}:")
     for line in result.lines():
         print("  " + line)

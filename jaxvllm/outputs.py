@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 
@@ -64,7 +64,7 @@ class ModelRunnerOutput:
     # Speculative decoding (else None): per request, the proposer's drafts for its next step;
     # sampled_token_ids then holds each request's accepted drafts and one token after them.
     spec_token_ids: list[list[int]] | None = None
-    # A KV connector's report (distributed/kv_transfer/base.py), where one runs.
+    # A KV connector's report (kv_transfer/base.py), where one runs.
     kv_connector_output: KVConnectorOutput | None = None
 
 
@@ -149,6 +149,7 @@ class PoolingRequestOutput(Generic[_O]):
     finished: bool = True
     num_cached_tokens: int = 0
     prompt: str | None = None
+    _output_type: ClassVar[Any]  # a task's output class (EmbeddingOutput, ...), which makes its view
 
     @classmethod
     def from_base(cls, base: "PoolingRequestOutput"):

@@ -49,7 +49,8 @@ class StructuredOutputsParams:
         if len(given) != 1:
             raise ValueError(f"structured_outputs must set exactly one of json, regex, choice, grammar, "
                              f"json_object; got {given or 'none'}.")
-        types = {"json": (str, dict), "regex": str, "choice": list, "grammar": str, "json_object": bool}
+        types: dict[str, type | tuple[type, ...]] = {"json": (str, dict), "regex": str, "choice": list,
+                                                     "grammar": str, "json_object": bool}
         for name, allowed in types.items():
             value = getattr(self, name)
             if value is not None and not isinstance(value, allowed):
@@ -93,7 +94,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     structured_outputs: StructuredOutputsParams | None = None
     # vLLM's extra arguments; the one read here is `kv_transfer_params` (a KV connector's
-    # per-request orders: distributed/kv_transfer/jax_transfer_connector.py).
+    # per-request orders: kv_transfer/jax_transfer_connector.py).
     extra_args: dict | None = None
     # Filled in by the Processor from `bad_words` (vLLM's name): each word's token ids.
     _bad_words_token_ids: list[list[int]] | None = field(default=None, repr=False)
@@ -139,7 +140,7 @@ class SamplingParams:
                 f"got {self.min_tokens}.")
         if not is_token_ids(self.stop_token_ids):
             raise bad("stop_token_ids", "a list of token ids")
-        if any(not isinstance(s, str) or not s for s in self.stop):
+        if any(not isinstance(s, str) or not s for s in self.stop or ()):
             raise bad("stop", "a list of non-empty strings")
         for name in ("presence_penalty", "frequency_penalty"):
             if not (is_real(getattr(self, name)) and -2.0 <= getattr(self, name) <= 2.0):

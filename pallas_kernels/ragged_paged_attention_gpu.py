@@ -30,8 +30,16 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels.common import as_elements, attention_mask, kv_range, layer_and_window, precision_for, qk, softmax_update, work_list
-
+from pallas_kernels.common import (
+    as_elements,
+    attention_mask,
+    kv_range,
+    layer_and_window,
+    precision_for,
+    qk,
+    softmax_update,
+    work_list,
+)
 
 _MIN_PROGRAMS = 512  # split KV below this many programs (~4 per SM on a 132-SM H100/H200)
 

@@ -34,7 +34,16 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from pallas_kernels.common import as_elements, attention_mask, kv_range, layer_and_window, precision_for, qk, softmax_update, work_list
+from pallas_kernels.common import (
+    as_elements,
+    attention_mask,
+    kv_range,
+    layer_and_window,
+    precision_for,
+    qk,
+    softmax_update,
+    work_list,
+)
 
 _LANES = 128
 SUBLANES = 8  # a page's tokens in rows of 8 in the TPU layout (platforms/tpu.py)

@@ -71,7 +71,8 @@ def write_tiny_llama(path, *, seed=0, vocab_size=256, hidden_size=64, intermedia
     import transformers
     from safetensors.numpy import save_file
 
-    cfg = getattr(transformers, f"{arch}Config")(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+    cfg = getattr(transformers, f"{arch}Config")(
+                      vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
                       num_hidden_layers=num_layers, num_attention_heads=num_heads,
                       num_key_value_heads=num_kv_heads, max_position_embeddings=max_position_embeddings,
                       tie_word_embeddings=tie, eos_token_id=2, bos_token_id=1, **extra)
@@ -110,6 +111,7 @@ def write_tiny_eagle3(path, *, hidden_size=64, num_heads=4, num_kv_heads=2, head
     own unless own_embedding) for a target of hidden_size and vocab_size; aux_layer_ids: its
     eagle_config's captured layers (None: vLLM's default). Returns its tensors."""
     import json
+
     from safetensors.numpy import save_file
     rng = np.random.default_rng(seed)
     H, inter, m = hidden_size, 96, "midlayer."
@@ -180,12 +182,24 @@ def assert_every_spec_method_keeps(path, prompts, plain, params, aux_layer_ids, 
         {"method": "eagle3", "model": str(eagle3), "num_speculative_tokens": 3}], **kwargs)
 
 
+def backend_for(platform: str, attention_backend: str = "auto", *, dtype: str = "float32",
+                quantization: str | None = None, tensor_parallel_size: int = 1):
+    """The backend (jaxvllm/backends) of an engine on `platform` with these settings."""
+    from jaxvllm.backends import get_backend
+    from jaxvllm.config import EngineConfig, ModelConfig, ParallelConfig, QuantizationConfig
+    from jaxvllm.platforms import get_platform
+    config = EngineConfig(model=ModelConfig(dtype=dtype, attention_backend=attention_backend),
+                          parallel=ParallelConfig(tensor_parallel_size=tensor_parallel_size),
+                          quant_config=QuantizationConfig(quantization))
+    return get_backend(config, get_platform(platform))
+
+
 def run_prefill(model, token_ids: list[int], num_blocks: int = 16, layer_loop=None) -> np.ndarray:
     """Logits at every position of one sequence written to pages 1..n of a fresh cache
     (the layers run in the CPU's loop unless `layer_loop` is given)."""
     import jax.numpy as jnp
-    from jaxvllm.layers.attention import AttentionMetadata, get_attention
-    from jaxvllm.platforms import get_platform
+
+    from jaxvllm.layers.attention import AttentionMetadata
 
     a = model.args
     n = len(token_ids)
@@ -195,9 +209,8 @@ def run_prefill(model, token_ids: list[int], num_blocks: int = 16, layer_loop=No
                            kv_lens=np.array([n], np.int32), page_indices=pages[None],
                            cu_q_lens=np.array([0, n], np.int32), num_seqs=np.array([1], np.int32))
     kv = jnp.zeros((a.num_layers, 2, num_blocks, BLOCK, a.num_kv_heads, a.head_dim))
-    cpu = get_platform("cpu")
-    hidden, _ = model(jnp.asarray(token_ids), kv, md, get_attention("auto", cpu),
-                      layer_loop or cpu.layer_loop)
+    cpu = backend_for("cpu")
+    hidden, _ = model(jnp.asarray(token_ids), kv, md, cpu.attention(), layer_loop or cpu.layer_loop)
     return np.asarray(model.compute_logits(hidden))
 
 
@@ -220,6 +233,7 @@ def hf_default_model():
     the test extra installs): loaded once for the loader's tests and the default model's."""
     torch = pytest.importorskip("torch")
     import transformers
+
     from jaxvllm.transformers_utils.model_path import default_model_path
 
     directory, name = os.path.split(default_model_path())

@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 import torch
-
 from conftest import run_prefill, write_tiny_eagle3
+
 from jaxvllm import LLM, SamplingParams
 from jaxvllm.sampling_params import StructuredOutputsParams
 from jaxvllm.transformers_utils.model_path import default_model_path

@@ -45,6 +45,7 @@ def gguf_path() -> Path:
 def test_greedy_matches_transformers(gguf_path):
     torch = pytest.importorskip("torch")
     import transformers
+
     from jaxvllm import LLM, SamplingParams
 
     # max_model_len past the 512-token window: the sliding layers are five KV cache groups
@@ -75,6 +76,6 @@ def test_greedy_matches_transformers(gguf_path):
     with torch.no_grad():
         theirs = [ref.generate(torch.tensor([p]), do_sample=False, max_new_tokens=N_NEW, min_new_tokens=N_NEW,
                                pad_token_id=0)[0, len(p):].tolist() for p in prompts]
-    for prompt, o, t in zip(PROMPTS + ["(600 tokens of source)"], ours, theirs):
+    for prompt, o, _ in zip(PROMPTS + ["(600 tokens of source)"], ours, theirs):
         print(f"{prompt!r} -> {tokenizer.decode(o)!r}")
     assert ours == theirs

@@ -16,7 +16,7 @@ def test_two_threads_waiting_on_one_exit_both_see_it_gone():
         proc = _SPAWN.Process(target=time.sleep, args=(0.02,))
         proc.start()
         seen = []
-        watcher = threading.Thread(target=lambda: seen.append(wait_for_exit(proc)))
+        watcher = threading.Thread(target=lambda: seen.append(wait_for_exit(proc)))  # noqa: B023 (joined below)
         watcher.start()
         assert wait_for_exit(proc, 30)
         assert not proc.is_alive() and proc.exitcode == 0

@@ -14,8 +14,14 @@ import pytest
 import jaxvllm
 from jaxvllm import LLM, SamplingParams, StructuredOutputsParams
 from jaxvllm.config import EngineArgs
-from jaxvllm.vllm_compat import (CHAT_REFUSED, GENERATE_REFUSED, IGNORED, LLM_REFUSED,
-                                 SAMPLING_REFUSED, STRUCTURED_REFUSED)
+from jaxvllm.vllm_compat import (
+    CHAT_REFUSED,
+    GENERATE_REFUSED,
+    IGNORED,
+    LLM_REFUSED,
+    SAMPLING_REFUSED,
+    STRUCTURED_REFUSED,
+)
 
 VLLM_SAMPLING_PARAMS = [
     "n", "presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "top_p",

@@ -2,11 +2,27 @@
 into the KVTransferConfig section, and its checks, each naming the field and its limit."""
 from __future__ import annotations
 
-from jaxvllm.config.engine_config import KVTransferConfig
+from dataclasses import dataclass, field
+
 from jaxvllm.config.json_section import section_fields
+from jaxvllm.kv_transfer.factory import CONNECTOR_NAMES
 
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
 _OFFLOADING_EXTRA = ("num_cpu_blocks", "cpu_bytes_to_use", "num_staging_blocks", "block_size")
+
+
+@dataclass(frozen=True)
+class KVTransferConfig:
+    """A KV connector (vLLM's `kv_transfer_config`, jaxvllm/kv_transfer): `kv_connector`
+    names it, `kv_role` is kv_producer, kv_consumer or kv_both, `kv_connector_extra_config`
+    holds its own settings (OffloadingConnector: num_cpu_blocks or cpu_bytes_to_use,
+    num_staging_blocks; JaxTransferConnector: pull_timeout_s, send_timeout_s). kv_ip and
+    kv_port: where a prefill engine's side channel listens (vLLM's defaults)."""
+    kv_connector: str | None = None
+    kv_role: str = "kv_both"
+    kv_connector_extra_config: dict = field(default_factory=dict)
+    kv_ip: str = "127.0.0.1"
+    kv_port: int = 14579
 
 
 def parse_kv_transfer_config(value) -> KVTransferConfig | None:
@@ -17,7 +33,6 @@ def parse_kv_transfer_config(value) -> KVTransferConfig | None:
 
 
 def verify_kv_transfer(config) -> None:
-    from jaxvllm.distributed.kv_transfer.factory import CONNECTOR_NAMES
     kv = config.kv_transfer
     if kv is None:
         return
@@ -49,9 +64,9 @@ def _verify_jax_transfer(kv: KVTransferConfig) -> None:
     if unknown := sorted(set(extra) - {"pull_timeout_s", "send_timeout_s"}):
         raise ValueError(f"{name} has unknown fields {unknown} for JaxTransferConnector; known: "
                          "['pull_timeout_s', 'send_timeout_s'].")
-    for field in ("pull_timeout_s", "send_timeout_s"):
-        if field in extra and not (type(extra[field]) in (int, float) and extra[field] > 0):
-            raise ValueError(f"{name}.{field} must be a positive number of seconds, got {extra[field]!r}.")
+    for key in ("pull_timeout_s", "send_timeout_s"):
+        if key in extra and not (type(extra[key]) in (int, float) and extra[key] > 0):
+            raise ValueError(f"{name}.{key} must be a positive number of seconds, got {extra[key]!r}.")
     if not isinstance(kv.kv_ip, str) or not kv.kv_ip:
         raise ValueError(f"kv_transfer_config.kv_ip must be a host address, got {kv.kv_ip!r}.")
     if type(kv.kv_port) is not int or not 1 <= kv.kv_port <= 65535:
@@ -69,9 +84,9 @@ def _verify_offloading(config, kv: KVTransferConfig) -> None:
     if ("num_cpu_blocks" in extra) == ("cpu_bytes_to_use" in extra):
         raise ValueError(f"{name} needs exactly one of num_cpu_blocks and cpu_bytes_to_use (the host "
                          f"tier's size), got {sorted(extra)}.")
-    for field in ("num_cpu_blocks", "cpu_bytes_to_use", "num_staging_blocks"):
-        if field in extra and (type(extra[field]) is not int or extra[field] < 1):
-            raise ValueError(f"{name}.{field} must be a positive integer, got {extra[field]!r}.")
+    for key in ("num_cpu_blocks", "cpu_bytes_to_use", "num_staging_blocks"):
+        if key in extra and (type(extra[key]) is not int or extra[key] < 1):
+            raise ValueError(f"{name}.{key} must be a positive integer, got {extra[key]!r}.")
     if extra.get("block_size", config.cache.block_size) != config.cache.block_size:
         raise ValueError(f"{name}.block_size must equal the KV cache's block_size ({config.cache.block_size}): "
                          f"the host tier keeps whole pages, got {extra['block_size']!r}.")

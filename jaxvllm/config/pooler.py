@@ -5,10 +5,23 @@ the pooler config's unset fields take the convert's defaults."""
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
-from jaxvllm.config.engine_config import PoolerConfig
 from jaxvllm.config.json_section import section_fields
 from jaxvllm.pooling_params import POOLING_TYPES
+
+
+@dataclass(frozen=True)
+class PoolerConfig:
+    """How a pooling model pools (vLLM's PoolerConfig): the hidden states of the LAST token,
+    their MEAN, the first (CLS) token's, or ALL of them; L2-`normalize` embeddings; `softmax`
+    a classifier's labels (its `use_activation`); `dimensions`: the Matryoshka default.
+    None: the convert's default (embed: LAST, normalized; classify: LAST, softmax)."""
+    pooling_type: str | None = None
+    normalize: bool | None = None
+    softmax: bool | None = None
+    dimensions: int | None = None
+
 
 RUNNERS = ("auto", "generate", "pooling")
 CONVERTS = ("auto", "none", "embed", "classify")

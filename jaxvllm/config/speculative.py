@@ -5,13 +5,41 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from dataclasses import dataclass
 
-from jaxvllm.config.engine_config import SpeculativeConfig
 from jaxvllm.config.json_section import section_fields
 
 METHODS = ("ngram", "suffix", "draft_model", "eagle3")
 DRAFT_METHODS = ("draft_model", "eagle3")  # a model of their own, speculative_config.model
 MAX_SPECULATIVE_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding (vLLM's `speculative_config`): a proposer drafts up to
+    `num_speculative_tokens` tokens per request per step, the target model verifies them in
+    one forward and the rejection sampler keeps the target's distribution (worker/spec_decode).
+    ngram: prompt lookup, the longest suffix n-gram of prompt_lookup_min..max tokens that
+    appeared earlier in the request proposes the tokens that followed it (vLLM's defaults:
+    one bound unset takes the other's value, both unset are 5).
+    suffix: suffix decoding over the request's prompt and the responses of it and of the last
+    suffix_decoding_max_cached_requests requests, matched up to suffix_decoding_max_tree_depth
+    tokens back; a match of m tokens drafts up to m * suffix_decoding_max_spec_factor tokens,
+    while the draft's path probability stays >= suffix_decoding_min_token_prob (vLLM's names
+    and defaults; num_speculative_tokens unset: the tree depth, at most 16 here).
+    draft_model: `model`, a smaller checkpoint with the target's vocabulary, runs in the same
+    worker on the same mesh, its KV in the target's pool, and drafts greedily, k tokens per
+    step in one compiled program (worker/spec_decode/draft_model.py)."""
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    model: str | None = None
+    """The draft model of method draft_model (a path or hub id, resolved to a local path)."""
+    prompt_lookup_min: int = 5
+    prompt_lookup_max: int = 5
+    suffix_decoding_max_tree_depth: int = 24
+    suffix_decoding_max_cached_requests: int = 10000
+    suffix_decoding_max_spec_factor: float = 1.0
+    suffix_decoding_min_token_prob: float = 0.1
 
 
 def parse_speculative_config(value) -> SpeculativeConfig | None:

@@ -2,18 +2,23 @@
 then the rules that span sections (which executors allow async scheduling or swap)."""
 from __future__ import annotations
 
+from jaxvllm.config.kv_transfer import verify_kv_transfer
+from jaxvllm.config.speculative import verify_speculative
+from jaxvllm.layers.quantization import QUANTIZATION_METHODS
+
+# vLLM's names (jaxvllm/layers/quantization, jaxvllm/layers/kv_cache_dtype.py run them).
+QUANTIZATIONS = (None, *QUANTIZATION_METHODS)
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8")
+
 
 def verify_engine_config(config) -> None:
     _verify_parallel(config.parallel)
     _verify_cache(config.cache)
     _verify_scheduler(config.scheduler)
-    from jaxvllm.config.engine_config import QUANTIZATIONS
     if config.quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {config.quantization!r}.")
-    from jaxvllm.config.speculative import verify_speculative
     verify_target_model(config.model.hf_config, config.model.name)
     verify_speculative(config)
-    from jaxvllm.config.kv_transfer import verify_kv_transfer
     verify_kv_transfer(config)
     c, p, s = config.compilation, config.parallel, config.scheduler
     if config.model.runner == "pooling" and p.pipeline_parallel_size > 1:
@@ -89,7 +94,6 @@ def _verify_parallel(p) -> None:
 
 
 def _verify_cache(c) -> None:
-    from jaxvllm.config.engine_config import KV_CACHE_DTYPES
     if c.kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {c.kv_cache_dtype!r}.")
     if c.block_size not in (8, 16, 32, 64, 128, 256):

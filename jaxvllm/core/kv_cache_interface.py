@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True)
 class KVCacheSpec:
     """One layer's pages: `block_size` tokens each, `page_size_bytes` over the whole mesh
-    (the platform's layout, padding included). sliding_window: tokens a layer attends back,
+    (the backend's layout, padding included). sliding_window: tokens a layer attends back,
     None for full attention (its pages are kept for the whole sequence)."""
     block_size: int
     page_size_bytes: int

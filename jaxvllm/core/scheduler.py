@@ -30,15 +30,20 @@ from jaxvllm.core.kv_cache_manager import KVCacheManager
 from jaxvllm.core.preemption import pick_victim, preempt
 from jaxvllm.core.request import Request, RequestStatus
 from jaxvllm.core.request_queue import create_request_queue
-from jaxvllm.core.sched_utils import (check_stop, needs_host_tokens, new_request_data, num_new_tokens,
-                                      owes_prompt_logprobs)
-from jaxvllm.core.spec_decode import SpecDecodingStats, accept_tokens
 from jaxvllm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
+from jaxvllm.core.sched_utils import (
+    check_stop,
+    needs_host_tokens,
+    new_request_data,
+    num_new_tokens,
+    owes_prompt_logprobs,
+)
+from jaxvllm.core.spec_decode import SpecDecodingStats, accept_tokens
 from jaxvllm.core.stats import SchedulerStats
 from jaxvllm.core.structured_output import StructuredOutputManager
 from jaxvllm.core.swap_space import SwapSpace
-from jaxvllm.distributed.kv_transfer.base import KVConnectorRole
-from jaxvllm.distributed.kv_transfer.factory import KVConnectorFactory
+from jaxvllm.kv_transfer.base import KVConnectorRole
+from jaxvllm.kv_transfer.factory import KVConnectorFactory
 from jaxvllm.outputs import EngineCoreOutput, FinishReason, ModelRunnerOutput
 
 
@@ -54,7 +59,7 @@ class Scheduler:
         its drafts' KV there, vLLM's name); use_eagle: an EAGLE-3 head drafts. max_loras:
         most distinct LoRA adapters in one step (the worker's device slots); 0: none served.
         engine_config: the whole EngineConfig, where its kv_transfer section asks for a KV
-        connector (distributed/kv_transfer), whose scheduler side lives here."""
+        connector (kv_transfer), whose scheduler side lives here."""
         s = scheduler_config
         if s.preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {s.preemption_mode!r}.")

@@ -24,7 +24,7 @@ class SchedulerStats:
     spec_decode_num_draft_tokens: int = 0
     spec_decode_num_accepted_tokens: int = 0
     spec_decode_num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
-    # A KV connector's counters, cumulative (distributed/kv_transfer; vLLM's names:
+    # A KV connector's counters, cumulative (kv_transfer; vLLM's names:
     # external_prefix_cache_queries/hits in tokens, {transfer_type}_total_bytes/_time).
     kv_connector_stats: dict[str, float] = field(default_factory=dict)
 

@@ -1,15 +1,15 @@
-"""The device mesh an engine runs on, and the one helper the model uses to annotate
-its activations against it.
+"""The device mesh an engine runs on.
 
 One axis, "model", carries tensor parallelism (vLLM's `tensor_parallel_size`): weights,
-attention heads and the KV cache's KV heads are split over it, and XLA's SPMD partitioner
-inserts the collectives. Its axis type is Auto (jax 0.10's `make_mesh` defaults to
-Explicit, under which `with_sharding_constraint` refuses bare specs).
+attention heads and the KV cache's KV heads are split over it (by the tables of
+logical_axes.py), and XLA's SPMD partitioner inserts the collectives. Its axis type is Auto
+(jax 0.10's `make_mesh` defaults to Explicit, under which `with_sharding_constraint`
+refuses bare specs).
 """
 from __future__ import annotations
 
 import jax
-from jax.sharding import AxisType, Mesh, PartitionSpec as P
+from jax.sharding import AxisType, Mesh
 
 MODEL_AXIS = "model"
 
@@ -23,11 +23,3 @@ def make_mesh(tensor_parallel_size: int, devices=None) -> Mesh:
                          f"({len(devices)}), got {tensor_parallel_size}.")
     return jax.make_mesh((tensor_parallel_size,), (MODEL_AXIS,), axis_types=(AxisType.Auto,),
                          devices=devices[:tensor_parallel_size])
-
-
-def constrain(x: jax.Array, *spec) -> jax.Array:
-    """`with_sharding_constraint(x, P(*spec))` against the mesh set while tracing
-    (`jax.set_mesh`); a no-op without one, so the model also runs unsharded (tests)."""
-    if jax.sharding.get_abstract_mesh().empty:
-        return x
-    return jax.lax.with_sharding_constraint(x, P(*spec))

@@ -1,7 +1,7 @@
-"""Placement of weights on the mesh by their partition specs, and the paged KV cache's.
+"""Placement of weights on the mesh by their logical axes, and the paged KV cache's.
 
-Each family declares its weights' specs (models/weight_spec.py), Megatron-style tensor
-parallelism over the mesh's "model" axis:
+Each family declares its weights' logical axes (models/weight_spec.py); the mesh layout's
+table (logical_axes.py) makes them Megatron-style tensor parallelism over the "model" axis:
 - the fused q/k/v projection and the MLP's fused gate/up are column parallel (split on
   their KV-head and intermediate-feature axes, so each device owns whole groups of
   attention heads and a slice of the intermediate features, both halves of it);
@@ -19,10 +19,11 @@ import math
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from jaxvllm.distributed.mesh import MODEL_AXIS as M
-from jaxvllm.layers.quantization.quantized_weight import QuantizedWeight
+from jaxvllm.distributed.logical_axes import EXPERTS, KV_HEADS, axis_rules, logical_to_mesh
+from jaxvllm.transformers_utils.quantized_weight import QuantizedWeight
 
 
 def padded_heads(num_heads: int, num_kv_heads: int, tp: int) -> tuple[int, int]:
@@ -46,24 +47,29 @@ def fit_spec(spec: tuple, shape: tuple[int, ...], mesh: Mesh) -> P:
 
 
 def param_sharding(weight, shape: tuple[int, ...], mesh: Mesh, expert_parallel: bool = False) -> NamedSharding:
-    """weight: its family's declaration (models/weight_spec.Weight); shape: as stored."""
-    if expert_parallel and weight.expert_partition is not None:
-        if shape[0] % mesh.shape[M]:
-            raise ValueError(f"enable_expert_parallel: the model's {shape[0]} experts do not divide "
-                             f"over tensor_parallel_size={mesh.shape[M]} devices.")
-        return NamedSharding(mesh, P(*weight.expert_partition))
-    return NamedSharding(mesh, fit_spec(weight.partition, shape, mesh))
+    """weight: its family's declaration (models/weight_spec.Weight); shape: as stored.
+    Under expert parallelism a stack of experts is split on its experts axis alone, which
+    must divide."""
+    spec = logical_to_mesh(weight.axes, axis_rules(mesh.axis_names, expert_parallel))
+    if expert_parallel and EXPERTS in weight.axes:
+        experts, axis = shape[weight.axes.index(EXPERTS)], spec[weight.axes.index(EXPERTS)]
+        if experts % mesh.shape[axis]:
+            raise ValueError(f"enable_expert_parallel: the model's {experts} experts do not divide "
+                             f"over tensor_parallel_size={mesh.shape[axis]} devices.")
+        return NamedSharding(mesh, spec)
+    return NamedSharding(mesh, fit_spec(spec, shape, mesh))
 
 
-def kv_cache_spec(layout: str) -> P:
-    """Tensor parallelism splits the KV cache by KV heads (platforms' kv_cache_shape): the
-    fifth axis of the portable [layers, K/V, pages, page_size, kv_heads, head_dim], the sixth
-    (heads x lanes) of the TPU's [layers, K/V, pages, page_size / 8, 8, kv_heads * lanes]."""
-    return P(None, None, None, None, None, M) if layout == "tpu" else P(None, None, None, None, M)
+def kv_cache_spec(layout: str, mesh_axes: tuple[str, ...]) -> P:
+    """The KV cache split by KV heads (Backend.kv_cache_shape): the fifth axis of the
+    portable [layers, K/V, pages, page_size, kv_heads, head_dim], the sixth (heads x lanes)
+    of the TPU's [layers, K/V, pages, page_size / 8, 8, kv_heads * lanes]."""
+    axes = (None,) * (5 if layout == "tpu" else 4) + (KV_HEADS,)
+    return logical_to_mesh(axes, axis_rules(mesh_axes))
 
 
 def kv_cache_sharding(mesh: Mesh, layout: str) -> NamedSharding:
-    return NamedSharding(mesh, kv_cache_spec(layout))
+    return NamedSharding(mesh, kv_cache_spec(layout, mesh.axis_names))
 
 
 def place(mesh: Mesh, weight, value: np.ndarray, expert_parallel: bool = False) -> jax.Array:

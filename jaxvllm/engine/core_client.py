@@ -23,8 +23,7 @@ import zmq.asyncio
 from jaxvllm.config import EngineArgs, EngineConfig
 from jaxvllm.engine.engine_core_handle import EngineCoreHandle
 from jaxvllm.engine.exceptions import EngineDeadError
-from jaxvllm.engine.messages import (EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType,
-                                     UtilityRequest)
+from jaxvllm.engine.messages import EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType, UtilityRequest
 from jaxvllm.serial_utils import decode, encode
 
 logger = logging.getLogger(__name__)

@@ -19,12 +19,13 @@ from jaxvllm.core.sched_output import SchedulerOutput
 from jaxvllm.core.scheduler import Scheduler
 from jaxvllm.core.stats import SchedulerStats
 from jaxvllm.core.structured_output import StructuredOutputManager
-from jaxvllm.distributed.kv_transfer.jax_transfer_connector import check_kv_transfer_params
-from jaxvllm.distributed.multihost import SchedulerOutputBroadcaster
 from jaxvllm.engine.batch_queue import BatchQueue
 from jaxvllm.engine.exceptions import EngineSleepingError
 from jaxvllm.engine.messages import EngineCoreRequest
+from jaxvllm.executor import get_executor_class
 from jaxvllm.executor.abstract import Executor
+from jaxvllm.executor.multihost import SchedulerOutputBroadcaster
+from jaxvllm.kv_transfer.jax_transfer_connector import check_kv_transfer_params
 from jaxvllm.outputs import EngineCoreOutput
 from jaxvllm.sampling_params import is_int
 from jaxvllm.transformers_utils.tokenizer import load_tokenizer
@@ -35,12 +36,12 @@ logger = logging.getLogger(__name__)
 
 class EngineCore:
     def __init__(self, config: EngineConfig, executor_class: type[Executor] | None = None):
-        """executor_class: default the one config.parallel names (executor/abstract.py)."""
+        """executor_class: default the one config.parallel names (executor/__init__.py)."""
         self.config = config
         if config.parallel.node_rank > 0:
             raise ValueError("The EngineCore runs on node_rank 0 only; other hosts run "
-                             "jaxvllm.distributed.multihost.run_follower.")
-        self.model_executor = (executor_class or Executor.get_class(config))(config)
+                             "jaxvllm.executor.multihost.run_follower.")
+        self.model_executor = (executor_class or get_executor_class(config))(config)
         kv_cache_config = self._initialize_kv_caches()
         hf_config = config.model.hf_config
         self.scheduler = Scheduler(

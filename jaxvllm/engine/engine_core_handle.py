@@ -14,8 +14,7 @@ import msgpack
 
 from jaxvllm.config import EngineArgs, EngineConfig
 from jaxvllm.engine.engine_core_main import run_engine_core
-from jaxvllm.process_utils import (has_exited, spawn_process, start_spawned, stop_processes,
-                                   wait_for_exit)
+from jaxvllm.process_utils import has_exited, spawn_process, start_spawned, stop_processes, wait_for_exit
 from jaxvllm.serial_utils import decode, encode
 
 logger = logging.getLogger(__name__)

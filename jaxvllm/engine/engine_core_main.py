@@ -45,8 +45,8 @@ def run_engine_core(args_bytes: bytes, input_address: str, output_address: str,
         import jax
 
         from jaxvllm.config import EngineArgs
-        from jaxvllm.distributed.multihost import initialize_distributed
         from jaxvllm.engine.engine_core_proc import EngineCoreProc
+        from jaxvllm.executor.multihost import initialize_distributed
         from jaxvllm.transformers_utils.config import load_hf_config
         from jaxvllm.transformers_utils.model_path import resolve_model
         try:

@@ -21,8 +21,13 @@ import zmq
 from jaxvllm.config import EngineConfig
 from jaxvllm.engine.engine_core import EngineCore
 from jaxvllm.engine.exceptions import EngineSleepingError
-from jaxvllm.engine.messages import (EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType,
-                                     UtilityOutput, UtilityRequest)
+from jaxvllm.engine.messages import (
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    EngineCoreRequestType,
+    UtilityOutput,
+    UtilityRequest,
+)
 from jaxvllm.outputs import EngineCoreOutput, FinishReason
 from jaxvllm.serial_utils import decode, encode
 

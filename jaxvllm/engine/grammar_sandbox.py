@@ -46,7 +46,7 @@ def _serve_checks(conn, parent_pid: int) -> None:
         except EOFError:
             return
         reply = []
-        worker = threading.Thread(target=lambda: reply.extend(_check_one(data)))
+        worker = threading.Thread(target=lambda: reply.extend(_check_one(data)))  # noqa: B023 (joined below)
         worker.start()
         worker.join()
         conn.send_bytes(json.dumps(reply).encode())

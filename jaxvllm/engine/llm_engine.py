@@ -14,18 +14,18 @@ import tempfile
 import jax
 
 from jaxvllm.config import EngineArgs
+from jaxvllm.config.verify import verify_target_model
 from jaxvllm.core.stats import SchedulerStats
-from jaxvllm.distributed.multihost import initialize_distributed
 from jaxvllm.engine.core_client import InprocClient, SyncMPClient
 from jaxvllm.engine.dp_client import DPSyncMPClient
 from jaxvllm.engine.engine_core import EngineCore
-from jaxvllm.engine.sleep_state import SleepState, check_sleep_level
 from jaxvllm.engine.output_processor import OutputProcessor
 from jaxvllm.engine.parallel_sampling import ParentRequest
 from jaxvllm.engine.processor import Processor, eos_token_id
+from jaxvllm.engine.sleep_state import SleepState, check_sleep_level
+from jaxvllm.executor.multihost import initialize_distributed
 from jaxvllm.outputs import RequestOutput
 from jaxvllm.sampling_params import SamplingParams
-from jaxvllm.config.verify import verify_target_model
 from jaxvllm.transformers_utils.config import load_hf_config
 from jaxvllm.transformers_utils.model_path import resolve_model
 from jaxvllm.transformers_utils.tokenizer import load_tokenizer

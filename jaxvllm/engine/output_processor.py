@@ -24,8 +24,14 @@ from jaxvllm.engine.logprobs import LogprobsProcessor
 from jaxvllm.engine.messages import EngineCoreRequest
 from jaxvllm.engine.parallel_sampling import ParentRequest
 from jaxvllm.metrics.stats import IterationStats, RequestStateStats
-from jaxvllm.outputs import (CompletionOutput, EngineCoreOutput, FinishReason, PoolingOutput,
-                             PoolingRequestOutput, RequestOutput)
+from jaxvllm.outputs import (
+    CompletionOutput,
+    EngineCoreOutput,
+    FinishReason,
+    PoolingOutput,
+    PoolingRequestOutput,
+    RequestOutput,
+)
 from jaxvllm.sampling_params import RequestOutputKind
 
 logger = logging.getLogger(__name__)

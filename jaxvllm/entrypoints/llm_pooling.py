@@ -10,8 +10,13 @@ from typing import Callable, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from jaxvllm.outputs import (ClassificationRequestOutput, EmbeddingRequestOutput, PoolingOutput,
-                             PoolingRequestOutput, ScoringRequestOutput)
+from jaxvllm.outputs import (
+    ClassificationRequestOutput,
+    EmbeddingRequestOutput,
+    PoolingOutput,
+    PoolingRequestOutput,
+    ScoringRequestOutput,
+)
 from jaxvllm.pooling_params import PoolingParams
 from jaxvllm.vllm_compat import POOLING_REFUSED, refuse
 

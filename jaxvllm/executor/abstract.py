@@ -54,18 +54,6 @@ class _Completed:
 
 
 class Executor(ABC):
-    @staticmethod
-    def get_class(config: EngineConfig) -> type["Executor"]:
-        backend = config.parallel.distributed_executor_backend
-        if backend == "mp":
-            from jaxvllm.executor.multiproc import MultiprocExecutor
-            return MultiprocExecutor
-        if backend == "ray":
-            from jaxvllm.executor.ray_executor import RayDistributedExecutor
-            return RayDistributedExecutor
-        from jaxvllm.executor.uniproc import UniProcExecutor
-        return UniProcExecutor
-
     def __init__(self, config: EngineConfig):
         self.config = config
         self._init_executor()

@@ -29,8 +29,14 @@ import zmq
 
 from jaxvllm.config import EngineConfig
 from jaxvllm.executor.abstract import REFUSABLE, WORKER_METHODS, Executor, WorkerDiedError, check_method
-from jaxvllm.process_utils import (has_exited, init_child_process, spawn_process, start_spawned,
-                                   stop_processes, wait_for_exit)
+from jaxvllm.process_utils import (
+    has_exited,
+    init_child_process,
+    spawn_process,
+    start_spawned,
+    stop_processes,
+    wait_for_exit,
+)
 from jaxvllm.serial_utils import decode, encode
 
 logger = logging.getLogger(__name__)

@@ -1,10 +1,11 @@
 """Paged attention for the model: write this step's K/V into the cache, then attend.
 
-The kernel is the platform's (jaxvllm/platforms resolves `attention_backend` and imports
-only the kernel it picks): `xla` (jax.numpy, jaxvllm/kernels/xla) runs anywhere; `native` is
-the C++ CPU kernel (jaxvllm/kernels/cpu), which reads pages where they lie instead of
-gathering copies; `pallas` is the Mosaic (TPU) or Triton (GPU) kernel (pallas_kernels/),
-in interpret mode off its device, so either can be checked end to end on a CPU.
+The kernel is the engine's backend's (jaxvllm/backends resolves `attention_backend` and
+imports only the kernel it picks): `xla` (jax.numpy, jaxvllm/kernels/xla) runs anywhere;
+`native` is the C++ CPU kernel (jaxvllm/kernels/cpu), which reads pages where they lie
+instead of gathering copies; `pallas` is the Mosaic (TPU) or Triton (GPU) kernel
+(pallas_kernels/), in interpret mode off its device, so either can be checked end to end on
+a CPU.
 
 A quantized cache (`kv_cache_dtype`, layers/kv_cache_dtype.py) is written quantized here and
 read by the same kernels, which convert what they load to float: K's scale is folded into
@@ -17,12 +18,12 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 from flax import struct
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
-from jaxvllm.distributed.mesh import MODEL_AXIS
+from jaxvllm.distributed.logical_axes import HEADS, KV_HEADS, SEQUENCE, axis_rules, logical_to_mesh
 from jaxvllm.distributed.partition import kv_cache_spec
 from jaxvllm.layers.kv_cache_dtype import KVCacheDtype
-from jaxvllm.platforms import Platform
 
 
 @struct.dataclass
@@ -38,9 +39,10 @@ class AttentionMetadata:
     num_seqs: jax.Array       # i32[1]
 
 
-def get_attention(backend: str, platform: Platform, mesh: Mesh | None = None,
+def get_attention(impl: Callable, kv_layout: str = "portable", mesh: Mesh | None = None,
                   kv_dtype: KVCacheDtype | None = None) -> Callable:
-    """The model's attention call, chosen once (`auto` picks the platform's fastest):
+    """The model's attention call over the kernel `impl` (the backend's: Backend.attention)
+    and a KV cache in `kv_layout` (the platform's):
     attend(q, k, v, kv_cache, layer, md, sm_scale, sliding_window, soft_cap) -> (out, kv_cache)
     writes this step's K/V into their slots, then attends (soft_cap: Gemma 2's tanh cap on
     the scaled scores). layer and sliding_window may be traced (sliding_window: None, or the
@@ -51,11 +53,9 @@ def get_attention(backend: str, platform: Platform, mesh: Mesh | None = None,
     device writes and reads only its own KV heads with its own query heads, the kernels see
     ordinary unsharded arrays, and no collective is needed inside attention.
     """
-    impl = platform.attention_impl(backend)
-
     def local(q, k, v, kv_cache, layer, md: AttentionMetadata, sm_scale, sliding_window=None,
               soft_cap=None):
-        kv_cache = write_kv(kv_cache, layer, k, v, md.slot_mapping, kv_dtype, platform.kv_cache_layout)
+        kv_cache = write_kv(kv_cache, layer, k, v, md.slot_mapping, kv_dtype, kv_layout)
         fmt = kv_dtype or KVCacheDtype(kv_cache.dtype)
         out = impl(q, kv_cache, layer, md.kv_lens, md.page_indices, md.cu_q_lens, md.num_seqs,
                    sm_scale=sm_scale * fmt.k_scale, sliding_window=sliding_window, soft_cap=soft_cap,
@@ -65,16 +65,17 @@ def get_attention(backend: str, platform: Platform, mesh: Mesh | None = None,
     if mesh is None or mesh.size == 1:
         return local
 
-    heads = P(None, MODEL_AXIS, None)
+    rules = axis_rules(mesh.axis_names)
+    q_heads, kv_heads = (logical_to_mesh((SEQUENCE, h, None), rules) for h in (HEADS, KV_HEADS))
+    cache = kv_cache_spec(kv_layout, mesh.axis_names)
 
     def attend(q, k, v, kv_cache, layer, md: AttentionMetadata, sm_scale: float,
                sliding_window=None, soft_cap: float | None = None):
         def per_shard(q, k, v, kv_cache, layer, md, sliding_window):
             return local(q, k, v, kv_cache, layer, md, sm_scale, sliding_window, soft_cap)
 
-        cache = kv_cache_spec(platform.kv_cache_layout)
-        f = jax.shard_map(per_shard, mesh=mesh, in_specs=(heads, heads, heads, cache, P(), P(), P()),
-                          out_specs=(heads, cache), check_vma=False)
+        f = jax.shard_map(per_shard, mesh=mesh, in_specs=(q_heads, kv_heads, kv_heads, cache, P(), P(), P()),
+                          out_specs=(q_heads, cache), check_vma=False)
         return f(q, k, v, kv_cache, layer, md, sliding_window)
     return attend
 
@@ -101,7 +102,7 @@ def in_kv_cache_groups(attend: Callable, layer_groups: tuple[int, ...] | None = 
 def write_kv(kv_cache: jax.Array, layer: jax.Array, k: jax.Array, v: jax.Array, slot_mapping: jax.Array,
              kv_dtype: KVCacheDtype | None = None, kv_layout: str = "portable") -> jax.Array:
     """kv_cache: [layers, 2, pages, page_size, kv_heads, head_dim], or the TPU's [layers, 2,
-    pages, page_size / 8, 8, kv_heads * lanes] (platforms' kv_cache_shape), updated in
+    pages, page_size / 8, 8, kv_heads * lanes] (the backend's kv_cache_shape), updated in
     place; k and v stored as kv_dtype says (default: cast to the cache's dtype)."""
     fmt = kv_dtype or KVCacheDtype(kv_cache.dtype)
     kv = jnp.stack([fmt.quantize(k, fmt.k_scale), fmt.quantize(v, fmt.v_scale)])  # [2, tokens, kv_heads, head_dim]

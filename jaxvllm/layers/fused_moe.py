@@ -4,7 +4,7 @@ expert outputs weighted by its router probabilities.
 
 Expert weights are stacked: gate/up `[experts, hidden, 2, intermediate]` (one matmul reads a
 row once for both halves) and down `[experts, intermediate, hidden]`. The grouped matmul is
-the platform's (`Platform.fused_moe_method`): `jax.lax.ragged_dot` by default (the GPU), Pallas
+the backend's (`Backend.moe_method`): `jax.lax.ragged_dot` by default (the GPU), Pallas
 megablox `gmm` on a TPU; on one CPU device the native kernel over experts packed as the packed
 linear method packs a weight (jaxvllm/kernels/cpu/packed_matmul.py), elsewhere on the CPU a
 loop over the row tiles each expert's rows occupy. The experts do not go through the linear
@@ -27,7 +27,11 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from jaxvllm.distributed.mesh import MODEL_AXIS as M
+from jaxvllm.distributed.logical_axes import EMBED, EXPERTS, MLP, axis_rules, logical_to_mesh
+
+# The stacks' logical axes (distributed/logical_axes.py), for the weight specs that declare them.
+GATE_UP_AXES = (EXPERTS, EMBED, None, MLP)  # [experts, hidden, 2, intermediate]
+DOWN_AXES = (EXPERTS, MLP, EMBED)           # [experts, intermediate, hidden]
 
 # grouped_matmul(lhs [m, k], rhs [groups, k, n], group_sizes i32[groups]) -> [m, n]: rows of
 # lhs in consecutive groups, group g multiplied by rhs[g]; rows past the last group are
@@ -110,19 +114,20 @@ def fused_moe(method: UnquantizedFusedMoEMethod, x: jax.Array, w_gate_up: jax.Ar
     the module's docstring); directly without one. Under expert parallelism the experts
     divide over the mesh (distributed/partition.py refuses them otherwise)."""
     mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        return method.apply(x, w_gate_up, w_down, topk_weights, topk_ids)
+    rules = axis_rules(mesh.axis_names, expert_parallel)
+    axis = rules[EXPERTS if expert_parallel else MLP]  # the axis the devices' outputs are summed over
     # Intermediate features that do not divide over the mesh stay replicated (fit_spec):
     # then every device runs every expert whole.
-    if mesh.empty or mesh.size == 1 or not expert_parallel and w_gate_up.shape[-1] % mesh.shape[M]:
+    if not expert_parallel and w_gate_up.shape[-1] % mesh.shape[axis]:
         return method.apply(x, w_gate_up, w_down, topk_weights, topk_ids)
-    if expert_parallel:
-        specs = (P(M, None, None, None), P(M, None, None))
-    else:
-        specs = (P(None, None, None, M), P(None, M, None))
-    specs = (_per_array(w_gate_up, specs[0]), _per_array(w_down, specs[1]))
+    specs = (_per_array(w_gate_up, logical_to_mesh(GATE_UP_AXES, rules)),
+             _per_array(w_down, logical_to_mesh(DOWN_AXES, rules)))
 
     def local(x, w_gate_up, w_down, topk_weights, topk_ids):
-        first = jax.lax.axis_index(M) * w_gate_up.shape[0] if expert_parallel else 0
-        return jax.lax.psum(method.apply(x, w_gate_up, w_down, topk_weights, topk_ids, first), M)
+        first = jax.lax.axis_index(axis) * w_gate_up.shape[0] if expert_parallel else 0
+        return jax.lax.psum(method.apply(x, w_gate_up, w_down, topk_weights, topk_ids, first), axis)
 
     return jax.shard_map(local, mesh=mesh, in_specs=(P(), *specs, P(), P()), out_specs=P(),
                          check_vma=False)(x, w_gate_up, w_down, topk_weights, topk_ids)

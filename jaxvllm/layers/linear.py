@@ -1,12 +1,12 @@
 """The model's matmuls, and how their weights are stored (vLLM's LinearMethod).
 
 A linear weight is given as [in, *out]; the out axes keep heads and fused parts apart, so
-that tensor parallelism can split them (distributed/partition.py). The platform picks one
-linear method per model (jaxvllm/platforms): it fixes each weight's stored shape at
+that tensor parallelism can split them (distributed/partition.py). The backend picks one
+linear method per model (jaxvllm/backends): it fixes each weight's stored shape at
 construction, turns a loaded [in, *out] weight into that form once, and multiplies, giving
 the out features in a shape the caller reshapes to the one it needs (free with either
 method). This one is XLA's: weights stored as given. The CPU's packed native matmul keeps
-the same interface (PackedLinearMethod, jaxvllm/kernels/cpu/packed_matmul.py), and so do the
+the same interface (PackedLinearMethod, jaxvllm/layers/packed_linear.py), and so do the
 quantized methods (jaxvllm/layers/quantization/).
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 class UnquantizedLinearMethod:
     """x @ w in XLA, w stored [in, *out] as loaded. accumulate_dtype: what the dot returns
-    before the cast back to x's dtype, where the platform asks for it (the CPU: XLA:CPU's
+    before the cast back to x's dtype, where the backend asks for it (the CPU: XLA:CPU's
     bfloat16 x bfloat16 -> bfloat16 dot runs at a quarter of the speed of -> float32)."""
     # A tied LM head is the embedding, transposed inside the matmul: no copy is kept.
     copies_tied_head = False

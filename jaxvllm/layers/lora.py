@@ -3,7 +3,7 @@
 
 The adapters of a step sit in fixed-shape stacks, per adapted projection and layer, and
 every token carries its slot (-1: no adapter); loading another adapter changes values, never
-shapes. Two forms, by what the platform's float linear method can do:
+shapes. Two forms, by what the backend's float linear method can do:
 - dense: A [in, parts * slots * rank] and, per part of a fused projection, B [slots * rank,
   *out of the part]. The shrink x @ A runs for every slot at once, a one-hot of the token's
   slot keeps its own part, and each expand contracts slots and rank together: plain matmuls
@@ -103,7 +103,7 @@ class LoRALinear:
 
 
 def with_lora(layer_loop, layouts: dict, num_slots: int, stacks: dict, token_slots: jax.Array):
-    """The platform's layer loop (models/layer_loops.py) with each adapted linear of layer i
+    """The backend's layer loop (models/layer_loops.py) with each adapted linear of layer i
     wrapped: stacks maps a layer leaf ('qkv_proj') to (A, (B per part)), each stacked over
     the layers in the form its layout says; layouts maps it to its LoRALayout;
     token_slots: i32[tokens], each token's slot (-1: none)."""

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxvllm.distributed.mesh import MODEL_AXIS as M, constrain
+from jaxvllm.distributed.logical_axes import EMBED, SEQUENCE, VOCAB, constrain
 from jaxvllm.layers.attention import AttentionMetadata
 from jaxvllm.layers.linear import Linear
 from jaxvllm.layers.quantization.config import QuantizationConfig
@@ -33,7 +33,7 @@ class CausalLM(nnx.Module):
     def __init__(self, args, *, dtype=jnp.float32, linear_method=None, moe_method=None,
                  quant_config: QuantizationConfig | None = None, first_layer: int = 0):
         """Weights are zeros (a plain norm's ones): the model is built under nnx.eval_shape and
-        its weights loaded next. linear_method / moe_method: the platform's (default XLA's),
+        its weights loaded next. linear_method / moe_method: the backend's (default XLA's),
         or quant_config, which picks a method per named layer. first_layer: a pipeline stage's
         first checkpoint layer (its own are numbered from 0)."""
         self.args, self.dtype, self.first_layer = args, jnp.dtype(dtype), first_layer
@@ -81,7 +81,7 @@ class CausalLM(nnx.Module):
         return layer_windows(self.args)
 
     def embed(self, input_ids: jax.Array) -> jax.Array:
-        return constrain(self.embed_tokens.get_value()[input_ids], None, None)
+        return constrain(self.embed_tokens.get_value()[input_ids], SEQUENCE, EMBED)
 
     def layer_weights(self) -> list[dict]:
         """Each layer's weights for the layer functions, its linears bound to their methods."""
@@ -96,7 +96,7 @@ class CausalLM(nnx.Module):
         """Logits of hidden's rows; with num_rows, those past it (padding) may be zeros."""
         head = self.embed_tokens.get_value().T if self.lm_head is None else self.lm_head.get_value()
         logits = self.bind("lm_head", head)(hidden, num_rows).astype(jnp.float32)
-        return constrain(logits, None, M)  # vocab parallel
+        return constrain(logits, SEQUENCE, VOCAB)  # vocab parallel
 
     # ---- loading ----------------------------------------------------------------------
     def load_hf_weights(self, weights: dict[str, np.ndarray], place=None) -> None:

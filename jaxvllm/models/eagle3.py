@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxvllm.distributed.mesh import MODEL_AXIS as M, constrain
+from jaxvllm.distributed.logical_axes import EMBED, HEADS, KV_HEADS, SEQUENCE, VOCAB, constrain
 from jaxvllm.layers.layernorm import rms_norm
 from jaxvllm.layers.rotary import apply_rotary, compute_inv_freq, rotary_cos_sin
 from jaxvllm.models.causal_lm import CausalLM
@@ -59,18 +59,18 @@ def weight_spec(a: Eagle3Args) -> list[Weight]:
     H, group, d = a.hidden_size, a.num_heads // a.num_kv_heads, a.head_dim
     attn = "midlayer.self_attn."
     return [
-        Weight("embed_tokens", (a.vocab_size, H), (M, None), ("model.embed_tokens.weight",)),
+        Weight("embed_tokens", (a.vocab_size, H), (VOCAB, EMBED), ("model.embed_tokens.weight",)),
         linear("fc", 3 * a.target_hidden_size, (H,), (None, None), ["fc.weight"]),
         vector("layers.{i}.input_layernorm", H, "midlayer.input_layernorm.weight", init=1.0),
         vector("layers.{i}.hidden_norm", H, "midlayer.hidden_norm.weight", init=1.0),
-        linear("layers.{i}.qkv_proj", 2 * H, (a.num_kv_heads, group + 2, d), (None, M, None, None),
+        linear("layers.{i}.qkv_proj", 2 * H, (a.num_kv_heads, group + 2, d), (EMBED, KV_HEADS, None, None),
                [f"{attn}{n}_proj.weight" for n in "qkv"], functools.partial(fuse_qkv_weight, a),
                name=attn + "qkv_proj.weight"),
-        linear("layers.{i}.o_proj", a.num_heads * d, (H,), (M, None), [attn + "o_proj.weight"]),
+        linear("layers.{i}.o_proj", a.num_heads * d, (H,), (HEADS, EMBED), [attn + "o_proj.weight"]),
         vector("layers.{i}.post_attention_layernorm", H, "midlayer.post_attention_layernorm.weight", init=1.0),
         *mlp_weights(a, prefix="midlayer.mlp."),
         vector("norm", H, "norm.weight", init=1.0),
-        linear("lm_head", H, (a.draft_vocab_size,), (None, M), ["lm_head.weight"]),
+        linear("lm_head", H, (a.draft_vocab_size,), (EMBED, VOCAB), ["lm_head.weight"]),
         Weight("token_map", (a.draft_vocab_size,), (None,), ("d2t",), token_map, dtype="int32"),
     ]
 
@@ -97,10 +97,10 @@ class Eagle3LlamaForCausalLM(CausalLM):
         x = jnp.concatenate([rms_norm(self.embed(input_ids), w["input_layernorm"], a.rms_norm_eps),
                              rms_norm(hidden, w["hidden_norm"], a.rms_norm_eps)], axis=-1)
         qkv = constrain(w["qkv_proj"](x, num_tokens).reshape(T, a.num_kv_heads, group + 2, a.head_dim),
-                        None, M, None, None)
+                        SEQUENCE, KV_HEADS, None, None)
         inv_freq = jnp.asarray(compute_inv_freq(a.head_dim, a.rope_theta, dict(a.rope_scaling or ())))
         cos_sin = rotary_cos_sin(md.positions, inv_freq)
-        q = constrain(qkv[:, :, :group].reshape(T, a.num_heads, a.head_dim), None, M, None)
+        q = constrain(qkv[:, :, :group].reshape(T, a.num_heads, a.head_dim), SEQUENCE, HEADS, None)
         o, kv_cache = attend(apply_rotary(q, cos_sin), apply_rotary(qkv[:, :, group], cos_sin), qkv[:, :, group + 1],
                              kv_cache, 0, md, a.head_dim ** -0.5, None)
         prenorm = mlp_block(a, w, hidden, o, num_tokens=num_tokens)

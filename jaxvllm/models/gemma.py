@@ -17,7 +17,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxvllm.distributed.mesh import MODEL_AXIS as M, constrain
+from jaxvllm.distributed.logical_axes import EMBED, HEADS, KV_HEADS, MLP, SEQUENCE, constrain
 from jaxvllm.layers.attention import AttentionMetadata
 from jaxvllm.layers.layernorm import gemma_rms_norm
 from jaxvllm.layers.rotary import apply_rotary, compute_inv_freq, rotary_cos_sin
@@ -72,11 +72,11 @@ def attention_inputs(a: GemmaArgs, layer: tuple[int, dict], h: jax.Array, *, cos
     T, group = h.shape[0], a.num_heads // a.num_kv_heads
     x = gemma_rms_norm(h, w["input_layernorm"], a.rms_norm_eps)
     qkv = w["qkv_proj"](x, num_tokens).reshape(T, a.num_kv_heads, group + 2, a.head_dim)
-    qkv = constrain(qkv, None, M, None, None)
+    qkv = constrain(qkv, SEQUENCE, KV_HEADS, None, None)
     q, k = qkv[:, :, :group], qkv[:, :, group]
     if a.qk_norm:
         q, k = gemma_rms_norm(q, w["q_norm"], a.rms_norm_eps), gemma_rms_norm(k, w["k_norm"], a.rms_norm_eps)
-    q = constrain(q.reshape(T, a.num_heads, a.head_dim), None, M, None)
+    q = constrain(q.reshape(T, a.num_heads, a.head_dim), SEQUENCE, HEADS, None)
     cos_sin = cos_sins[1] if a.sliding_layers[i] and a.local_rope_theta else cos_sins[0]
     return apply_rotary(q, cos_sin), apply_rotary(k, cos_sin), qkv[:, :, group + 1]
 
@@ -86,12 +86,12 @@ def mlp_block(a: GemmaArgs, layer: tuple[int, dict], h: jax.Array, o: jax.Array,
     """Output projection, normed, residual; pre-norm, GeGLU MLP, post-norm, residual."""
     _, w = layer
     T, eps = h.shape[0], a.rms_norm_eps
-    attn = constrain(w["o_proj"](o.reshape(T, -1), num_tokens), None, None)
+    attn = constrain(w["o_proj"](o.reshape(T, -1), num_tokens), SEQUENCE, EMBED)
     h = h + gemma_rms_norm(attn, w["post_attention_layernorm"], eps)
     x = gemma_rms_norm(h, w["pre_feedforward_layernorm"], eps)
     gate_up = w["gate_up_proj"](x, num_tokens).reshape(T, 2, a.intermediate_size)
-    up = constrain(jax.nn.gelu(gate_up[:, 0], approximate=True) * gate_up[:, 1], None, M)
-    out = constrain(w["down_proj"](up, num_tokens), None, None)
+    up = constrain(jax.nn.gelu(gate_up[:, 0], approximate=True) * gate_up[:, 1], SEQUENCE, MLP)
+    out = constrain(w["down_proj"](up, num_tokens), SEQUENCE, EMBED)
     return h + gemma_rms_norm(out, w["post_feedforward_layernorm"], eps)
 
 
@@ -115,7 +115,7 @@ class GemmaForCausalLM(CausalLM):
 
     def embed(self, input_ids: jax.Array) -> jax.Array:
         embed = self.embed_tokens.get_value()
-        return constrain(embed[input_ids] * jnp.asarray(self.args.hidden_size ** 0.5, embed.dtype), None, None)
+        return constrain(embed[input_ids] * jnp.asarray(self.args.hidden_size ** 0.5, embed.dtype), SEQUENCE, EMBED)
 
     def final_norm(self, h: jax.Array) -> jax.Array:
         return gemma_rms_norm(h, self.norm.get_value(), self.args.rms_norm_eps)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from jaxvllm.layers.quantization.quantized_weight import QuantizedWeight
+from jaxvllm.transformers_utils.quantized_weight import QuantizedWeight
 
 
 def get(weights: dict[str, np.ndarray], key: str) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""How a model runs its decoder layers; the platform picks one (jaxvllm/platforms).
+"""How a model runs its decoder layers; the backend picks one (jaxvllm/backends).
 
 A decoder layer is given in three parts around its attention: `qkv(w, h) -> (q, k, v)`,
 `attend(q, k, v, kv_cache, layer) -> (o, kv_cache)` and `mlp(w, h, o) -> h`, where `w` is the

@@ -1,7 +1,7 @@
 """Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2-style QKV bias) in Flax NNX.
 
 Each decoder layer keeps its own weight arrays, and a layer is two pure functions around its
-attention (`attention_inputs`, `mlp_block`); the caller's `layer_loop` (the platform's choice,
+attention (`attention_inputs`, `mlp_block`); the caller's `layer_loop` (the backend's choice,
 models/layer_loops.py) runs them over the layers. The paged KV cache is carried through the
 loop and updated in place. `attention_weights` and `mlp_weights` declare the layer's weights
 (q/k/v and gate/up fused at load, as nano-vLLM's packed_modules_mapping); the families built
@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxvllm.distributed.mesh import MODEL_AXIS as M, constrain
+from jaxvllm.distributed.logical_axes import EMBED, HEADS, KV_HEADS, MLP, SEQUENCE, VOCAB, constrain
 from jaxvllm.layers.attention import AttentionMetadata
 from jaxvllm.layers.layernorm import rms_norm
 from jaxvllm.layers.rotary import apply_rotary, compute_inv_freq, rotary_cos_sin
@@ -98,8 +98,8 @@ def attention_inputs(a: LlamaArgs, w: dict, h: jax.Array, *, cos_sin: tuple[jax.
     if a.attention_bias:
         qkv = qkv + w["qkv_bias"]
     # Heads stay on their tensor-parallel shard from projection to attention output.
-    qkv = constrain(qkv, None, M, None, None)
-    q = constrain(qkv[:, :, :group].reshape(T, a.num_heads, a.head_dim), None, M, None)
+    qkv = constrain(qkv, SEQUENCE, KV_HEADS, None, None)
+    q = constrain(qkv[:, :, :group].reshape(T, a.num_heads, a.head_dim), SEQUENCE, HEADS, None)
     k, v = qkv[:, :, group], qkv[:, :, group + 1]
     return apply_rotary(q, cos_sin), apply_rotary(k, cos_sin), v
 
@@ -107,16 +107,16 @@ def attention_inputs(a: LlamaArgs, w: dict, h: jax.Array, *, cos_sin: tuple[jax.
 def dense_mlp(a: LlamaArgs, w: dict, x: jax.Array, num_tokens: jax.Array) -> jax.Array:
     """SwiGLU: gate and up in one matmul, then down."""
     gate_up = w["gate_up_proj"](x, num_tokens).reshape(x.shape[0], 2, a.intermediate_size)
-    return w["down_proj"](constrain(jax.nn.silu(gate_up[:, 0]) * gate_up[:, 1], None, M), num_tokens)
+    return w["down_proj"](constrain(jax.nn.silu(gate_up[:, 0]) * gate_up[:, 1], SEQUENCE, MLP), num_tokens)
 
 
 def mlp_block(a: LlamaArgs, w: dict, h: jax.Array, o: jax.Array, *, num_tokens: jax.Array) -> jax.Array:
     """The rest of a layer after attention: output projection, residual, MLP, residual."""
     T = h.shape[0]
     # All-reduced over the tensor-parallel shards: replicated.
-    h = constrain(h + w["o_proj"](o.reshape(T, -1), num_tokens), None, None)
+    h = constrain(h + w["o_proj"](o.reshape(T, -1), num_tokens), SEQUENCE, EMBED)
     x = rms_norm(h, w["post_attention_layernorm"], a.rms_norm_eps)
-    return constrain(h + dense_mlp(a, w, x, num_tokens), None, None)
+    return constrain(h + dense_mlp(a, w, x, num_tokens), SEQUENCE, EMBED)
 
 
 def split_heads(key: str, w, n: int, head_dim: int):
@@ -150,13 +150,13 @@ def attention_weights(a: LlamaArgs, prefix: str = "model.layers.{i}.") -> list[W
     qkv = (a.num_kv_heads, group + 2, d)
     weights = [
         vector("layers.{i}.input_layernorm", a.hidden_size, prefix + "input_layernorm.weight", init=1.0),
-        linear("layers.{i}.qkv_proj", a.hidden_size, qkv, (None, M, None, None),
+        linear("layers.{i}.qkv_proj", a.hidden_size, qkv, (EMBED, KV_HEADS, None, None),
                [f"{attn}{n}_proj.weight" for n in "qkv"], functools.partial(fuse_qkv_weight, a),
                name=attn + "qkv_proj.weight"),
-        linear("layers.{i}.o_proj", a.num_heads * d, (a.hidden_size,), (M, None), [attn + "o_proj.weight"]),
+        linear("layers.{i}.o_proj", a.num_heads * d, (a.hidden_size,), (HEADS, EMBED), [attn + "o_proj.weight"]),
     ]
     if a.attention_bias:
-        weights.append(Weight("layers.{i}.qkv_bias", qkv, (M, None, None),
+        weights.append(Weight("layers.{i}.qkv_bias", qkv, (KV_HEADS, None, None),
                               tuple(f"{attn}{n}_proj.bias" for n in "qkv"), functools.partial(fuse_qkv, a),
                               name=attn + "qkv_proj.bias"))
     return weights
@@ -165,10 +165,11 @@ def attention_weights(a: LlamaArgs, prefix: str = "model.layers.{i}.") -> list[W
 def mlp_weights(a: LlamaArgs, prefix: str = "model.layers.{i}.mlp.") -> list[Weight]:
     """SwiGLU's gate/up (fused: one matmul reads x once) and down projections."""
     return [
-        linear("layers.{i}.gate_up_proj", a.hidden_size, (2, a.intermediate_size), (None, None, M),
+        linear("layers.{i}.gate_up_proj", a.hidden_size, (2, a.intermediate_size), (EMBED, None, MLP),
                [prefix + "gate_proj.weight", prefix + "up_proj.weight"], stack_gate_up,
                name=prefix + "gate_up_proj.weight"),
-        linear("layers.{i}.down_proj", a.intermediate_size, (a.hidden_size,), (M, None), [prefix + "down_proj.weight"]),
+        linear("layers.{i}.down_proj", a.intermediate_size, (a.hidden_size,), (MLP, EMBED),
+               [prefix + "down_proj.weight"]),
     ]
 
 
@@ -179,10 +180,10 @@ def stack_gate_up(key: str, gate, up):
 def model_weights(a: LlamaArgs) -> list[Weight]:
     """Outside the layers: the embedding (vocabulary parallel), the final norm, the head
     (the embedding itself where tied)."""
-    head = (linear("lm_head", a.hidden_size, (a.vocab_size,), (None, M), tied_to="embed_tokens", stage="last")
+    head = (linear("lm_head", a.hidden_size, (a.vocab_size,), (EMBED, VOCAB), tied_to="embed_tokens", stage="last")
             if a.tie_word_embeddings else
-            linear("lm_head", a.hidden_size, (a.vocab_size,), (None, M), ["lm_head.weight"], stage="last"))
-    return [Weight("embed_tokens", (a.vocab_size, a.hidden_size), (M, None), ("model.embed_tokens.weight",),
+            linear("lm_head", a.hidden_size, (a.vocab_size,), (EMBED, VOCAB), ["lm_head.weight"], stage="last"))
+    return [Weight("embed_tokens", (a.vocab_size, a.hidden_size), (VOCAB, EMBED), ("model.embed_tokens.weight",),
                    stage="first"),
             vector("norm", a.hidden_size, "model.norm.weight", init=1.0, stage="last"), head]
 

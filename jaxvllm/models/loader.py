@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxvllm.layers.quantization.quantized_weight import QuantizedWeight
 from jaxvllm.transformers_utils.gguf_utils import hf_source, is_gguf
 from jaxvllm.transformers_utils.gguf_weights import load_gguf_weights
+from jaxvllm.transformers_utils.quantized_weight import QuantizedWeight
 from jaxvllm.transformers_utils.safetensors_weights import load_safetensors
 
 

@@ -17,8 +17,8 @@ import functools
 import jax
 import numpy as np
 
-from jaxvllm.distributed.mesh import MODEL_AXIS as M, constrain
-from jaxvllm.layers.fused_moe import fused_moe, select_experts
+from jaxvllm.distributed.logical_axes import EMBED, SEQUENCE, constrain
+from jaxvllm.layers.fused_moe import DOWN_AXES, GATE_UP_AXES, fused_moe, select_experts
 from jaxvllm.layers.layernorm import rms_norm
 from jaxvllm.models import llama
 from jaxvllm.models.llama import LlamaArgs, LlamaForCausalLM
@@ -59,9 +59,9 @@ def routed_experts(a: MoeArgs, moe_method, w: dict, x: jax.Array) -> jax.Array:
 
 def moe_block(a: MoeArgs, moe_method, w: dict, h: jax.Array, o: jax.Array, *, num_tokens: jax.Array) -> jax.Array:
     """The rest of a layer after attention: output projection, residual, routed experts, residual."""
-    h = constrain(h + w["o_proj"](o.reshape(h.shape[0], -1), num_tokens), None, None)
+    h = constrain(h + w["o_proj"](o.reshape(h.shape[0], -1), num_tokens), SEQUENCE, EMBED)
     x = rms_norm(h, w["post_attention_layernorm"], a.rms_norm_eps)
-    return constrain(h + routed_experts(a, moe_method, w, x), None, None)
+    return constrain(h + routed_experts(a, moe_method, w, x), SEQUENCE, EMBED)
 
 
 def stack_gate_up(key: str, *gate_up):
@@ -80,13 +80,12 @@ def expert_weights(a: MoeArgs, router: str, expert: str, parts: tuple[str, str, 
     p, E, H, I = "model.layers.{i}.", a.num_experts, a.hidden_size, a.moe_intermediate_size
     src = lambda part: [p + expert.format(e=e, part=part) + ".weight" for e in range(E)]
     return [
-        Weight("layers.{i}.router", (H, E), (None, None), (f"{p}{router}.weight",), transpose,
+        Weight("layers.{i}.router", (H, E), (EMBED, None), (f"{p}{router}.weight",), transpose,
                source_shape=(E, H)),
-        Weight("layers.{i}.experts_gate_up", (E, H, 2, I), (None, None, None, M), (*src(parts[0]), *src(parts[1])),
-               stack_gate_up, EXPERTS, expert_partition=(M, None, None, None), source_shape=(I, H),
-               name=p + "experts_gate_up"),
-        Weight("layers.{i}.experts_down", (E, I, H), (None, M, None), tuple(src(parts[2])), stack_down, EXPERTS,
-               expert_partition=(M, None, None), source_shape=(H, I), name=p + "experts_down"),
+        Weight("layers.{i}.experts_gate_up", (E, H, 2, I), GATE_UP_AXES, (*src(parts[0]), *src(parts[1])),
+               stack_gate_up, EXPERTS, source_shape=(I, H), name=p + "experts_gate_up"),
+        Weight("layers.{i}.experts_down", (E, I, H), DOWN_AXES, tuple(src(parts[2])), stack_down, EXPERTS,
+               source_shape=(H, I), name=p + "experts_down"),
     ]
 
 

@@ -10,14 +10,13 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxvllm.config import EngineConfig
 from jaxvllm.distributed.partition import padded_heads, param_name, param_sharding, place
 from jaxvllm.layers.linear import UnquantizedLinearMethod
 from jaxvllm.layers.quantization.config import QuantizationConfig
 from jaxvllm.models.loader import load_weights
-from jaxvllm.models.orbax_checkpoint import is_orbax_checkpoint, restore_params
 from jaxvllm.models.registry import get_model_class
 from jaxvllm.models.weight_spec import EXPERTS, LINEAR
+from jaxvllm.transformers_utils.orbax_checkpoint import is_orbax_checkpoint, restore_params
 
 logger = logging.getLogger(__name__)
 
@@ -88,21 +87,22 @@ def _part_sharding(weight: jax.ShapeDtypeStruct, shape: tuple[int, ...]) -> Name
                                                                for s, n, m in zip(spec, shape, weight.shape))))
 
 
-def get_model(config: EngineConfig, model_path: str, hf_config, mesh: Mesh, *,
+def get_model(model_path: str, hf_config, mesh: Mesh, *, dtype: str, expert_parallel: bool = False,
               pad_heads: bool = True, linear_method=None, moe_method=None,
               weights: dict | None = None, layers: range | None = None) -> nnx.Module:
-    """linear_method / moe_method: the platform's for the engine's quantization
+    """dtype: the engine's; expert_parallel: experts whole per device (enable_expert_parallel);
+    linear_method / moe_method: the backend's for the engine's quantization
     (jaxvllm/layers/linear.py, layers/fused_moe.py; default XLA's). weights: the checkpoint's
     tensors if the caller has read them (load_weights), else read here. layers: a pipeline
     stage's decoder layers (models/stage_loader.py)."""
     model_cls, args_cls = get_model_class(hf_config)
-    ep = config.parallel.enable_expert_parallel
+    ep = expert_parallel
     args = model_args(model_cls, args_cls.from_hf_config(hf_config), mesh.size, pad_heads=pad_heads,
                       expert_parallel=ep, layers=layers)
-    model = build_model(model_cls, args, dtype=jnp.dtype(config.dtype), linear_method=linear_method,
+    model = build_model(model_cls, args, dtype=jnp.dtype(dtype), linear_method=linear_method,
                         moe_method=moe_method, first_layer=0 if layers is None else layers.start)
     if is_orbax_checkpoint(model_path):
-        model.load_weights(restore_orbax(hf_config, args, model_path, mesh, jnp.dtype(config.dtype), ep))
+        model.load_weights(restore_orbax(hf_config, args, model_path, mesh, jnp.dtype(dtype), ep))
     else:
         spec = model.weights()
         model.load_hf_weights(load_weights(model_path) if weights is None else weights,

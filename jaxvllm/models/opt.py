@@ -11,7 +11,7 @@ import functools
 import jax
 import numpy as np
 
-from jaxvllm.distributed.mesh import MODEL_AXIS as M, constrain
+from jaxvllm.distributed.logical_axes import EMBED, HEADS, MLP, SEQUENCE, VOCAB, constrain
 from jaxvllm.layers.attention import AttentionMetadata
 from jaxvllm.layers.layernorm import layer_norm
 from jaxvllm.models.causal_lm import CausalLM
@@ -58,18 +58,18 @@ def attention_inputs(a: OPTArgs, w: dict, h: jax.Array, *, num_tokens: jax.Array
     T = h.shape[0]
     x = layer_norm(h, w["self_attn_layer_norm"], w["self_attn_layer_norm_bias"]) if a.do_layer_norm_before else h
     qkv = w["qkv_proj"](x, num_tokens).reshape(T, a.num_kv_heads, 3, a.head_dim) + w["qkv_bias"]
-    qkv = constrain(qkv, None, M, None, None)
+    qkv = constrain(qkv, SEQUENCE, HEADS, None, None)
     return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
 
 
 def mlp_block(a: OPTArgs, w: dict, h: jax.Array, o: jax.Array, *, num_tokens: jax.Array) -> jax.Array:
     T = h.shape[0]
-    h = constrain(h + w["o_proj"](o.reshape(T, -1), num_tokens) + w["o_bias"], None, None)
+    h = constrain(h + w["o_proj"](o.reshape(T, -1), num_tokens) + w["o_bias"], SEQUENCE, EMBED)
     if not a.do_layer_norm_before:
         h = layer_norm(h, w["self_attn_layer_norm"], w["self_attn_layer_norm_bias"])
     x = layer_norm(h, w["final_layer_norm"], w["final_layer_norm_bias"]) if a.do_layer_norm_before else h
-    up = constrain(jax.nn.relu(w["fc1"](x, num_tokens) + w["fc1_bias"]), None, M)
-    h = constrain(h + w["fc2"](up, num_tokens) + w["fc2_bias"], None, None)
+    up = constrain(jax.nn.relu(w["fc1"](x, num_tokens) + w["fc1_bias"]), SEQUENCE, MLP)
+    h = constrain(h + w["fc2"](up, num_tokens) + w["fc2_bias"], SEQUENCE, EMBED)
     return h if a.do_layer_norm_before else layer_norm(h, w["final_layer_norm"], w["final_layer_norm_bias"])
 
 
@@ -87,22 +87,22 @@ def weight_spec(a: OPTArgs) -> list[Weight]:
     p, d, heads, H = "model.decoder.layers.{i}.", a.head_dim, a.num_kv_heads, a.hidden_size
     attn = p + "self_attn."
     spec = [
-        Weight("embed_tokens", (a.vocab_size, a.word_embed_proj_dim), (M, None),
+        Weight("embed_tokens", (a.vocab_size, a.word_embed_proj_dim), (VOCAB, EMBED),
                ("model.decoder.embed_tokens.weight",), stage="first"),
         Weight("embed_positions", (a.max_position_embeddings + POSITION_OFFSET, H), (None, None),
                ("model.decoder.embed_positions.weight",), stage="first"),
-        linear("lm_head", a.word_embed_proj_dim, (a.vocab_size,), (None, M), stage="last",
+        linear("lm_head", a.word_embed_proj_dim, (a.vocab_size,), (EMBED, VOCAB), stage="last",
                **(dict(tied_to="embed_tokens") if a.tie_word_embeddings else dict(sources=["lm_head.weight"]))),
-        linear("layers.{i}.qkv_proj", H, (heads, 3, d), (None, M, None, None),
+        linear("layers.{i}.qkv_proj", H, (heads, 3, d), (EMBED, HEADS, None, None),
                [f"{attn}{x}_proj.weight" for x in "qkv"], functools.partial(fuse_qkv, a),
                name=attn + "qkv_proj.weight"),
-        Weight("layers.{i}.qkv_bias", (heads, 3, d), (M, None, None), tuple(f"{attn}{x}_proj.bias" for x in "qkv"),
+        Weight("layers.{i}.qkv_bias", (heads, 3, d), (HEADS, None, None), tuple(f"{attn}{x}_proj.bias" for x in "qkv"),
                functools.partial(fuse_qkv, a), name=attn + "qkv_proj.bias"),
-        linear("layers.{i}.o_proj", heads * d, (H,), (M, None), [attn + "out_proj.weight"]),
+        linear("layers.{i}.o_proj", heads * d, (H,), (HEADS, EMBED), [attn + "out_proj.weight"]),
         vector("layers.{i}.o_bias", H, attn + "out_proj.bias"),
-        linear("layers.{i}.fc1", H, (a.intermediate_size,), (None, M), [p + "fc1.weight"]),
-        vector("layers.{i}.fc1_bias", a.intermediate_size, p + "fc1.bias", partition=(M,)),
-        linear("layers.{i}.fc2", a.intermediate_size, (H,), (M, None), [p + "fc2.weight"]),
+        linear("layers.{i}.fc1", H, (a.intermediate_size,), (EMBED, MLP), [p + "fc1.weight"]),
+        vector("layers.{i}.fc1_bias", a.intermediate_size, p + "fc1.bias", axes=(MLP,)),
+        linear("layers.{i}.fc2", a.intermediate_size, (H,), (MLP, EMBED), [p + "fc2.weight"]),
         vector("layers.{i}.fc2_bias", H, p + "fc2.bias"),
     ]
     for norm in ("self_attn_layer_norm", "final_layer_norm"):
@@ -144,7 +144,7 @@ class OPTForCausalLM(CausalLM):
 
         if self.embed_positions is not None:
             h = h + self.embed_positions.get_value()[md.positions + POSITION_OFFSET]
-        return layer_loop(self.layer_weights(), qkv, attend_layer, mlp, constrain(h, None, None), kv_cache)
+        return layer_loop(self.layer_weights(), qkv, attend_layer, mlp, constrain(h, SEQUENCE, EMBED), kv_cache)
 
     def final_norm(self, h: jax.Array) -> jax.Array:
         """The final LayerNorm where the layout has one (before project_out, which

@@ -48,7 +48,7 @@ def weight_spec(a: Phi3Args) -> list[Weight]:
     p = "model.layers.{i}."
     fused = {"layers.{i}.qkv_proj": (p + "self_attn.qkv_proj.weight", split_qkv),
              "layers.{i}.gate_up_proj": (p + "mlp.gate_up_proj.weight", split_gate_up)}
-    return [linear(w.path, w.shape[0], w.shape[1:], w.partition, [fused[w.path][0]],
+    return [linear(w.path, w.shape[0], w.shape[1:], w.axes, [fused[w.path][0]],
                    functools.partial(fused[w.path][1], a)) if w.path in fused else w
             for w in llama.weight_spec(a)]
 

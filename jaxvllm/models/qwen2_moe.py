@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import jax
 
-from jaxvllm.distributed.mesh import constrain
+from jaxvllm.distributed.logical_axes import EMBED, SEQUENCE, constrain
 from jaxvllm.layers.layernorm import rms_norm
 from jaxvllm.models import llama, mixtral
 from jaxvllm.models.mixtral import MixtralForCausalLM, MoeArgs
@@ -16,12 +16,12 @@ QWEN_EXPERTS = ("mlp.gate", "mlp.experts.{e}.{part}", ("gate_proj", "up_proj", "
 
 def moe_block(a: MoeArgs, moe_method, w: dict, h: jax.Array, o: jax.Array, *, num_tokens: jax.Array) -> jax.Array:
     """Mixtral's block, with the gated shared expert added to the routed ones' output."""
-    h = constrain(h + w["o_proj"](o.reshape(h.shape[0], -1), num_tokens), None, None)
+    h = constrain(h + w["o_proj"](o.reshape(h.shape[0], -1), num_tokens), SEQUENCE, EMBED)
     x = rms_norm(h, w["post_attention_layernorm"], a.rms_norm_eps)
     out = mixtral.routed_experts(a, moe_method, w, x)
     if a.intermediate_size:
         out = out + jax.nn.sigmoid(x @ w["shared_expert_gate"]) * llama.dense_mlp(a, w, x, num_tokens)
-    return constrain(h + out, None, None)
+    return constrain(h + out, SEQUENCE, EMBED)
 
 
 def shared_expert_weights(a: MoeArgs) -> list[Weight]:

@@ -6,7 +6,7 @@ import dataclasses
 
 import jax
 
-from jaxvllm.distributed.mesh import MODEL_AXIS as M, constrain
+from jaxvllm.distributed.logical_axes import HEADS, KV_HEADS, SEQUENCE, constrain
 from jaxvllm.layers.layernorm import rms_norm
 from jaxvllm.layers.rotary import apply_rotary
 from jaxvllm.models import llama
@@ -33,10 +33,10 @@ def attention_inputs(a: LlamaArgs, w: dict, h: jax.Array, *, cos_sin: tuple[jax.
     T, group = h.shape[0], a.num_heads // a.num_kv_heads
     x = rms_norm(h, w["input_layernorm"], a.rms_norm_eps)
     qkv = w["qkv_proj"](x, num_tokens).reshape(T, a.num_kv_heads, group + 2, a.head_dim)
-    qkv = constrain(qkv, None, M, None, None)
+    qkv = constrain(qkv, SEQUENCE, KV_HEADS, None, None)
     q = rms_norm(qkv[:, :, :group], w["q_norm"], a.rms_norm_eps).reshape(T, a.num_heads, a.head_dim)
     k = rms_norm(qkv[:, :, group], w["k_norm"], a.rms_norm_eps)
-    q = constrain(q, None, M, None)
+    q = constrain(q, SEQUENCE, HEADS, None)
     return apply_rotary(q, cos_sin), apply_rotary(k, cos_sin), qkv[:, :, group + 1]
 
 

@@ -12,24 +12,24 @@ from __future__ import annotations
 from flax import nnx
 from jax.sharding import Mesh
 
-from jaxvllm.config import EngineConfig
 from jaxvllm.models.loader import load_weights
 from jaxvllm.models.model_loader import get_model
-from jaxvllm.models.orbax_checkpoint import is_orbax_checkpoint
+from jaxvllm.transformers_utils.orbax_checkpoint import is_orbax_checkpoint
 
 
-def get_stage_models(config: EngineConfig, model_path: str, hf_config, meshes: list[Mesh],
-                     layer_ranges: list[range], linear_methods: list, moe_method=None) -> list[nnx.Module]:
+def get_stage_models(model_path: str, hf_config, meshes: list[Mesh], layer_ranges: list[range], *, dtype: str,
+                     expert_parallel: bool = False, linear_method=None, moe_method=None) -> list[nnx.Module]:
     if is_orbax_checkpoint(model_path):
         raise ValueError("pipeline_parallel_size > 1 loads GGUF or safetensors checkpoints, not "
                          "Orbax ones; serve the original checkpoint.")
     weights = load_weights(model_path)
     stages = []
-    for s, (mesh, layers, method) in enumerate(zip(meshes, layer_ranges, linear_methods)):
-        model = get_model(config, model_path, hf_config, mesh, linear_method=method, moe_method=moe_method,
+    for s, (mesh, layers) in enumerate(zip(meshes, layer_ranges)):
+        model = get_model(model_path, hf_config, mesh, dtype=dtype, expert_parallel=expert_parallel,
+                          linear_method=linear_method, moe_method=moe_method,
                           weights=weights, layers=layers)
         held = stage_weights(model, first=s == 0, last=s == len(meshes) - 1)
-        for path, w in model.weights().items():
+        for path in model.weights():
             if not path.startswith("layers.") and path not in held:
                 setattr(model, path, None)
         stages.append(model)

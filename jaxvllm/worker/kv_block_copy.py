@@ -1,6 +1,6 @@
 """KVBlockCopier: copies whole KV blocks (a page of every slot of the cache) between the
 device cache and host rows, for swap preemption (worker/kv_swap.py) and the offload
-connector's host tier (distributed/kv_transfer/offloading_connector.py).
+connector's host tier (kv_transfer/offloading_connector.py).
 
 Both directions are jitted gathers/scatters over the block axis of every slot at once.
 The number of blocks is padded to a power-of-two bucket so that only a handful of shapes

@@ -4,7 +4,7 @@
 The stacks (jaxvllm/layers/lora.py) have max_loras slots of rank max_lora_rank per part of
 each adapted projection, fixed from construction and sharded as their base layer: loading an
 adapter writes one slot with a program compiled at start-up, so no adapter ever compiles
-anything. Where the platform's linear method stores a weight in its own form (the CPU's
+anything. Where the backend's linear method stores a weight in its own form (the CPU's
 packed panels), the same program also rewrites that form from the written stacks; on one
 device with a method that has a grouped matmul (the CPU's packed kernel), that form is per
 (layer, slot), layers/lora.py's grouped form. An adapter's slot is kept while it is used
@@ -26,7 +26,8 @@ import collections
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jaxvllm.config.engine_config import LoRAConfig
 from jaxvllm.distributed.partition import fit_spec
@@ -61,7 +62,7 @@ def part_bounds(w, out_sizes: dict) -> tuple[int, list[tuple[int, int]]]:
 
 
 def _method(method, in_features: int, out_shapes: list, dtype):
-    """The platform's float method where it takes every weight of these shapes, else XLA's."""
+    """The backend's float method where it takes every weight of these shapes, else XLA's."""
     return method if all(method.supports(in_features, o, dtype) for o in out_shapes) else UnquantizedLinearMethod()
 
 
@@ -85,7 +86,7 @@ def _store(method, W):
 class LoRAManager:
     def __init__(self, config: LoRAConfig, model, mesh, method, count_compilation, abstract: bool = False):
         """model: the runner's CausalLM (its weight spec and args); mesh: where the stacks live,
-        each sharded as its base layer; method: the platform's float linear method for this
+        each sharded as its base layer; method: the backend's float linear method for this
         mesh, which runs the adapters' products; count_compilation: the runner's counter,
         called once per trace of the slot writer; abstract: the stacks are shape structs with
         their shardings, nothing is written (compiling for devices that cannot run, as
@@ -141,7 +142,8 @@ class LoRAManager:
                                  out_shardings=(shardings, NamedSharding(mesh, P())))
         if abstract:
             given = {leaf: (jax.ShapeDtypeStruct(A, self.dtype, sharding=shardings[leaf][0]),
-                            tuple(jax.ShapeDtypeStruct(B, self.dtype, sharding=sb) for B, sb in zip(Bs, shardings[leaf][1])))
+                            tuple(jax.ShapeDtypeStruct(B, self.dtype, sharding=sb)
+                                  for B, sb in zip(Bs, shardings[leaf][1])))
                      for leaf, (A, Bs) in shapes.items()}
             stored = jax.eval_shape(lambda g: {leaf: self._stored(leaf, *g[leaf]) for leaf in g}, given)
             rep = NamedSharding(mesh, P())  # the slot writer's out_shardings for the stored form

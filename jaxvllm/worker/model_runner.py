@@ -23,8 +23,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AbstractMesh, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
+from jaxvllm.backends import Backend
 from jaxvllm.config import EngineConfig
 from jaxvllm.core.kv_cache_interface import KVCacheGroupSpec
 from jaxvllm.core.sched_output import SchedulerOutput
@@ -32,7 +34,6 @@ from jaxvllm.layers.attention import in_kv_cache_groups
 from jaxvllm.layers.lora import with_lora
 from jaxvllm.models.layer_loops import capturing_layers
 from jaxvllm.outputs import LogprobsLists, ModelRunnerOutput
-from jaxvllm.platforms import Platform
 from jaxvllm.worker import penalties
 from jaxvllm.worker.async_output import AsyncModelRunnerOutput
 from jaxvllm.worker.compiled_programs import COUNT_LOCK, CompiledProgram, executables_dir, fingerprint
@@ -42,9 +43,9 @@ from jaxvllm.worker.logprobs import step_prompt_logprobs
 from jaxvllm.worker.lora_manager import LoRAManager
 from jaxvllm.worker.model_runner_utils import make_buckets, pick_bucket
 from jaxvllm.worker.sampler import compute_logprobs, sample, sample_extended
+from jaxvllm.worker.sampling_inputs import penalty_metadata, sampler_variant, sampling_metadata
 from jaxvllm.worker.step_inputs import build_step_inputs
 from jaxvllm.worker.step_params import StepParams
-from jaxvllm.worker.sampling_inputs import penalty_metadata, sampler_variant, sampling_metadata
 from jaxvllm.worker.warmup import warmup, warmup_jobs
 
 
@@ -71,17 +72,19 @@ class ModelRunner:
     draft_args = None  # a drafter's model args, which its saved programs depend on too
 
     def __init__(self, config: EngineConfig, model: nnx.Module, kv_cache: jax.Array, attend,
-                 num_swap_blocks: int = 0, *, mesh: Mesh, platform: Platform,
+                 num_swap_blocks: int = 0, *, mesh: Mesh, backend: Backend,
                  abstract_mesh: AbstractMesh | None = None, abstract: bool = False,
                  kv_cache_groups: list[KVCacheGroupSpec] | None = None):
         """kv_cache_groups: the pool's groups (core/kv_cache_interface.py); None: one group of
-        every layer, as the cache's slots. abstract_mesh: the mesh the step is traced against (default: `mesh`'s); an abstract
-        TPU's stands in to lower the step for a TPU elsewhere (benchmarks/lower_step.py).
+        every layer, as the cache's slots. abstract_mesh: the mesh the step is traced against
+        (default: `mesh`'s); an abstract TPU's stands in to lower the step for a TPU elsewhere
+        (benchmarks/lower_step.py).
         abstract: allocate nothing, the runner's own device state being shape structs too, to
-        compile its programs for devices that cannot run them (jaxvllm/aot_compile.py)."""
+        compile its programs for devices that cannot run them (jaxvllm/aot_compile.py).
+        backend: the engine's kernels and methods (jaxvllm/backends)."""
         self.config = config
-        self.step_may_branch = platform.step_may_branch  # else the host picks sampler variants
-        self.compile_threads = platform.compile_threads
+        self.step_may_branch = backend.platform.step_may_branch  # else the host picks sampler variants
+        self.compile_threads = backend.platform.compile_threads
         self.block_size = config.cache.block_size
         self.max_num_seqs = config.scheduler.max_num_seqs
         self.max_pages_per_seq = -(-config.scheduler.max_model_len // self.block_size)
@@ -116,13 +119,11 @@ class ModelRunner:
         self.params = params  # also sets param_leaves and head_leaves
 
         S = self.max_num_seqs
-        argmax = platform.sampler_argmax()
+        argmax = backend.sampler_argmax
 
         # With enable_lora, forward_lora also takes the adapters' stacks and each token's slot.
         self._replicated = rep = NamedSharding(mesh, P())
-        self.lora_manager = (LoRAManager(config.lora, model, mesh,
-                                         platform.linear_method(config.model.attention_backend, mesh.size,
-                                                                dtype=config.dtype),
+        self.lora_manager = (LoRAManager(config.lora, model, mesh, backend.float_linear_method,
                                          self._count_compilation, abstract)
                              if config.lora is not None else None)
 
@@ -131,9 +132,9 @@ class ModelRunner:
         def forward(param_leaves, kv_cache, input_ids, prev_rows, last_sampled, md, logits_indices, *lora):
             """Also the hidden states entering aux_layers, side by side, where a runner asks."""
             input_ids = with_tokens_in_flight(input_ids, prev_rows, last_sampled)
-            layer_loop = (with_lora(platform.layer_loop, self.lora_manager.layouts,
+            layer_loop = (with_lora(backend.layer_loop, self.lora_manager.layouts,
                                     self.lora_manager.num_slots, *lora[0]) if lora
-                          else platform.layer_loop)
+                          else backend.layer_loop)
             if aux_layers:
                 aux.clear()
                 layer_loop = capturing_layers(layer_loop, aux_layers, aux)
@@ -170,9 +171,9 @@ class ModelRunner:
         # Weights and cache keep their shardings; step inputs and hidden states are replicated.
         params_sharding = tuple(x.sharding for x in self.param_leaves)
         # The layer loop too: a program saved under one loop must not serve a run forcing the other.
-        key = fingerprint(config, model.args, mesh.devices.shape, platform.layer_loop.__name__, self.draft_args)
+        key = fingerprint(config, model.args, mesh.devices.shape, backend.layer_loop.__name__, self.draft_args)
         self._executables_dir = (
-            executables_dir() if platform.serialize_executables and jax.process_count() == 1 else None)
+            executables_dir() if backend.platform.serialize_executables and jax.process_count() == 1 else None)
         self._program_key, self._devices = key, list(mesh.devices.flat)
         program = self._program
 

@@ -17,11 +17,12 @@ from __future__ import annotations
 import jax
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
+from jaxvllm.backends import Backend
 from jaxvllm.config import EngineConfig
 from jaxvllm.layers.attention import AttentionMetadata, in_kv_cache_groups
-from jaxvllm.platforms import Platform
 from jaxvllm.worker.compiled_programs import CompiledProgram, fingerprint
 from jaxvllm.worker.model_runner import ModelRunner, with_tokens_in_flight
 
@@ -33,7 +34,7 @@ class PipelineForward:
     held here."""
 
     def __init__(self, config: EngineConfig, stages: list[nnx.Module], kv_caches: list[jax.Array],
-                 attends: list, meshes: list[Mesh], platform: Platform, count_compilation,
+                 attends: list, meshes: list[Mesh], backend: Backend, count_compilation,
                  directory: str | None):
         self.params, self.programs, self.replicated = [], [], []
         self.max_num_seqs = config.scheduler.max_num_seqs
@@ -49,7 +50,7 @@ class PipelineForward:
                 with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
                     model = nnx.merge(graphdef, params)
                     h = model.embed(with_tokens_in_flight(x, *in_flight)) if first else x
-                    h, kv_cache = model.forward_layers(h, kv_cache, md, attend, platform.layer_loop)
+                    h, kv_cache = model.forward_layers(h, kv_cache, md, attend, backend.layer_loop)
                     if not is_last:
                         return h, kv_cache
                     h = model.final_norm(h)
@@ -99,13 +100,11 @@ class PipelineModelRunner(ModelRunner):
     the sampler's."""
 
     def __init__(self, config: EngineConfig, stages: list[nnx.Module], kv_caches: list[jax.Array],
-                 attends: list, meshes: list[Mesh], platform: Platform):
-        super().__init__(config, stages[-1], kv_caches[-1], attends[-1], mesh=meshes[-1],
-                         platform=platform)
+                 attends: list, meshes: list[Mesh], backend: Backend):
+        super().__init__(config, stages[-1], kv_caches[-1], attends[-1], mesh=meshes[-1], backend=backend)
         self.kv_cache = tuple(kv_caches)
         self._forward = PipelineForward(config, stages, kv_caches, [in_kv_cache_groups(a) for a in attends],
-                                        meshes, platform,
-                                        self._count_compilation, self._executables_dir)
+                                        meshes, backend, self._count_compilation, self._executables_dir)
 
     @property
     def programs(self) -> tuple[CompiledProgram, ...]:

@@ -10,7 +10,6 @@ import logging
 import jax
 from jax.sharding import Mesh
 
-from jaxvllm import platforms
 from jaxvllm.distributed.pipeline import stage_layer_ranges, stage_meshes
 from jaxvllm.models.stage_loader import get_stage_models
 from jaxvllm.worker import sleep_mode
@@ -31,13 +30,9 @@ class PipelineWorker(Worker):
 
     def _load_model(self) -> None:
         config, model_path, hf_config = self.config, self.model_path, self.config.model.hf_config
-        platform = platforms.current_platform
-        self.stages = get_stage_models(
-            config, model_path, hf_config, self.meshes, self.layer_ranges,
-            [platform.linear_method(config.model.attention_backend, m.size, config.quantization, config.dtype)
-             for m in self.meshes],
-            platform.fused_moe_method(config.quantization, config.model.attention_backend,
-                                      max(m.size for m in self.meshes)))
+        self.stages = get_stage_models(model_path, hf_config, self.meshes, self.layer_ranges, dtype=config.dtype,
+                                       expert_parallel=config.parallel.enable_expert_parallel,
+                                       linear_method=self.backend.linear_method, moe_method=self.backend.moe_method)
         self.model = self.stages[-1]
         # A KV block spans every layer (each stage holding its own layers' part of it).
         self.args = dataclasses.replace(self.model.args, num_layers=hf_config.num_hidden_layers)
@@ -61,8 +56,7 @@ class PipelineWorker(Worker):
 
     def _make_runner(self, kv_caches: list[jax.Array], num_swap_blocks: int) -> PipelineModelRunner:
         """num_swap_blocks is always 0 here (EngineConfig.verify refuses swap with stages)."""
-        return PipelineModelRunner(self.config, self.stages, kv_caches, self.attends, self.meshes,
-                                   platforms.current_platform)
+        return PipelineModelRunner(self.config, self.stages, kv_caches, self.attends, self.meshes, self.backend)
 
     # ---- what the Worker does over one mesh, across the stages ----------------------
     def device_memory_in_use(self) -> int:

@@ -30,9 +30,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxvllm.kernels.xla.argmax import first_argmax
 from jaxvllm.sampling_params import MAX_LOGPROBS
-from jaxvllm.worker.penalties import (PenaltyMetadata, PenaltyState, apply_bias, apply_penalties,
-                                      record)
+from jaxvllm.worker.penalties import PenaltyMetadata, PenaltyState, apply_bias, apply_penalties, record
 
 _SAMPLING_EPS = 1e-5  # vLLM: temperatures below this mean greedy
 _FAST_K = 256  # logits examined before falling back to a full sort
@@ -63,19 +63,14 @@ class SamplingMetadata:
     suppress_token_ids: jax.Array
 
 
-def first_argmax(x: jax.Array) -> jax.Array:
-    """First index of each row's maximum, i32[R]: the platform's `sampler_argmax` contract."""
-    return jnp.argmax(x, axis=-1).astype(jnp.int32)
-
-
 def sample(logits: jax.Array, md: SamplingMetadata, all_greedy: bool,
            top_k_top_p: bool | None = None, argmax: Callable = first_argmax) -> jax.Array:
     """Next token id per row, i32[R].
 
     `all_greedy` and `top_k_top_p` must be static. all_greedy: when True the whole random
     path (noise, sorting, filters) is left out of the compiled function. top_k_top_p:
-    whether some row uses top_k or top_p; None decides it on device. argmax: the platform's
-    (`Platform.sampler_argmax`).
+    whether some row uses top_k or top_p; None decides it on device. argmax: the backend's
+    (`Backend.sampler_argmax`).
     """
     return _draw(_suppress(logits.astype(jnp.float32), md.suppress_token_ids), md, all_greedy, top_k_top_p,
                  argmax)

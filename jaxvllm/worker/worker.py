@@ -4,12 +4,11 @@ them and the memory offered), and the ModelRunner that executes steps. Built fro
 EngineConfig alone (vLLM's Worker(vllm_config)): the checkpoint is config.model.path."""
 from __future__ import annotations
 
-import dataclasses
 import logging
-from dataclasses import dataclass
 import math
 import os
 import threading
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -18,23 +17,28 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jaxvllm import platforms
+from jaxvllm.backends import get_backend
 from jaxvllm.config import EngineConfig
-from jaxvllm.core.kv_cache_interface import (KVCacheConfig, KVCacheSpec, block_bytes, blocks_per_request,
-                                             describe_groups, group_layers)
+from jaxvllm.core.kv_cache_interface import (
+    KVCacheConfig,
+    KVCacheSpec,
+    block_bytes,
+    blocks_per_request,
+    describe_groups,
+    group_layers,
+)
 from jaxvllm.core.sched_output import SchedulerOutput
-from jaxvllm.distributed.kv_transfer.base import KVConnectorRole
-from jaxvllm.distributed.kv_transfer.factory import KVConnectorFactory
 from jaxvllm.distributed.mesh import make_mesh
 from jaxvllm.distributed.partition import kv_cache_sharding
-from jaxvllm.layers.attention import get_attention
-from jaxvllm.layers.kv_cache_dtype import kv_cache_dtype
+from jaxvllm.kv_transfer.base import KVConnectorRole
+from jaxvllm.kv_transfer.factory import KVConnectorFactory
 from jaxvllm.models.loader import load_weights
 from jaxvllm.models.model_loader import get_model
-from jaxvllm.models.orbax_checkpoint import is_orbax_checkpoint
 from jaxvllm.models.weight_update import WeightUpdater
 from jaxvllm.outputs import KVConnectorOutput, ModelRunnerOutput
-from jaxvllm.transformers_utils.config import load_hf_config
 from jaxvllm.platforms.huge_pages import advise_huge_pages, huge_page_ranges, run_at_idle_priority
+from jaxvllm.transformers_utils.config import load_hf_config
+from jaxvllm.transformers_utils.orbax_checkpoint import is_orbax_checkpoint
 from jaxvllm.worker import sleep_mode
 from jaxvllm.worker.async_output import AsyncModelRunnerOutput
 from jaxvllm.worker.memory_profiling import MemoryProfile, peak_step_bytes
@@ -83,14 +87,14 @@ class Worker:
         enable_compilation_cache()
         self.model_path = config.model.path
         self.dtype = jnp.dtype(config.dtype)
-        platform = platforms.current_platform
+        # The kernels and methods every step runs with, chosen here once.
+        self.backend = get_backend(config, platforms.current_platform)
         self.meshes, self.layer_ranges = self._make_stages()
         self.mesh = self.meshes[0]
         self.device = self.mesh.devices.flat[0]
         self._load_model()
-        self.kv_dtype = kv_cache_dtype(config.cache.kv_cache_dtype, self.dtype, platform.kv_cache_floats_as_bits)
-        self.attends = [get_attention(config.model.attention_backend, platform, m, self.kv_dtype)
-                        for m in self.meshes]
+        self.kv_dtype = self.backend.kv_dtype
+        self.attends = [self.backend.attention(m) for m in self.meshes]
         self.attend = self.attends[-1]
         self.memory_profile: MemoryProfile | None = None  # where the device reports its memory
         self.sleeping_tags: set[str] = set()
@@ -102,15 +106,12 @@ class Worker:
         return [make_mesh(self.config.parallel.tensor_parallel_size)], [range(hf_config.num_hidden_layers)]
 
     def _load_model(self) -> None:
-        config, model_path, hf_config = self.config, self.model_path, self.config.model.hf_config
-        platform = platforms.current_platform
+        config, model_path, hf_config, backend = self.config, self.model_path, self.config.model.hf_config, self.backend
         # Read here so that update_weights knows the checkpoint's names and shapes.
         weights = None if is_orbax_checkpoint(model_path) else load_weights(model_path)
-        method = platform.linear_method(config.model.attention_backend, self.mesh.size, config.quantization,
-                                        config.dtype)
-        self.model = get_model(config, model_path, hf_config, self.mesh, weights=weights, linear_method=method,
-                               moe_method=platform.fused_moe_method(config.quantization, config.model.attention_backend,
-                                                                    self.mesh.size))
+        self.model = get_model(model_path, hf_config, self.mesh, dtype=config.dtype, weights=weights,
+                               expert_parallel=config.parallel.enable_expert_parallel,
+                               linear_method=backend.linear_method, moe_method=backend.moe_method)
         self.weight_updater = WeightUpdater(self.model, self.mesh, hf_config,
                                             weights and {name: w.shape for name, w in weights.items()},
                                             expert_parallel=config.parallel.enable_expert_parallel)
@@ -124,20 +125,15 @@ class Worker:
                     "embed_tokens.weight", "model.embed_tokens.weight"} & draft_weights.keys():
                 # An EAGLE-3 head without its own embedding shares the target's (as vLLM does).
                 draft_weights["model.embed_tokens.weight"] = np.asarray(self.model.embed_tokens.get_value())
-            draft_config = dataclasses.replace(config, parallel=dataclasses.replace(
-                config.parallel, enable_expert_parallel=False))
-            self.draft_model = get_model(draft_config, spec.model, load_hf_config(spec.model), self.mesh,
-                                         weights=draft_weights,
-                                         linear_method=platform.linear_method(config.model.attention_backend,
-                                                                              self.mesh.size, dtype=config.dtype),
-                                         moe_method=platform.fused_moe_method(None, config.model.attention_backend,
-                                                                              self.mesh.size))
+            self.draft_model = get_model(spec.model, load_hf_config(spec.model), self.mesh, dtype=config.dtype,
+                                         weights=draft_weights, linear_method=backend.float_linear_method,
+                                         moe_method=backend.float_moe_method)
 
     # ---- the KV cache: specs, memory, allocation (engine/engine_core.py sizes it) ------
     def _kv_cache_shape(self, num_layers: int, num_blocks: int, args=None) -> tuple[int, ...]:
         a = args or self.args
-        return platforms.current_platform.kv_cache_shape(num_layers, num_blocks, self.config.cache.block_size,
-                                                         a.num_kv_heads, a.head_dim)
+        return self.backend.kv_cache_shape(num_layers, num_blocks, self.config.cache.block_size,
+                                           a.num_kv_heads, a.head_dim)
 
     def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
         """Every attention layer's pages (vLLM's get_kv_cache_spec): a sliding layer's spec
@@ -189,9 +185,8 @@ class Worker:
                              f"{self.block_bytes} bytes; raise kv_cache_memory_bytes or hbm_utilization.")
         return budget
 
-    @staticmethod
-    def _device_memory(device) -> tuple[int, int]:
-        platform = platforms.current_platform
+    def _device_memory(self, device) -> tuple[int, int]:
+        platform = self.backend.platform
         memory = platform.device_memory(device)
         if memory is None:
             raise ValueError(f"The {platform.device_name} backend does not report its memory; "
@@ -204,12 +199,11 @@ class Worker:
         blocks = -(-self.config.scheduler.max_model_len // self.config.cache.block_size) + 1
         draft = {} if self.draft_model is None else {"draft_model": self.draft_model}
         slots = self.args.num_layers + (self.draft_model.args.num_layers if draft else 0)
-        layout = platforms.current_platform.kv_cache_layout
+        layout = self.backend.platform.kv_cache_layout
         kv_cache = jax.ShapeDtypeStruct(self._kv_cache_shape(slots, blocks), self.kv_dtype.storage,
                                         sharding=kv_cache_sharding(self.mesh, layout))
         return peak_step_bytes(runner_class(self.config)(self.config, self.model, kv_cache, self.attend,
-                                                         mesh=self.mesh, platform=platforms.current_platform,
-                                                         **draft))
+                                                         mesh=self.mesh, backend=self.backend, **draft))
 
     def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> ModelRunner:
         """Allocate the pool the engine chose (each stage its layers' part of every block),
@@ -220,8 +214,8 @@ class Worker:
         slots = [kv_cache_config.num_slots] if len(self.layer_ranges) == 1 else map(len, self.layer_ranges)
         # Created in place, each device allocating only its KV heads; kept to create them
         # again at wake-up without compiling.
-        layout = platforms.current_platform.kv_cache_layout
-        self._new_kv_caches = [jax.jit(lambda shape=self._kv_cache_shape(n, num_blocks):
+        layout = self.backend.platform.kv_cache_layout
+        self._new_kv_caches = [jax.jit(lambda shape=self._kv_cache_shape(n, num_blocks):  # noqa: B008
                                        jnp.zeros(shape, self.kv_dtype.storage),
                                        out_shardings=kv_cache_sharding(mesh, layout))
                                for mesh, n in zip(self.meshes, slots)]
@@ -240,7 +234,7 @@ class Worker:
             logger.info("Swap space: %d host blocks (%.1f MiB).", kv_cache_config.num_swap_blocks,
                         kv_cache_config.num_swap_blocks * kv_cache_config.block_bytes / 2**20)
         runner = self._make_runner(kv_caches, kv_cache_config.num_swap_blocks)
-        if self.config.kv_transfer is not None:  # its worker side (distributed/kv_transfer)
+        if self.config.kv_transfer is not None:  # its worker side (kv_transfer)
             self.kv_connector = KVConnectorFactory.create_connector(self.config, KVConnectorRole.WORKER,
                                                                     kv_cache_config)
             self.kv_connector.register_kv_caches(runner.kv_cache, runner._count_compilation)
@@ -248,7 +242,7 @@ class Worker:
             if self.kv_connector is not None:
                 runner.kv_cache = self.kv_connector.warmup(runner.kv_cache)
             runner.warmup()
-        if platforms.current_platform.huge_pages:
+        if self.backend.platform.huge_pages:
             # Collapsing takes seconds of CPU per GiB (platforms/huge_pages.py): in the background
             # at idle priority, and only once the first step is done, since beside that step it
             # delayed a warm start's first token by ~0.8 s.
@@ -263,7 +257,7 @@ class Worker:
         runner_cls = PoolingModelRunner if self.config.model.runner == "pooling" else runner_class(self.config)
         draft = {} if self.draft_model is None else {"draft_model": self.draft_model}
         return runner_cls(self.config, self.model, kv_caches[0], self.attend, num_swap_blocks,
-                          mesh=self.mesh, platform=platforms.current_platform,
+                          mesh=self.mesh, backend=self.backend,
                           kv_cache_groups=self.kv_cache_config.kv_cache_groups, **draft)
 
     @staticmethod

@@ -41,7 +41,8 @@ def test_a_throughput_step_cut_short_after_its_rounds_still_shows_them(tmp_path)
         acceptance_rate=None, identical_tokens=True)])))
     table = device_table.table(tmp_path)
     assert "7539.1 output tok/s, 57.70 req/s; no decode figures (out of time)" in table
-    assert "spec decode ngram     batch 1: 150.4 tok/s against 216.5 (0.69x), accepted length None, same tokens: True" in table
+    assert ("spec decode ngram     batch 1: 150.4 tok/s against 216.5 (0.69x), accepted length None, "
+            "same tokens: True") in table
 
 
 def test_offload_row_reads_the_kv_offload_figures(tmp_path):

@@ -27,7 +27,8 @@ def test_summary_keeps_device_timelines_per_call():
     """A GPU trace's layout: /device: planes whose lines hold the kernels; host events are
     left out when a device timeline exists."""
     gpu, stream = "/device:GPU:0", "Stream #13(Compute)"
-    events = ([Event(gpu, stream, "ragged_paged_attention_gpu", 30e3)] * 4 + [Event(gpu, stream, "loop_fusion", 2.5e3)] * 4
+    events = ([Event(gpu, stream, "ragged_paged_attention_gpu", 30e3)] * 4
+              + [Event(gpu, stream, "loop_fusion", 2.5e3)] * 4
               + [Event("/host:CPU", "python", "PjitFunction", 500e3)])
     rows = summarize(events, calls=4)
     assert [(r["name"], r["us_per_call"], r["count"]) for r in rows] == [

@@ -18,8 +18,8 @@ from benchmarks import model_step  # noqa: E402
 from benchmarks.family_configs import ARCHITECTURES, family_args  # noqa: E402
 from benchmarks.lower_step import KERNEL_TARGETS, lower_step, program_rows  # noqa: E402
 from benchmarks.model_shapes import SHAPES, SMOLLM2, TINY  # noqa: E402
+from jaxvllm.backends.backend import Backend  # noqa: E402
 from jaxvllm.models.layer_loops import switched_layers  # noqa: E402
-from jaxvllm.platforms import get_platform  # noqa: E402
 
 # Lane-sized heads (Mosaic tiles head_dim by 128); three layers, so Gemma's differ in window.
 FAMILY_SHAPE = dataclasses.replace(TINY, num_layers=3, hidden_size=256, num_heads=2, num_kv_heads=1,
@@ -92,7 +92,7 @@ def test_lora_step_has_no_conditionals_or_loops(platform):
 def test_conditionals_and_loops_are_counted(monkeypatch):
     """The CPU's layer loop (fori_loop + switch) lowered for a GPU shows what the test above
     rules out: the counts are not vacuous."""
-    monkeypatch.setattr(type(get_platform("cuda")), "layer_loop", property(lambda self: switched_layers))
+    monkeypatch.setattr(Backend, "layer_loop", staticmethod(switched_layers))  # the CUDA backend's
     texts, kv_cache = lower_step("cuda", SMOLLM2)
     forward = program_rows("cuda", {"forward": texts["forward"]}, kv_cache)[0]
     assert forward["case"] > 0 and forward["loops"] > 0 and forward["kernels"] == 1

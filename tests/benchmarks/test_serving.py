@@ -13,8 +13,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "entrypoints" / "openai"))
-from benchmarks import serving  # noqa: E402
 from openai_server import API_KEY, tiny_server  # noqa: E402,F401  (fixture)
+
+from benchmarks import serving  # noqa: E402
 
 SIZES = ["--input-len", "8", "40", "--output-len", "3", "12", "--seed", "3"]
 

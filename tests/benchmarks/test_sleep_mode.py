@@ -12,8 +12,8 @@ from benchmarks import sleep_mode  # noqa: E402
 def test_figures(tiny_model_dir, tmp_path):
     out = tmp_path / "sleep.json"
     r = sleep_mode.main(["--model", str(tiny_model_dir), "--skip-warmup", "--max-num-seqs", "2",
-                         "--max-num-batched-tokens", "32", "--max-model-len", "128", "--kv-cache-memory-bytes", str(8 << 20),
-                         "--json", str(out)])
+                         "--max-num-batched-tokens", "32", "--max-model-len", "128",
+                         "--kv-cache-memory-bytes", str(8 << 20), "--json", str(out)])
     assert json.loads(out.read_text()) == json.loads(json.dumps(r))
     assert r["compilations"] == 0
     assert all(r[f"same_outputs_after_{step}"] for step in ("level1", "level2", "update"))

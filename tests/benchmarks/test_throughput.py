@@ -38,9 +38,11 @@ def test_peak_matmul_is_the_fastest_measured():
     peak = machine.peak_matmul("float32", 256)
     assert peak["flops"] == peak["measured"][peak["source"]] == max(peak["measured"].values())
     assert "xla float32" in peak["measured"]
-    from jaxvllm.kernels.cpu.packed_matmul import PackedLinearMethod
-    from jaxvllm.platforms import current_platform
-    if isinstance(current_platform.linear_method("auto", 1), PackedLinearMethod):
+    import jax
+    from conftest import backend_for
+
+    from jaxvllm.layers.packed_linear import PackedLinearMethod
+    if isinstance(backend_for(jax.default_backend()).linear_method, PackedLinearMethod):
         assert "native packed float32" in peak["measured"]  # the engine's own matmul counts
 
 

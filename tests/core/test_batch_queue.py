@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections import defaultdict
 
 from hypothesis import HealthCheck, given, settings
+from sched_harness import FakeWorker, hashed_tokens, make_scheduler, reference, scenarios
 
 from jaxvllm.core.request import Request, RequestStatus
 from jaxvllm.engine.batch_queue import BatchQueue
 from jaxvllm.sampling_params import SamplingParams
-from sched_harness import FakeWorker, hashed_tokens, make_scheduler, reference, scenarios
 
 
 def run_queued(specs, aborts, size: int, token_fn, **cfg):

@@ -7,13 +7,14 @@ import json
 
 import numpy as np
 import pytest
+from sched_harness import make_scheduler
 
 from jaxvllm.core import grammar_limits
 from jaxvllm.core.request import Request, RequestStatus
 from jaxvllm.core.structured_output import StructuredOutputManager, grammar_for
 from jaxvllm.outputs import FinishReason, ModelRunnerOutput
-from jaxvllm.sampling_params import SamplingParams, StructuredOutputsParams as SOP
-from sched_harness import make_scheduler
+from jaxvllm.sampling_params import SamplingParams
+from jaxvllm.sampling_params import StructuredOutputsParams as SOP
 
 PATHOLOGICAL = "^(a|a)*(b|b)*(((a*)*)*)*c{1000}{1000}$"
 

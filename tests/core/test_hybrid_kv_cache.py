@@ -6,13 +6,12 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sched_harness import check_final, hashed_tokens, make_scheduler, run, scenarios
 
-from jaxvllm.core.kv_cache_manager import KVCacheManager, cdiv
 from jaxvllm.core.kv_cache_interface import KVCacheSpec
+from jaxvllm.core.kv_cache_manager import KVCacheManager, cdiv
 from jaxvllm.core.request import Request
 from jaxvllm.sampling_params import SamplingParams
-
-from sched_harness import check_final, hashed_tokens, make_scheduler, run, scenarios
 
 WINDOWS = [(None, 4), (5,), (3, None, 3), (None, 9, 2)]
 

@@ -6,8 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from jaxvllm.core.kv_cache_interface import (KVCacheConfig, KVCacheSpec, blocks_per_request, describe_groups,
-                                             get_kv_cache_config)
+from jaxvllm.core.kv_cache_interface import (
+    KVCacheConfig,
+    KVCacheSpec,
+    blocks_per_request,
+    describe_groups,
+    get_kv_cache_config,
+)
 from jaxvllm.serial_utils import decode, encode
 
 FULL = KVCacheSpec(block_size=16, page_size_bytes=1024)

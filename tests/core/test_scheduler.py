@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
+from sched_harness import LENGTH, STOP, FakeWorker, Spec, check_final, hashed_tokens, make_scheduler, run, scenarios
 
 from jaxvllm.core.kv_cache_manager import cdiv
 from jaxvllm.core.request import Request, RequestStatus
 from jaxvllm.outputs import FinishReason
 from jaxvllm.sampling_params import SamplingParams
-from sched_harness import (LENGTH, STOP, FakeWorker, Spec, check_final, hashed_tokens, make_scheduler, run,
-                           scenarios)
-
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])

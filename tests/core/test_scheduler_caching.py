@@ -3,11 +3,11 @@ cap: random workloads through the checking harness, then targeted cases."""
 from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
+from sched_harness import FakeWorker, Spec, check_final, hashed_tokens, make_scheduler, run, scenarios
 
 from jaxvllm.core.kv_cache_manager import cdiv
 from jaxvllm.core.request import Request, RequestStatus
 from jaxvllm.sampling_params import SamplingParams
-from sched_harness import FakeWorker, Spec, check_final, hashed_tokens, make_scheduler, run, scenarios
 
 SLOW_SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -3,10 +3,11 @@ model's requests are never held back by it), and prefix-cache pages never shared
 adapters."""
 from __future__ import annotations
 
+from sched_harness import FakeWorker, hashed_tokens, make_scheduler
+
 from jaxvllm.core.request import Request
 from jaxvllm.lora.request import LoRARequest
 from jaxvllm.sampling_params import SamplingParams
-from sched_harness import FakeWorker, hashed_tokens, make_scheduler
 
 PARAMS = SamplingParams(max_tokens=3, ignore_eos=True)
 

@@ -3,10 +3,11 @@ given a decode step, finished by the step that returns their pooled output, thei
 freed there; those whose pooler reads every position never read the prefix cache."""
 from __future__ import annotations
 
+from sched_harness import make_scheduler
+
 from jaxvllm.core.request import Request, RequestStatus
 from jaxvllm.outputs import FinishReason, ModelRunnerOutput
 from jaxvllm.pooling_params import PoolingParams
-from sched_harness import make_scheduler
 
 
 def pooling_request(req_id: str, prompt: list[int], pooling_type: str = "LAST") -> Request:

@@ -3,10 +3,11 @@ scheduled with the token they follow and budgeted, rejected positions are uncomp
 inside an accepted run truncate it there, the counters move, and every block returns."""
 from __future__ import annotations
 
+from sched_harness import make_scheduler
+
 from jaxvllm.core.request import Request, RequestStatus
 from jaxvllm.outputs import FinishReason, ModelRunnerOutput
 from jaxvllm.sampling_params import SamplingParams
-from sched_harness import make_scheduler
 
 EOS = 2
 

@@ -22,7 +22,7 @@ def main(rank: str, port: str, model: str, prompts: str, max_tokens: str) -> Non
                   master_addr="127.0.0.1", master_port=int(port), skip_warmup=True, max_num_seqs=8,
                   max_num_batched_tokens=128, max_model_len=256, num_gpu_blocks_override=64)
     if int(rank) > 0:
-        from jaxvllm.distributed.multihost import run_follower
+        from jaxvllm.executor.multihost import run_follower
         run_follower(EngineArgs(**engine))
         return
     from jaxvllm import LLM, SamplingParams

@@ -19,7 +19,6 @@ import sys
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
 os.environ.setdefault("JAXVLLM_XLA_CACHE", "")
 
-import jax  # noqa: E402
 
 from jaxvllm import LLM, SamplingParams  # noqa: E402
 

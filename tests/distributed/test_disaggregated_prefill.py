@@ -11,8 +11,8 @@ import socket
 
 import numpy as np
 import pytest
-
 from conftest import write_tiny_moe
+
 from jaxvllm import LLM, SamplingParams
 
 PROMPTS = [[int(t) for t in np.random.default_rng(i).integers(3, 256, n)] for i, n in enumerate([40, 100, 17, 64, 5])]

@@ -10,12 +10,12 @@ import subprocess
 import sys
 
 import pytest
+from conftest import write_tiny_moe
 from jax.sharding import AbstractMesh
 
-from conftest import write_tiny_moe
 from jaxvllm import LLM
-from jaxvllm.distributed.mesh import MODEL_AXIS as M
 from jaxvllm.distributed.partition import param_sharding
+from jaxvllm.layers.fused_moe import DOWN_AXES
 from jaxvllm.models.weight_spec import EXPERTS, Weight
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -59,7 +59,7 @@ def test_ep2_ep4_and_tp2_match_tp1(tmp_path):
 def test_experts_that_do_not_divide_are_refused(tiny_model_dir):
     mesh = AbstractMesh((4,), ("model",))
     with pytest.raises(ValueError, match=r"6 experts do not divide over tensor_parallel_size=4"):
-        param_sharding(Weight("layers.0.experts_down", (6, 48, 64), (None, M, None), kind=EXPERTS,
-                              expert_partition=(M, None, None)), (6, 48, 64), mesh, expert_parallel=True)
+        param_sharding(Weight("layers.0.experts_down", (6, 48, 64), DOWN_AXES, kind=EXPERTS), (6, 48, 64), mesh,
+                       expert_parallel=True)
     with pytest.raises(ValueError, match="enable_expert_parallel: .* has no experts"):
         LLM(str(tiny_model_dir), enable_expert_parallel=True, skip_warmup=True, num_gpu_blocks_override=16)

@@ -19,11 +19,11 @@ from jaxvllm import LLM, SamplingParams
 from jaxvllm.config import EngineArgs
 from jaxvllm.config.engine_config import EngineConfig, KVTransferConfig
 from jaxvllm.core.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, KVCacheSpec
-from jaxvllm.distributed.kv_transfer.base import KVConnectorRole
-from jaxvllm.distributed.kv_transfer.offloading_connector import OffloadingConnectorMetadata
-from jaxvllm.distributed.kv_transfer.offloading_worker import OffloadingConnectorWorker
-from jaxvllm.entrypoints.cli import _add_engine_flags, _engine_args
+from jaxvllm.entrypoints.cli_args import add_engine_flags, engine_args
+from jaxvllm.kv_transfer.base import KVConnectorRole
+from jaxvllm.kv_transfer.offloading_connector import OffloadingConnectorMetadata
 from jaxvllm.transformers_utils.config import load_hf_config
+from jaxvllm.worker.kv_connector.offloading_worker import OffloadingConnectorWorker
 
 rng = np.random.default_rng(0)
 PREFIXES = [[int(t) for t in rng.integers(3, 256, 96)] for _ in range(8)]  # 6 blocks each
@@ -205,8 +205,8 @@ def test_offloading_needs_the_prefix_cache_and_one_process(tiny_model_dir, engin
 
 def test_cli_flag_takes_vllms_json(tiny_model_dir):
     parser = argparse.ArgumentParser()
-    _add_engine_flags(parser)
-    args = _engine_args(parser.parse_args(["--kv-transfer-config", json.dumps(offload(64))]))
+    add_engine_flags(parser)
+    args = engine_args(parser.parse_args(["--kv-transfer-config", json.dumps(offload(64))]))
     config = dataclasses.replace(args, model=str(tiny_model_dir)).create_engine_config(
         load_hf_config(str(tiny_model_dir)), "cpu")
     assert config.kv_transfer == KVTransferConfig("OffloadingConnector", "kv_both", {"num_cpu_blocks": 64})

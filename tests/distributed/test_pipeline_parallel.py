@@ -12,8 +12,8 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import write_tiny_llama
+
 from jaxvllm.distributed.pipeline import stage_layer_ranges
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -109,6 +109,7 @@ def test_every_family_runs_in_stages(tmp_path):
     from conftest import write_tiny_moe
     sys.path.insert(0, os.path.join(ROOT, "tests", "models"))
     from family_checkpoints import write_family_checkpoint
+
     from jaxvllm.models.causal_lm import CausalLM
     from jaxvllm.models.registry import get_model_class, supported_architectures
     from jaxvllm.transformers_utils.model_path import default_model_path
@@ -126,4 +127,5 @@ def test_every_family_runs_in_stages(tmp_path):
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     assert r[mixtral]["1"]["expert_dtypes"] == ["int8"] and r[mixtral]["2"]["expert_dtypes"] == ["int8", "int8"]
     for model in (opt, mixtral):
-        np.testing.assert_allclose(r[model]["2"]["prompt_logprobs"], r[model]["1"]["prompt_logprobs"], rtol=0, atol=1e-5)
+        np.testing.assert_allclose(r[model]["2"]["prompt_logprobs"], r[model]["1"]["prompt_logprobs"],
+                                   rtol=0, atol=1e-5)

@@ -9,9 +9,8 @@ import subprocess
 import sys
 
 import numpy as np
-from safetensors.numpy import save_file
-
 from conftest import write_tiny_llama
+from safetensors.numpy import save_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))

@@ -83,7 +83,7 @@ def test_prompt_cut_mid_character(tok):
 def test_stop_string_spanning_tokens(tok, prompt):
     ids = tok.encode("The answer is 42. Done here.")  # ' is', ' ', '4', '2' are 4 tokens
     detok = IncrementalDetokenizer(tok, prompt, SamplingParams(stop=["is 42"]))
-    for n, token_id in enumerate(ids):
+    for n, token_id in enumerate(ids):  # noqa: B007 (n is read after the loop)
         stop = detok.update([token_id], False)
         if stop is not None:
             break

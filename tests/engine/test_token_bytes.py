@@ -7,7 +7,8 @@ special tokens and ids past the vocabulary, in chunks of any size, as a sampler 
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jaxvllm.engine.detokenizer import IncrementalDetokenizer, TokenBytesStream, TokenizerStream
 from jaxvllm.sampling_params import SamplingParams

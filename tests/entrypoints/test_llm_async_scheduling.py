@@ -5,11 +5,10 @@ returns to the pool after every run."""
 from __future__ import annotations
 
 import pytest
+from test_llm_tiny import PROMPTS, assert_pool_full, make_llm
 
 from jaxvllm import SamplingParams
 from jaxvllm.sampling_params import StructuredOutputsParams
-
-from test_llm_tiny import PROMPTS, assert_pool_full, make_llm
 
 N_NEW = 16
 CONFIGS = {

@@ -3,10 +3,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_llm_tiny import PROMPTS, assert_pool_full, make_llm
 
 from jaxvllm.sampling_params import BeamSearchParams
-
-from test_llm_tiny import PROMPTS, assert_pool_full, make_llm
 
 N_NEW, WIDTH = 8, 4
 

@@ -9,7 +9,7 @@ import pytest
 
 from jaxvllm import LLM, SamplingParams
 from jaxvllm.config import EngineArgs
-from jaxvllm.entrypoints.cli import _add_engine_flags, _engine_args
+from jaxvllm.entrypoints.cli_args import add_engine_flags, engine_args
 
 rng = np.random.default_rng(0)
 PREFIX = [int(t) for t in rng.integers(3, 256, 128)]
@@ -105,10 +105,10 @@ def test_priority_is_passed_through_generate(tiny_model_dir, reference):
 
 def test_cli_flags_for_the_new_engine_args():
     parser = argparse.ArgumentParser()
-    _add_engine_flags(parser)
+    add_engine_flags(parser)
     ns = parser.parse_args(["--preemption-mode", "swap", "--swap-space", "0.5", "--no-enable-prefix-caching",
                             "--scheduling-policy", "priority", "--long-prefill-token-threshold", "32"])
-    args = _engine_args(ns)
+    args = engine_args(ns)
     assert (args.preemption_mode, args.swap_space, args.enable_prefix_caching) == ("swap", 0.5, False)
     assert (args.scheduling_policy, args.long_prefill_token_threshold) == ("priority", 32)
-    assert _engine_args(parser.parse_args([])).enable_prefix_caching is EngineArgs.enable_prefix_caching is True
+    assert engine_args(parser.parse_args([])).enable_prefix_caching is EngineArgs.enable_prefix_caching is True

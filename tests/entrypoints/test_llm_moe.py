@@ -10,11 +10,12 @@ import functools
 import numpy as np
 import pytest
 import torch
-
 from conftest import assert_every_spec_method_keeps, write_tiny_moe
+
 from jaxvllm import LLM, SamplingParams
 from jaxvllm.kernels.cpu import build as native_build
-from jaxvllm.kernels.cpu.packed_matmul import PANEL, PackedFusedMoEMethod
+from jaxvllm.kernels.cpu.packed_matmul import PANEL
+from jaxvllm.layers.packed_linear import PackedFusedMoEMethod
 from jaxvllm.sampling_params import StructuredOutputsParams
 
 PROMPTS = [[int(t) for t in np.random.default_rng(i).integers(3, 256, n)] for i, n in enumerate([5, 40, 17, 70])]

@@ -6,10 +6,9 @@ import shutil
 
 import numpy as np
 import pytest
+from test_llm_tiny import assert_pool_full, make_llm
 
 from jaxvllm import SamplingParams
-
-from test_llm_tiny import assert_pool_full, make_llm
 
 PROMPT = [int(t) for t in np.random.default_rng(7).integers(3, 256, 512)]
 BLOCK = 16

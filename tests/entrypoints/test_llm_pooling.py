@@ -119,7 +119,8 @@ def test_runner_and_pooler_config_are_checked(tiny_model_dir):
     with pytest.raises(ValueError, match="needs a model served with runner='pooling'"):
         llm.embed([[5, 6]], use_tqdm=False)
     for kwargs, match in [(dict(convert="classify"), "convert='classify' needs a \\*ForSequenceClassification"),
-                          (dict(runner="pooling", pooler_config={"pooling_type": "MAX"}), "pooling_type must be one of"),
+                          (dict(runner="pooling", pooler_config={"pooling_type": "MAX"}),
+                           "pooling_type must be one of"),
                           (dict(runner="pooling", pooler_config={"pool": 1}), "unknown fields \\['pool'\\]"),
                           (dict(runner="generate", convert="embed"), "convert='embed' needs runner='pooling'")]:
         with pytest.raises(ValueError, match=match):

@@ -5,11 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_llm_tiny import PROMPTS, assert_pool_full, make_llm
 
 from jaxvllm import SamplingParams
 from jaxvllm.outputs import Logprob
-
-from test_llm_tiny import PROMPTS, assert_pool_full, make_llm
 
 N_NEW = 24
 

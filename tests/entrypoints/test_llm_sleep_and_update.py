@@ -17,7 +17,8 @@ from safetensors.numpy import save_file
 from jaxvllm import LLM, SamplingParams
 from jaxvllm.engine.exceptions import EngineSleepingError
 
-ENGINE = dict(skip_warmup=True, max_num_seqs=4, max_num_batched_tokens=32, max_model_len=128, num_gpu_blocks_override=32)
+ENGINE = dict(skip_warmup=True, max_num_seqs=4, max_num_batched_tokens=32, max_model_len=128,
+              num_gpu_blocks_override=32)
 PROMPTS = [{"prompt_token_ids": [5, 6, 7, 8]}, {"prompt_token_ids": [9, 10, 11, 12, 13]}]
 GREEDY = SamplingParams(temperature=0, max_tokens=8, min_tokens=8)
 _LOWERING = "/jax/core/compile/jaxpr_to_mlir_module_duration"  # once per program compiled
@@ -136,7 +137,8 @@ def test_a_bad_update_is_refused_and_the_old_weights_keep_serving(tiny, tmp_path
         llm.update_weights({"model.layers.9.mlp.up_proj.weight": tensors[up]})
     with pytest.raises(ValueError, match="fused with .*'model.layers.0.self_attn.v_proj.weight'.* into "
                                          "'layers.0.qkv_proj'"):
-        llm.update_weights({"model.layers.0.self_attn.q_proj.weight": tensors["model.layers.0.self_attn.q_proj.weight"]})
+        q_proj = "model.layers.0.self_attn.q_proj.weight"
+        llm.update_weights({q_proj: tensors[q_proj]})
     with pytest.raises(ValueError, match="dtype int32"):
         llm.update_weights({up: tensors[up].astype(np.int32)})
     (tmp_path / "junk.gguf").write_bytes(b"not a checkpoint")

@@ -4,11 +4,10 @@ accepted and counted, seeded random sampling reproducible, aborts and finishes r
 block, and the combinations not supported yet refused by name."""
 from __future__ import annotations
 
-import regex  # partial matches (transformers' dependency)
-
 import pytest
-
+import regex  # partial matches (transformers' dependency)
 from conftest import write_tiny_llama
+
 from jaxvllm import LLM, SamplingParams
 from jaxvllm.sampling_params import StructuredOutputsParams
 

@@ -8,11 +8,10 @@ import json
 import re
 
 import pytest
+from test_llm_tiny import PROMPTS, assert_pool_full, make_llm
 
 from jaxvllm import SamplingParams
 from jaxvllm.sampling_params import StructuredOutputsParams
-
-from test_llm_tiny import PROMPTS, assert_pool_full, make_llm
 
 
 @pytest.fixture(scope="module")

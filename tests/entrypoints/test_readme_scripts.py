@@ -1,11 +1,12 @@
-"""Every Python and shell block of README.md runs as written (docs/ holds none: its fenced
-blocks are diagrams). A new block that no runner below claims fails the plan test.
+"""Every Python and shell block of README.md and docs/*.md runs as written, the pages read in
+PAGES' order (a fenced block without a language is a diagram). A new block that no runner
+below claims fails the plan test, and so does a page missing from PAGES.
 
 To keep the suite's time, blocks share what they can: the offline Python blocks run as one
-session in one subprocess (the later ones continue the first's `llm` and `params`, as the
-README says), saved as a script without an `if __name__ == "__main__":` guard (the engine
+session in one subprocess (the later ones continue the README's `llm` and `params`, as the
+pages say), saved as a script without an `if __name__ == "__main__":` guard (the engine
 processes must start without re-running it), with nothing logged after its own output; the
-shell blocks run in README order in one working directory (later ones use what earlier ones
+shell blocks run in page order in one working directory (later ones use what earlier ones
 wrote); a block that starts `jaxvllm serve` in the foreground is started, waited for on
 /health, used by the client blocks that follow it, and stopped with SIGTERM."""
 from __future__ import annotations
@@ -23,42 +24,53 @@ import httpx
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-README = REPO / "README.md"
+# The README, then the docs pages in the order their blocks run: the serving page's clients
+# use the README's server; scaling-out.md loads the checkpoint sleep-mode.md converts.
+PAGES = ["README.md", "docs/serving.md", "docs/python-api.md", "docs/cli.md", "docs/tools-and-reasoning.md",
+         "docs/sleep-mode.md", "docs/scaling-out.md", "docs/quantization.md", "docs/speculative-decoding.md",
+         "docs/lora.md", "docs/kv-connectors.md", "docs/compile.md", "docs/benchmarks.md", "docs/models.md",
+         "docs/design.md"]
 LOG_RECORD = re.compile(r"(DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w.]+: ")
 SERVER = "http://127.0.0.1:8000"
 
 
 def readme_blocks() -> list[tuple[str, str, str]]:
-    """(nearest heading, language, code) of every fenced block, in order."""
-    out, heading = [], ""
-    for part in re.split(r"(^##+ [^\n]*$|^```\w*\n.*?^```$)", README.read_text(), flags=re.M | re.S):
-        if part.startswith("##"):
-            heading = part.lstrip("#").strip()
-        elif part.startswith("```"):
-            lang, _, code = part[3:-3].partition("\n")
-            out.append((heading, lang, code))
+    """(nearest heading, language, code) of every fenced block with a language, page by page."""
+    out = []
+    for page in PAGES:
+        heading = ""
+        for part in re.split(r"(^#+ [^\n]*$|^```\w*\n.*?^```$)", (REPO / page).read_text(), flags=re.M | re.S):
+            if part.startswith("#"):
+                heading = part.lstrip("#").strip()
+            elif part.startswith("```"):
+                lang, _, code = part[3:-3].partition("\n")
+                if lang:
+                    out.append((heading, lang, code))
     return out
 
 
+def runner(block: tuple[str, str, str]) -> str:
+    """Which runner takes a block."""
+    heading, lang, code = block
+    if lang == "bash" and code.startswith("make "):
+        return "make"
+    if lang == "bash" and heading.startswith("A second model to try offline"):
+        return "gemma"
+    if lang == "python" and "OpenAI(" in code or lang == "json":
+        return "client"
+    if lang == "python":
+        return "session"
+    if lang == "bash" and ("curl" in code and "jaxvllm serve" not in code):
+        return "client"
+    if lang == "bash":
+        return "shell"
+    raise AssertionError(f"no runner for a ```{lang} block under {heading!r}")
+
+
 def plan() -> dict[str, list[tuple[str, str, str]]]:
-    """Which runner takes each block."""
     runs: dict[str, list] = {"make": [], "gemma": [], "session": [], "shell": [], "client": []}
     for block in readme_blocks():
-        heading, lang, code = block
-        if lang == "bash" and heading == "":
-            runs["make"].append(block)
-        elif lang == "bash" and heading.startswith("A second model to try offline"):
-            runs["gemma"].append(block)
-        elif lang == "python" and "OpenAI(" in code or lang == "json":
-            runs["client"].append(block)
-        elif lang == "python":
-            runs["session"].append(block)
-        elif lang == "bash" and ("curl" in code and "jaxvllm serve" not in code):
-            runs["client"].append(block)
-        elif lang == "bash":
-            runs["shell"].append(block)
-        else:
-            raise AssertionError(f"no runner for a ```{lang} block under {heading!r}")
+        runs[runner(block)].append(block)
     return runs
 
 
@@ -66,6 +78,13 @@ def test_every_block_has_a_runner():
     runs = plan()
     assert sum(map(len, runs.values())) == len(readme_blocks())
     assert all(runs.values()), {k: len(v) for k, v in runs.items()}
+    assert sorted(PAGES[1:]) == sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md"))
+
+
+def test_every_relative_link_resolves():
+    for page in PAGES:
+        for target in re.findall(r"\[[^\]]+\]\(([^)#:\s]+)(?:#[^)]*)?\)", (REPO / page).read_text()):
+            assert (REPO / page).parent.joinpath(target).exists(), (page, target)
 
 
 @pytest.fixture(scope="module")
@@ -151,25 +170,32 @@ def _check_error_example(code: str) -> None:
 
 @pytest.mark.slow
 def test_shell_blocks_and_their_clients_run_in_order(workdir):
-    clients = plan()["client"]
-    for heading, _, code in plan()["shell"]:
-        start = time.monotonic()
-        if "jaxvllm serve" not in code or "&" in code:  # a server in the background stops itself
-            run_bash(code, workdir)
-            print(f"{heading}: {time.monotonic() - start:.1f} s")
-            continue
-        proc = _start(code, workdir)
-        print(f"{heading} (server up): {time.monotonic() - start:.1f} s")
-        try:
-            for _, lang, client in [c for c in clients if c[0] == heading]:
+    """Each client block asks the server of the last shell block before it."""
+    proc = None
+    try:
+        for heading, lang, code in [b for b in readme_blocks() if runner(b) in ("shell", "client")]:
+            if runner((heading, lang, code)) == "client":
+                assert proc is not None, f"a client block under {heading!r} follows no server"
                 if lang == "json":
-                    _check_error_example(client)
+                    _check_error_example(code)
                 elif lang == "python":
-                    (workdir / "client.py").write_text(client)
+                    (workdir / "client.py").write_text(code)
                     assert run([sys.executable, "client.py"], workdir).strip()
                 else:
-                    assert '"choices"' in run_bash(client, workdir)
-        finally:
+                    assert '"choices"' in run_bash(code, workdir)
+                continue
+            if proc is not None:
+                _stop(proc)
+                proc = None
+            start = time.monotonic()
+            if "jaxvllm serve" not in code or "&" in code:  # a server in the background stops itself
+                run_bash(code, workdir)
+                print(f"{heading}: {time.monotonic() - start:.1f} s")
+            else:
+                proc = _start(code, workdir)
+                print(f"{heading} (server up): {time.monotonic() - start:.1f} s")
+    finally:
+        if proc is not None:
             _stop(proc)
 
 
@@ -183,6 +209,7 @@ def test_gemma_block_builds_and_runs_the_model(workdir):
 def test_chat_fills_the_rendered_prompt(tmp_path):
     """vLLM's LLM.chat returns the conversation as the chat template rendered it."""
     from conftest import write_tiny_llama
+
     from jaxvllm import LLM, SamplingParams
     from jaxvllm.transformers_utils.model_path import default_model_path
     from jaxvllm.transformers_utils.tokenizer import load_tokenizer

@@ -65,7 +65,8 @@ def test_sleep_and_update_weights_in_every_worker(mp_llm, tiny_model_dir, tmp_pa
     fresh_dir = tmp_path / "perturbed"
     shutil.copytree(tiny_model_dir, fresh_dir)
     save_file(new, str(fresh_dir / "model.safetensors"))
-    assert ours == [o.outputs[0].token_ids for o in LLM(str(fresh_dir), **ENGINE).generate(PROMPTS, greedy, use_tqdm=False)]
+    theirs = LLM(str(fresh_dir), **ENGINE).generate(PROMPTS, greedy, use_tqdm=False)
+    assert ours == [o.outputs[0].token_ids for o in theirs]
     assert ours != before
     with pytest.raises(ValueError, match="tensor 'model.norm.weight' has shape"):
         mp_llm.update_weights({"model.norm.weight": tensors["model.norm.weight"][:3]})

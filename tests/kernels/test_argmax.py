@@ -7,10 +7,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import backend_for
 
-from jaxvllm.kernels.xla.argmax import blocked_argmax
-from jaxvllm.platforms import get_platform
-from jaxvllm.worker.sampler import first_argmax
+from jaxvllm.kernels.xla.argmax import blocked_argmax, first_argmax
 
 
 @pytest.mark.parametrize("rows, width, block", [(5, 49152, 128), (3, 1000, 128), (4, 7, 128), (3, 300, 16)])
@@ -27,5 +26,5 @@ def test_blocked_argmax_matches_argmax(rows, width, block):
 
 
 def test_the_cpu_samples_with_it_and_accelerators_with_xla_argmax():
-    assert get_platform("cpu").sampler_argmax() is blocked_argmax
-    assert get_platform("tpu").sampler_argmax() is first_argmax is get_platform("cuda").sampler_argmax()
+    assert backend_for("cpu").sampler_argmax is blocked_argmax
+    assert backend_for("tpu").sampler_argmax is first_argmax is backend_for("cuda").sampler_argmax

@@ -1,16 +1,18 @@
-"""The Pallas and native kernels as the model's attention backend: backend selection per platform, and
+"""The Pallas and native kernels as the model's attention backend: its selection per platform
+(jaxvllm/backends), and
 greedy tokens of the tiny Llama through LLM with the kernels (interpret mode on CPU) equal
 to the xla backend's, over prefill, chunked prefill and mixed decode steps."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import backend_for
 
 from jaxvllm import LLM, SamplingParams
+from jaxvllm.backends.cpu import native_kernels_available
 from jaxvllm.kernels.cpu import build as native_build
-from jaxvllm.platforms import get_platform
 
-CPU_AUTO = get_platform("cpu").auto_attention_backend()
+CPU_AUTO = "native" if native_kernels_available() else "xla"
 
 
 @pytest.mark.parametrize("backend,platform,want", [
@@ -26,17 +28,18 @@ CPU_AUTO = get_platform("cpu").auto_attention_backend()
     ("xla", "cpu", ("xla", False)),
 ])
 def test_backend_selection(backend, platform, want):
-    assert get_platform(platform).attention_kernel(backend) == want
+    chosen = backend_for(platform, backend)
+    assert (chosen.attention_kernel, chosen.interpret) == want
 
 
 def test_unknown_backend_rejected():
     with pytest.raises(ValueError, match="attention_backend"):
-        get_platform("cpu").attention_kernel("flash")
+        backend_for("cpu", "flash")
 
 
 def test_native_backend_is_cpu_only():
     with pytest.raises(ValueError, match="CPU only"):
-        get_platform("tpu").attention_kernel("native")
+        backend_for("tpu", "native")
 
 
 PROMPTS = [[int(t) for t in np.random.default_rng(i).integers(3, 256, n)] for i, n in enumerate([5, 21, 1])]

@@ -8,9 +8,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings
-
-from naive_attention import (DECODE, MIXED, PAST_WINDOW, PREFILL, assert_matches_naive, batches,  # noqa: E402
-                             build, naive, pages_before_window_dropped)
+from naive_attention import (  # noqa: E402
+    DECODE,
+    MIXED,
+    PAST_WINDOW,
+    PREFILL,
+    assert_matches_naive,
+    batches,
+    build,
+    naive,
+    pages_before_window_dropped,
+)
 
 from jaxvllm.kernels.cpu import build as native_build  # noqa: E402
 from jaxvllm.kernels.cpu.ragged_paged_attention import ragged_paged_attention  # noqa: E402

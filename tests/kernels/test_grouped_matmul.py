@@ -7,15 +7,15 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 import pytest
-
 from test_pallas_lowering import lower
-from pallas_kernels.grouped_matmul_tpu import grouped_matmul
+
 from jaxvllm.kernels.cpu import build as native_build
-from jaxvllm.kernels.cpu.packed_matmul import PackedFusedMoEMethod, grouped_packed_matmul, pack_experts
+from jaxvllm.kernels.cpu.packed_matmul import grouped_packed_matmul, pack_experts
 from jaxvllm.kernels.xla import grouped_matmul as xla
 from jaxvllm.layers.fused_moe import UnquantizedFusedMoEMethod, select_experts
+from jaxvllm.layers.packed_linear import PackedFusedMoEMethod
+from pallas_kernels.grouped_matmul_tpu import grouped_matmul
 
 
 def operands(m=64, k=64, n=96, group_sizes=(10, 0, 30, 12)):

@@ -11,12 +11,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jaxvllm import LLM
 from jaxvllm.kernels.cpu import build as native_build
-from jaxvllm.kernels.cpu.packed_matmul import PANEL, PackedLinearMethod, pack_weight, packed_matmul
+from jaxvllm.kernels.cpu.packed_matmul import PANEL, pack_weight, packed_matmul
 from jaxvllm.layers.linear import UnquantizedLinearMethod
+from jaxvllm.layers.packed_linear import PackedLinearMethod
 from jaxvllm.models.llama import LlamaForCausalLM
 
 pytestmark = pytest.mark.skipif(not native_build.available(), reason="no C++ compiler: the kernel cannot build")
@@ -109,7 +111,8 @@ def test_per_layer_weights_under_jit_fori_loop_and_switch():
     # As the model calls it: each layer's packed weight picked by lax.switch inside fori_loop.
     x, w0 = operands(9, 64, 64, seed=1)
     _, w1 = operands(9, 64, 64, seed=2)
-    branches = [lambda h, p=pack_weight(w): jnp.tanh(PackedLinearMethod().apply(h, p)) for w in (w0, w1)]
+    branches = [lambda h, p=pack_weight(w): jnp.tanh(PackedLinearMethod().apply(h, p))  # noqa: B008
+                for w in (w0, w1)]
 
     @jax.jit
     def run(h):
@@ -181,6 +184,7 @@ def test_worker_packs_only_for_the_native_backend(tiny_model_dir, backend, packe
 def test_a_model_the_kernel_cannot_take_runs_xla_matmuls(tmp_path):
     # Vocabulary 250: the head is no whole number of panels, so no weight is packed.
     from conftest import write_tiny_llama
+
     from jaxvllm.transformers_utils.model_path import default_model_path
     from jaxvllm.transformers_utils.tokenizer import load_tokenizer
     write_tiny_llama(tmp_path, vocab_size=250)

@@ -8,15 +8,14 @@ blocks, share blocks between sequences and take several double-buffered KV block
 from __future__ import annotations
 
 import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from naive_attention import (DECODE, MIXED, PREFILL, assert_matches_naive, batches,  # noqa: E402
-                                     build, naive)
+from naive_attention import DECODE, MIXED, PREFILL, assert_matches_naive, batches, build, naive  # noqa: E402
 
 from jaxvllm.layers.attention import write_kv  # noqa: E402
 from pallas_kernels import ragged_paged_attention_gpu as gpu  # noqa: E402

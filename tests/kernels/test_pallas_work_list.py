@@ -9,7 +9,6 @@ from hypothesis import strategies as st
 
 from pallas_kernels.common import work_list
 
-
 _work_list = jax.jit(work_list, static_argnums=(2, 3))
 SLOTS, NUM_TOKENS = 6, 40  # fixed shapes: one compile per block_q
 

@@ -1,4 +1,4 @@
-"""The TPU platform's KV cache layout (platforms/tpu.py: a page's tokens in rows of 8, heads
+"""The TPU's KV cache layout (backends/tpu.py: a page's tokens in rows of 8, heads
 along lanes, each padded to 128 lanes) read by the kernels a TPU runs, the Mosaic kernel in interpret mode and the XLA
 backend, against the naive oracle on the same poisoned batches as the portable layout; and
 write_kv writing the same slots in both layouts. Padding lanes hold poison too, so a kernel
@@ -10,19 +10,18 @@ import functools
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
+from conftest import backend_for
 from naive_attention import MIXED, POISON, assert_matches_naive, build
 
-from pallas_kernels import ragged_paged_attention_tpu as tpu
 from jaxvllm.kernels.xla import ragged_paged_attention as xla
 from jaxvllm.layers.attention import write_kv
-from jaxvllm.platforms import get_platform
+from pallas_kernels import ragged_paged_attention_tpu as tpu
 
 
 def tpu_layout(cache):
-    """[L, 2, P, ps, H, D] -> the TPU platform's shape, padding lanes poisoned."""
+    """[L, 2, P, ps, H, D] -> the TPU backend's shape, padding lanes poisoned."""
     L, _, P, ps, H, D = cache.shape
-    shape = get_platform("tpu").kv_cache_shape(L, P, ps, H, D)
+    shape = backend_for("tpu").kv_cache_shape(L, P, ps, H, D)
     lanes = shape[5] // H
     padded = jnp.pad(jnp.asarray(cache), ((0, 0),) * 5 + ((0, lanes - D),), constant_values=POISON)
     return padded.astype(cache.dtype).reshape(shape)
@@ -51,7 +50,7 @@ def test_write_kv_writes_the_same_slots_in_both_layouts():
     slots = np.array([0, 5, 17, 18, 40, 63], np.int32)
     portable = write_kv(cache, jnp.int32(1), jnp.asarray(k), jnp.asarray(v), slots)
     packed = write_kv(tpu_layout(cache), jnp.int32(1), jnp.asarray(k), jnp.asarray(v), slots, kv_layout="tpu")
-    assert packed.shape == get_platform("tpu").kv_cache_shape(*cache.shape[:1], *cache.shape[2:])
+    assert packed.shape == backend_for("tpu").kv_cache_shape(*cache.shape[:1], *cache.shape[2:])
     # The heads' own lanes match; the padding lanes are nobody's (write_kv zeroes a slot's).
     unpacked = np.asarray(packed).reshape(cache.shape[:4] + (3, -1))[..., :64]
     np.testing.assert_array_equal(unpacked, np.asarray(portable))

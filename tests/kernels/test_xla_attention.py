@@ -7,10 +7,18 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from naive_attention import (
+    DECODE,
+    MIXED,
+    PAST_WINDOW,
+    PREFILL,
+    assert_matches_naive,
+    batches,
+    build,
+    pages_before_window_dropped,
+)
 
 from jaxvllm.kernels.xla.ragged_paged_attention import ragged_paged_attention
-from naive_attention import (DECODE, MIXED, PAST_WINDOW, PREFILL, assert_matches_naive, batches, build,
-                             pages_before_window_dropped)
 
 
 def check(args, tol=1e-5, **kw):

@@ -30,9 +30,12 @@ def test_write_kv_writes_exactly_its_slots(dtype):
 
 
 def test_only_the_platform_that_runs_a_kernel_imports_it():
-    # A TPU or GPU process never loads the C++ kernels; the xla backend loads no Pallas either.
-    code = ("import sys; from jaxvllm.layers.attention import get_attention; "
-            "from jaxvllm.platforms import get_platform; get_attention('xla', get_platform('tpu')); "
-            "print(sorted(m for m in sys.modules if m.startswith('jaxvllm.kernels.')))")
+    # A TPU or GPU process never loads the C++ kernels; the xla backend loads no Pallas attention either.
+    code = ("import sys; from jaxvllm.backends import get_backend; from jaxvllm.config import EngineConfig, "
+            "ModelConfig; from jaxvllm.platforms import get_platform; "
+            "config = EngineConfig(model=ModelConfig(dtype='float32', attention_backend='xla')); "
+            "get_backend(config, get_platform('tpu')).attention(); "
+            "print(sorted(m for m in sys.modules if m.startswith(('jaxvllm.kernels.', 'pallas_kernels.ragged'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["['jaxvllm.kernels.xla',", "'jaxvllm.kernels.xla.ragged_paged_attention']"]
+    assert out.split() == ["['jaxvllm.kernels.xla',", "'jaxvllm.kernels.xla.argmax',",
+                           "'jaxvllm.kernels.xla.ragged_paged_attention']"]

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
+from conftest import backend_for  # noqa: E402
 from naive_attention import assert_matches_naive, build  # noqa: E402
 
 from jaxvllm.kernels.cpu import build as native_build  # noqa: E402
 from jaxvllm.layers.attention import AttentionMetadata, get_attention  # noqa: E402
 from jaxvllm.layers.kv_cache_dtype import kv_cache_dtype  # noqa: E402
-from jaxvllm.platforms import get_platform  # noqa: E402
 
 SEQS = [(1, 9), (5, 12), (4, 4), (1, 20)]
 # Every format in every backend, fp8 stored as itself (TPU, GPU) and as its bits (the CPU's
@@ -63,7 +63,7 @@ def test_attention_over_quantized_pages_matches_reference_on_dequantized_pages(n
     md, real = step_metadata(q.shape[0], kv_lens, page_indices, cu_q_lens, num_seqs, ps)
     slots = md.slot_mapping
     k, v = (rng.standard_normal((2, q.shape[0], 2, 64)) * 3).astype(np.float32)
-    attend = get_attention(backend, get_platform("cpu"), None, fmt)
+    attend = get_attention(backend_for("cpu", backend).attention_impl, kv_dtype=fmt)
     out, stored = attend(q, jnp.asarray(k), jnp.asarray(v), stored, layer, md, 0.125, None)
     assert stored.dtype == fmt.storage
     pages = dequantized(fmt, stored)
@@ -88,7 +88,7 @@ def test_bfloat16_pages_stored_as_bits_attend_as_bfloat16_pages(backend):
         fmt = kv_cache_dtype("auto", jnp.bfloat16, floats_as_bits=as_bits)
         stored = fmt.quantize(jnp.asarray(cache), 1.0)
         assert stored.dtype == (jnp.uint16 if as_bits else jnp.bfloat16)
-        attend = get_attention(backend, get_platform("cpu"), None, fmt)
+        attend = get_attention(backend_for("cpu", backend).attention_impl, kv_dtype=fmt)
         out, stored = attend(jnp.asarray(q, jnp.bfloat16), k, v, stored, layer, md, 0.125, None)
         assert stored.dtype == fmt.storage
         outs[as_bits] = (np.asarray(out, np.float32), np.asarray(fmt.dequantize(stored, 1.0)))

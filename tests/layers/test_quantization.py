@@ -8,21 +8,36 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import qwix
+from conftest import run_prefill, write_tiny_llama
 from flax import nnx
 
-from conftest import run_prefill, write_tiny_llama
 from jaxvllm import LLM, SamplingParams
+from jaxvllm.backends import get_backend
+from jaxvllm.layers.linear import UnquantizedLinearMethod
 from jaxvllm.layers.quantization.config import QuantizationConfig
 from jaxvllm.layers.quantization.weight_only import WeightOnlyLinearMethod
-from jaxvllm.memory_plan import GiB, main as memory_plan_main, plan, quant_config_for, weight_bytes
-from jaxvllm.layers.linear import UnquantizedLinearMethod
+from jaxvllm.memory_plan import GiB, engine_config, plan, weight_bytes
+from jaxvllm.memory_plan import main as memory_plan_main
 from jaxvllm.models.llama import LlamaArgs, LlamaForCausalLM
 from jaxvllm.models.loader import load_weights
 from jaxvllm.models.shapes import LLAMA3_8B, SMOLLM2
+from jaxvllm.platforms import get_platform
 from jaxvllm.transformers_utils.config import load_hf_config
 
 # Relative error of one weight: half a step of 127 (int8); e4m3's 3-bit mantissa (fp8).
 WEIGHT_RTOL = {"int8": 1 / 254, "fp8": 2**-4}
+
+
+def plan_on_tpu(model_cls, args, device_memory: int, **flags):
+    """memory_plan's plan for an engine of these flags on a TPU."""
+    config = engine_config(**flags)
+    return plan(model_cls, args, config, get_backend(config, get_platform("tpu")), device_memory)
+
+
+def quant_config_for(quantization):
+    """The methods an accelerator's backend runs a weight format with."""
+    backend = get_backend(engine_config(quantization=quantization), get_platform("tpu"))
+    return QuantizationConfig(backend.linear_method, backend.moe_method)
 
 
 @pytest.mark.parametrize("quantization", ["int8", "fp8"])
@@ -55,10 +70,11 @@ def test_tiny_model_logits_with_quantized_weights(tmp_path, quantization):
     weights = load_weights(str(tmp_path))
     models = {}
     for name, method in (("float", UnquantizedLinearMethod()), (quantization, WeightOnlyLinearMethod(quantization))):
-        models[name] = nnx.eval_shape(lambda: LlamaForCausalLM(args, linear_method=method))
+        models[name] = nnx.eval_shape(lambda: LlamaForCausalLM(args, linear_method=method))  # noqa: B023
         models[name].load_hf_weights(weights)
     layer = models[quantization].layers[0]
-    assert all(isinstance(layer[n].get_value(), qwix.QArray) for n in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"))
+    assert all(isinstance(layer[n].get_value(), qwix.QArray)
+               for n in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"))
     assert models[quantization].lm_head is None  # the tied head stays the float embedding
     tokens = [3, 17, 42, 99, 7, 250, 1, 64]
     ref, got = run_prefill(models["float"], tokens), run_prefill(models[quantization], tokens)
@@ -85,7 +101,8 @@ def test_layers_the_config_ignores_stay_float(tmp_path):
     assert model.quant_method("layers.1.down_proj").__class__ is UnquantizedLinearMethod
     tokens = [3, 17, 42, 99, 7, 250, 1, 64]
     everything = QuantizationConfig(WeightOnlyLinearMethod("int8"), ignore=(r"re:.*",))
-    np.testing.assert_array_equal(run_prefill(load(everything), tokens), run_prefill(load(QuantizationConfig()), tokens))
+    np.testing.assert_array_equal(run_prefill(load(everything), tokens),
+                                  run_prefill(load(QuantizationConfig()), tokens))
 
 
 @pytest.mark.parametrize("args", [SMOLLM2, LLAMA3_8B], ids=["smollm2", "llama3-8b"])
@@ -94,9 +111,9 @@ def test_plan_weight_bytes_and_kv_blocks(args):
     for quantization in ("int8", "fp8"):
         assert weight_bytes(LlamaForCausalLM, args, quant_config_for(quantization), "float32")[0] <= 0.27 * float32
     budget = dict(device_memory=64 * GiB, quantization="int8", dtype="bfloat16")
-    bf16 = plan(LlamaForCausalLM, args, **budget).num_blocks
+    bf16 = plan_on_tpu(LlamaForCausalLM, args, **budget).num_blocks
     for kv in ("fp8", "fp8_e5m2", "int8"):
-        assert plan(LlamaForCausalLM, args, kv_cache_dtype_name=kv, **budget).num_blocks >= 1.9 * bf16
+        assert plan_on_tpu(LlamaForCausalLM, args, kv_cache_dtype=kv, **budget).num_blocks >= 1.9 * bf16
 
 
 def test_memory_plan_cli_for_llama3_8b_on_16gib(capsys):
@@ -111,8 +128,8 @@ def test_memory_plan_cli_for_llama3_8b_on_16gib(capsys):
 def test_memory_plan_counts_the_tpu_layouts_lane_padding(capsys):
     """On a TPU each KV head takes whole 128-lane vregs: SmolLM2's heads of 64 take twice their
     bytes, so its pool holds half the blocks the portable layout would."""
-    from jaxvllm.models.shapes import SMOLLM2
-    plans = {p: plan(LlamaForCausalLM, SMOLLM2, device_memory=16 * GiB, block_size=32, platform=p)
+    config = engine_config(block_size=32)
+    plans = {p: plan(LlamaForCausalLM, SMOLLM2, config, get_backend(config, get_platform(p)), 16 * GiB)
              for p in ("cuda", "tpu")}
     assert plans["tpu"].kv_bytes_per_block == 2 * plans["cuda"].kv_bytes_per_block
     assert plans["tpu"].num_blocks == plans["cuda"].num_blocks // 2
@@ -125,8 +142,8 @@ def test_memory_plan_counts_what_sliding_window_groups_hold():
     its whole length in the global group only, so the pool holds over 4x the requests."""
     from jaxvllm.models.gemma import GemmaForCausalLM
     from jaxvllm.models.shapes import GEMMA3_27B
-    p = plan(GemmaForCausalLM, GEMMA3_27B, quantization="int8", device_memory=16 * GiB, max_model_len=32768,
-             tensor_parallel_size=4)
+    p = plan_on_tpu(GemmaForCausalLM, GEMMA3_27B, quantization="int8", device_memory=16 * GiB, max_model_len=32768,
+                    tensor_parallel_size=4)
     assert p.groups == "sliding window 1024: 52 layers in 6 groups, full attention: 10 layers in 1 group"
     assert p.blocks_per_request == 2048 + 6 * (64 + 1)
     assert p.max_full_length_seqs >= 4 * p.max_full_length_seqs_without_windows > 0
@@ -155,12 +172,13 @@ def test_engine_allocates_quantized_weights_and_cache(tiny_model_dir):
 
 @pytest.mark.parametrize("platform", ["cpu", "cuda", "tpu"])
 def test_every_platform_runs_quantized_weights_through_xla(platform):
-    from jaxvllm.platforms import get_platform
-    p = get_platform(platform)
-    backend = "xla" if platform != "cpu" else "auto"
-    method = p.linear_method(backend, 1, "fp8")
+    from jaxvllm.config import EngineConfig, ModelConfig
+    from jaxvllm.config import QuantizationConfig as QuantizationSection
+    model = ModelConfig(dtype="float32", attention_backend="xla" if platform != "cpu" else "auto")
+    backend = get_backend(EngineConfig(model=model, quant_config=QuantizationSection("fp8")), get_platform(platform))
+    method = backend.linear_method
     assert isinstance(method, WeightOnlyLinearMethod) and method.qtype == jnp.float8_e4m3fn
-    assert not isinstance(p.linear_method(backend, 1), WeightOnlyLinearMethod)
+    assert not isinstance(backend.float_linear_method, WeightOnlyLinearMethod)
 
 
 def test_quantized_experts_against_the_dense_reference_on_dequantized_weights():

@@ -17,7 +17,8 @@ pytestmark = pytest.mark.slow
 ADAPTERS = {
     "qv-r8": dict(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]),
     "all-r16-rslora": dict(r=16, lora_alpha=32, use_rslora=True,
-                           target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
+                           target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                           "down_proj"]),
     "mlp-r4": dict(r=4, lora_alpha=4, target_modules=["gate_proj", "up_proj", "down_proj"]),
 }
 PROMPT = "The capital of France is Paris, and the capital of Italy is"

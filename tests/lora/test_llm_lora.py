@@ -2,10 +2,11 @@
 peft as the reference: three adapters of different ranks, scalings and target modules,
 written by peft's save_pretrained. Each reproduces peft's logits and greedy tokens; a batch
 mixing them with the base model equals each run alone; steps without adapters run the plain
-forward; loading another adapter compiles nothing; adapters never share prefix-cache pages; bad adapters are refused by name and the
-engine serves on; at TP=2 a mixed batch still gives each adapter's tokens; an adapter on a
-tiny Gemma 3 (its layers reach the loop with their numbers) reproduces peft. One engine for the module, with fewer device slots and host-cache places
-than adapters, so that slots and the cache are reused along the way."""
+forward; loading another adapter compiles nothing; adapters never share prefix-cache pages;
+bad adapters are refused by name and the engine serves on; at TP=2 a mixed batch still gives
+each adapter's tokens; an adapter on a tiny Gemma 3 (its layers reach the loop with their
+numbers) reproduces peft. One engine for the module, with fewer device slots and host-cache
+places than adapters, so that slots and the cache are reused along the way."""
 from __future__ import annotations
 
 import json

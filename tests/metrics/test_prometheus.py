@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from jaxvllm.config.engine_config import CacheConfig, EngineConfig, ModelConfig
+from jaxvllm.config.engine_config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from jaxvllm.core.stats import SchedulerStats
 from jaxvllm.metrics.prometheus import PrometheusStatLogger, build_1_2_5_buckets
 from jaxvllm.metrics.stats import IterationStats, RequestStateStats
@@ -25,7 +25,8 @@ def test_buckets_are_vllms():
 
 
 def test_a_request_fills_vllms_histograms_and_counters():
-    config = EngineConfig(model=ModelConfig(model="m"), cache=CacheConfig(block_size=16))
+    config = EngineConfig(model=ModelConfig(model="m"), cache=CacheConfig(block_size=16),
+                          scheduler=SchedulerConfig(max_model_len=2048))
     logger = PrometheusStatLogger("m", 1, config)
     logger.record(SchedulerStats(num_running_reqs=1, kv_cache_usage=0.5, prefix_cache_queries=32,
                                  prefix_cache_hits=16, num_preemptions=1), None)

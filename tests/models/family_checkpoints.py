@@ -42,6 +42,7 @@ def write_family_checkpoint(arch: str, path, seed: int = 0, **overrides):
     Weights are redrawn larger than transformers' init so that greedy choices are not near
     ties; norm weights stay near their identity (1, or 0 where Gemma adds 1)."""
     import transformers
+
     from jaxvllm.transformers_utils.model_path import default_model_path
     from jaxvllm.transformers_utils.tokenizer import load_tokenizer
 

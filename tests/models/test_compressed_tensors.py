@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import qwix
 import torch
+from conftest import run_prefill, write_tiny_moe
 from flax import nnx
 from safetensors.torch import load_file, save_file
 
-from conftest import run_prefill, write_tiny_moe
 from jaxvllm import LLM, EngineArgs, SamplingParams
 from jaxvllm.layers.linear import UnquantizedLinearMethod
 from jaxvllm.layers.quantization.compressed_tensors import checkpoint_quantization

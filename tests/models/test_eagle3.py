@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from conftest import write_tiny_eagle3, write_tiny_llama
+
 from jaxvllm import LLM, SamplingParams
 
 TARGET = dict(hidden_size=64, num_heads=4, num_kv_heads=2, num_layers=3, vocab_size=256)

@@ -9,10 +9,10 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from flax import nnx
-
 from conftest import assert_every_spec_method_keeps, run_prefill
 from family_checkpoints import FAMILIES, write_family_checkpoint
+from flax import nnx
+
 from jaxvllm.models.layer_loops import unrolled_layers
 from jaxvllm.models.loader import load_weights
 from jaxvllm.models.registry import get_model_class
@@ -80,9 +80,10 @@ N_NEW = 32
 
 def test_greedy_matches_transformers_chunked_and_preempted(family):
     """Also with speculative decoding (every method; the model drafting for itself). One engine
-    both chunks prefills (a 32-token budget: the 70-token prompt takes three steps) and preempts (9 usable pages of 16 for three requests needing 14; Gemma's
-    3 layers are 3 KV cache groups of 1 layer, its sliding ones holding 12-token windows:
-    19 usable blocks of one layer's page for requests needing about 33)."""
+    both chunks prefills (a 32-token budget: the 70-token prompt takes three steps) and preempts
+    (9 usable pages of 16 for three requests needing 14; Gemma's 3 layers are 3 KV cache groups
+    of 1 layer, its sliding ones holding 12-token windows: 19 usable blocks of one layer's page
+    for requests needing about 33)."""
     from jaxvllm import LLM, SamplingParams
     arch, path, ref = family
     with torch.no_grad():
@@ -210,6 +211,7 @@ def test_missing_or_misshapen_tensor_is_named(family):
 def test_unsupported_architecture_is_named_with_the_supported_ones(tiny_model_dir, tmp_path):
     import json
     import shutil
+
     from jaxvllm import LLM
     shutil.copytree(tiny_model_dir, tmp_path, dirs_exist_ok=True)
     config = json.loads((tmp_path / "config.json").read_text())

@@ -17,8 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.family_configs import ARCHITECTURES, family_args  # noqa: E402
 from benchmarks.lower_step import step_runner  # noqa: E402
 from benchmarks.model_shapes import TINY  # noqa: E402
+from jaxvllm.backends.cpu import CpuBackend  # noqa: E402
 from jaxvllm.models.layer_loops import switched_layers, unrolled_layers  # noqa: E402
-from jaxvllm.platforms import get_platform  # noqa: E402
 
 SHAPE = dataclasses.replace(TINY, num_layers=3)  # Gemma 2 and 3 layers then differ in window
 NUM_BLOCKS = 256  # the cache then outweighs the decode step's own temporaries many times over
@@ -39,7 +39,7 @@ def compiled_decode_step(arch: str, num_blocks: int, **engine_args):
 @pytest.mark.parametrize("loop", [switched_layers, unrolled_layers], ids=["switched", "unrolled"])
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_kv_cache_updated_in_place(arch, loop, monkeypatch):
-    monkeypatch.setattr(type(get_platform("cpu")), "layer_loop", property(lambda self: loop))
+    monkeypatch.setattr(CpuBackend, "layer_loop", staticmethod(loop))
     memory, kv_bytes = compiled_decode_step(arch, NUM_BLOCKS)
     assert memory.alias_size_in_bytes >= kv_bytes, (arch, memory)
     assert memory.temp_size_in_bytes < kv_bytes / 4, (arch, memory, kv_bytes)

@@ -3,9 +3,9 @@ TPU and GPU steps run, checked here on the CPU against the CPU's fori_loop + swi
 from __future__ import annotations
 
 import numpy as np
+from conftest import run_prefill, write_tiny_llama
 from flax import nnx
 
-from conftest import run_prefill, write_tiny_llama
 from jaxvllm.models.layer_loops import switched_layers, unrolled_layers
 from jaxvllm.models.llama import LlamaArgs, LlamaForCausalLM
 from jaxvllm.models.loader import load_weights

@@ -5,12 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import run_prefill, write_tiny_llama
 from flax import nnx
 
-from conftest import run_prefill, write_tiny_llama
 from jaxvllm.models.llama import LlamaArgs, LlamaForCausalLM
 from jaxvllm.models.loader import load_weights
 from jaxvllm.transformers_utils.config import load_hf_config
+
 
 def load_both(path):
     hf_config = load_hf_config(str(path))

@@ -17,7 +17,8 @@ import safetensors.numpy
 import transformers
 
 from jaxvllm.models import loader
-from jaxvllm.transformers_utils import config as hf_config, gguf_weights, model_path, tokenizer
+from jaxvllm.transformers_utils import config as hf_config
+from jaxvllm.transformers_utils import gguf_weights, model_path, tokenizer
 
 TEXTS = ["Hello world", "  leading spaces, émojis 🙂 and numbers 12345", "<|im_start|>user\nhi<|im_end|>"]
 CHAT = [{"role": "user", "content": "What is a paged KV cache?"}]

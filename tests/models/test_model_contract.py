@@ -8,16 +8,19 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import pytest
+from family_checkpoints import write_checkpoint
 from flax import nnx
 
-from family_checkpoints import write_checkpoint
+from jaxvllm.backends import get_backend
 from jaxvllm.distributed.partition import param_name
-from jaxvllm.memory_plan import quant_config_for, weight_bytes
+from jaxvllm.layers.quantization.config import QuantizationConfig
+from jaxvllm.memory_plan import engine_config, weight_bytes
 from jaxvllm.models.interfaces import ModelFamily
 from jaxvllm.models.loader import load_weights
 from jaxvllm.models.model_loader import build_model, model_args
 from jaxvllm.models.registry import get_model_class, supported_architectures
 from jaxvllm.models.weight_spec import canonical
+from jaxvllm.platforms import get_platform
 from jaxvllm.transformers_utils.config import load_hf_config
 
 
@@ -47,7 +50,8 @@ def test_memory_plan_is_what_the_model_holds(checkpoint, quantization):
     hf_config, weights = checkpoint
     model_cls, args_cls = get_model_class(hf_config)
     args = model_args(model_cls, args_cls.from_hf_config(hf_config), 1)
-    quant = quant_config_for(quantization)
+    backend = get_backend(engine_config(quantization=quantization), get_platform("tpu"))
+    quant = QuantizationConfig(backend.linear_method, backend.moe_method)
     model = build_model(model_cls, args, dtype=jnp.float32, linear_method=quant.linear_method,
                         moe_method=quant.moe_method)
     model.load_hf_weights(weights)

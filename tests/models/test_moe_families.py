@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from conftest import run_prefill, write_tiny_moe
 from flax import nnx
 
-from conftest import run_prefill, write_tiny_moe
 from jaxvllm.layers.fused_moe import UnquantizedFusedMoEMethod, dense_moe, select_experts
 from jaxvllm.models.loader import load_weights
 from jaxvllm.models.registry import get_model_class

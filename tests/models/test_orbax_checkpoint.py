@@ -11,7 +11,7 @@ from flax import nnx
 
 from jaxvllm import LLM, SamplingParams
 from jaxvllm.entrypoints.cli import main
-from jaxvllm.models.orbax_checkpoint import MARKER
+from jaxvllm.transformers_utils.orbax_checkpoint import MARKER
 
 ENGINE = dict(skip_warmup=True, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=128,
               num_gpu_blocks_override=32)

@@ -7,16 +7,15 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
+from family_checkpoints import write_checkpoint
 from flax import nnx
 
-from family_checkpoints import write_checkpoint
 from jaxvllm.distributed.mesh import make_mesh
 from jaxvllm.distributed.partition import param_name
 from jaxvllm.models.loader import load_weights
 from jaxvllm.models.registry import get_model_class, supported_architectures
 from jaxvllm.models.weight_update import WeightUpdater
 from jaxvllm.transformers_utils.config import load_hf_config
-
 
 
 def load(hf_config, weights) -> nnx.Module:
@@ -45,7 +44,8 @@ def test_update_by_checkpoint_names(arch, tmp_path):
     for name, value in params(model).items():
         np.testing.assert_array_equal(value, expected[name], err_msg=name)
 
-    one = next(k for k in weights if k.endswith(("layers.1.self_attn.o_proj.weight", "layers.1.self_attn.out_proj.weight")))
+    one = next(k for k in weights
+               if k.endswith(("layers.1.self_attn.o_proj.weight", "layers.1.self_attn.out_proj.weight")))
     model.load_weights(updater.prepare({one: weights[one]}))
     changed = {name for name, value in params(model).items() if not np.array_equal(value, expected[name])}
     assert changed == {"layers.1.o_proj"}

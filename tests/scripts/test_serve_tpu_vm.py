@@ -86,7 +86,8 @@ def test_presets_are_valid_engine_arguments(preset):
     args = EngineArgs.from_file(os.path.join(ROOT, "configs", f"{preset}.yaml"))
     assert args.tensor_parallel_size == 8 and args.dtype == "bfloat16"
     import transformers
-    config = args.create_engine_config(transformers.LlamaConfig(num_key_value_heads=8, max_position_embeddings=8192), "tpu")
+    hf_config = transformers.LlamaConfig(num_key_value_heads=8, max_position_embeddings=8192)
+    config = args.create_engine_config(hf_config, "tpu")
     assert config.parallel.tensor_parallel_size == 8
 
 

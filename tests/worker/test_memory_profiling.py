@@ -56,7 +56,8 @@ def test_kv_cache_budget_is_limit_less_weights_less_peak_step(tiny_model_dir, mo
     assert "GiB peak step" in caplog.text
 
     platform.limit = 1 * MiB  # less than the weights and a step: refused, with the numbers
-    with pytest.raises(ValueError, match=r"The KV cache budget \(-\d+ bytes: .* peak step .*\) holds fewer than 2 blocks"):
+    with pytest.raises(ValueError,
+                       match=r"The KV cache budget \(-\d+ bytes: .* peak step .*\) holds fewer than 2 blocks"):
         worker.determine_available_memory()
 
 

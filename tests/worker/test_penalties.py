@@ -63,7 +63,7 @@ def random_params(rng):
 def test_penalized_logits_match_vllm_semantics():
     rng = np.random.default_rng(0)
     fn = jax.jit(sampler.penalized_logits)
-    for trial in range(5):
+    for _ in range(5):
         state = penalties.init_state(S, V)
         logits = rng.standard_normal((R, V)).astype(np.float32) * 3
         slots = rng.permutation(S)[:R]

@@ -6,9 +6,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import write_tiny_llama
 from flax import nnx
 
-from conftest import write_tiny_llama
 from jaxvllm.models.llama import LlamaArgs, LlamaForCausalLM
 from jaxvllm.models.loader import load_weights
 from jaxvllm.transformers_utils.config import load_hf_config

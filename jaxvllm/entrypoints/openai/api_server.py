@@ -8,10 +8,14 @@ what is in flight and exits non-zero, so that its supervisor restarts it.
 """
 from __future__ import annotations
 
+import argparse
 import asyncio
+import dataclasses
 import logging
 import os
+import signal
 import socket
+import sys
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -19,19 +23,28 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-import jaxvllm
 from jaxvllm.engine.exceptions import EngineDeadError
+from jaxvllm.entrypoints import cli_args
 from jaxvllm.entrypoints.openai.chat_template_sandbox import ChatTemplateSandbox
 from jaxvllm.entrypoints.openai.chat_utils import ChatRenderer, load_chat_template
-from jaxvllm.entrypoints.openai.connection_limits import (install_accept_error_handler,
-                                                          protocol_class, raise_fd_limit)
+from jaxvllm.entrypoints.openai.connection_limits import install_accept_error_handler, protocol_class, raise_fd_limit
+from jaxvllm.entrypoints.openai.disconnect import cancel_on_disconnect
 from jaxvllm.entrypoints.openai.errors import APIError, error_response
 from jaxvllm.entrypoints.openai.graceful_shutdown import GracefulServer
 from jaxvllm.entrypoints.openai.middleware import ServerMiddleware
-from jaxvllm.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest,
-                                                 DetokenizeRequest, TokenizeRequest)
-from jaxvllm.entrypoints.openai.protocol_pooling import (ClassificationRequest, EmbeddingRequest,
-                                                         PoolingRequest, RerankRequest, ScoreRequest)
+from jaxvllm.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from jaxvllm.entrypoints.openai.protocol_pooling import (
+    ClassificationRequest,
+    EmbeddingRequest,
+    PoolingRequest,
+    RerankRequest,
+    ScoreRequest,
+)
 from jaxvllm.entrypoints.openai.protocol_replies import ModelCard, ModelList
 from jaxvllm.entrypoints.openai.request_body import parse_body
 from jaxvllm.entrypoints.openai.server_args import ServerArgs
@@ -42,31 +55,12 @@ from jaxvllm.entrypoints.openai.serving_models import OpenAIServingModels, add_l
 from jaxvllm.entrypoints.openai.serving_pooling import OpenAIServingPooling
 from jaxvllm.entrypoints.openai.serving_responses import add_responses_routes
 from jaxvllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
-from jaxvllm.lora.peft_helper import read_adapter
 from jaxvllm.entrypoints.openai.sleep_routes import add_sleep_routes
+from jaxvllm.lora.peft_helper import read_adapter
 from jaxvllm.metrics.prometheus import PrometheusStatLogger
+from jaxvllm.version import __version__
 
 logger = logging.getLogger(__name__)
-
-
-async def _wait_for_disconnect(raw: Request) -> None:
-    while (await raw.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def cancel_on_disconnect(raw: Request, coro):
-    """Run a handler (its body already read) and cancel it if the client goes away first."""
-    handler = asyncio.ensure_future(coro)
-    watcher = asyncio.ensure_future(_wait_for_disconnect(raw))
-    try:
-        await asyncio.wait({handler, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-    if not handler.done():
-        handler.cancel()
-        logger.info("Client disconnected; request cancelled.")
-        return Response(status_code=499)
-    return handler.result()
 
 
 def build_app(engine, model_name: str, server_args: ServerArgs) -> FastAPI:
@@ -91,7 +85,7 @@ def build_app(engine, model_name: str, server_args: ServerArgs) -> FastAPI:
 
     docs = {} if not server_args.disable_fastapi_docs else dict(docs_url=None, redoc_url=None,
                                                                  openapi_url=None)
-    app = FastAPI(title="jaxvllm OpenAI-compatible server", version=jaxvllm.__version__, **docs)
+    app = FastAPI(title="jaxvllm OpenAI-compatible server", version=__version__, **docs)
     app.state.draining = False  # set on SIGINT/SIGTERM (graceful_shutdown.py)
     app.add_middleware(ServerMiddleware, api_key=server_args.api_key,
                        max_request_bytes=server_args.max_request_bytes)
@@ -128,7 +122,7 @@ def build_app(engine, model_name: str, server_args: ServerArgs) -> FastAPI:
 
     @app.get("/version")
     async def version():
-        return {"version": jaxvllm.__version__}
+        return {"version": __version__}
 
     @app.get("/v1/models")
     async def models():
@@ -229,6 +223,42 @@ def build_app(engine, model_name: str, server_args: ServerArgs) -> FastAPI:
     return app
 
 
+def run_server(ns: argparse.Namespace) -> int:
+    """`jaxvllm serve` with its parsed arguments (cli_args.add_serve_args): 0 once stopped, 1
+    if the engine died, 2 for a bad argument or model."""
+    if ns.model_tag is not None:
+        ns.model = ns.model_tag
+    try:
+        server_args = ServerArgs.from_cli_args(ns)
+        args = cli_args.engine_args(ns)
+        if ns.seed is not None:
+            args = dataclasses.replace(args, seed=ns.seed)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.node_rank > 0:  # multi-host: replay node_rank 0's schedule; no HTTP server here
+        from jaxvllm.executor.multihost import run_follower
+        run_follower(args)
+        return 0
+    # Until the server takes over its signals, both stop start-up at once (asyncio.run's
+    # own Ctrl-C handler would only cancel the task, and start-up does not yield to it).
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
+    try:
+        return asyncio.run(serve(args, server_args, host=ns.host, port=ns.port,
+                                 served_model_name=ns.served_model_name,
+                                 log_level=ns.uvicorn_log_level))
+    except (ValueError, FileNotFoundError) as e:  # a bad model or argument, found at start-up
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # stopped during start-up: the engine process is gone already
+        return 0
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 async def serve(engine_args, server_args: ServerArgs, host: str = "127.0.0.1", port: int = 8000,
                 served_model_name: str | None = None, log_level: str = "info") -> int:
     """Serve until stopped (0) or until the engine process dies (1)."""
@@ -309,8 +339,9 @@ async def _stop_when_engine_dies(engine, server, poll_s: float = 0.2, grace_s: f
     server.should_exit = True
 
 
-if __name__ == "__main__":  # vLLM's `python -m vllm.entrypoints.openai.api_server`
-    import sys
-
-    from jaxvllm.entrypoints.cli import main
-    sys.exit(main(["serve", *sys.argv[1:]]))
+if __name__ == "__main__":  # vLLM's `python -m vllm.entrypoints.openai.api_server`: `jaxvllm serve`
+    parser = cli_args.ArgumentParser(prog="jaxvllm serve")
+    cli_args.add_serve_args(parser)
+    ns = parser.parse_args()
+    cli_args.configure_logging()
+    cli_args.exit_now(run_server(ns))

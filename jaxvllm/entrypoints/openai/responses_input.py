@@ -7,9 +7,12 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from jaxvllm.entrypoints.openai.errors import APIError
-from jaxvllm.entrypoints.openai.protocol import (ChatCompletionNamedToolChoiceParam,
-                                                 ChatCompletionToolsParam, FunctionDefinition,
-                                                 FunctionName)
+from jaxvllm.entrypoints.openai.protocol import (
+    ChatCompletionNamedToolChoiceParam,
+    ChatCompletionToolsParam,
+    FunctionDefinition,
+    FunctionName,
+)
 
 ROLES = ("user", "system", "developer", "assistant")
 TEXT_PARTS = ("input_text", "output_text", "text")

@@ -5,8 +5,13 @@ from __future__ import annotations
 import json
 import uuid
 
-from jaxvllm.entrypoints.openai.protocol_responses import (FunctionCallItem, OutputMessage,
-                                                           OutputText, ReasoningItem, ReasoningText)
+from jaxvllm.entrypoints.openai.protocol_responses import (
+    FunctionCallItem,
+    OutputMessage,
+    OutputText,
+    ReasoningItem,
+    ReasoningText,
+)
 
 
 def new_id(prefix: str) -> str:

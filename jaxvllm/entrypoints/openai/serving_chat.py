@@ -14,9 +14,16 @@ from jaxvllm.entrypoints.openai.logprobs import chat_logprobs, prompt_logprobs_j
 from jaxvllm.entrypoints.openai.message_parser import MessageParser
 from jaxvllm.entrypoints.openai.protocol import ChatCompletionRequest
 from jaxvllm.entrypoints.openai.protocol_replies import (
-    ChatCompletionResponse, ChatCompletionResponseChoice, ChatCompletionStreamChoice,
-    ChatCompletionStreamResponse, ChatMessageReply, DeltaMessage, DeltaToolCall, ToolCall,
-    UsageInfo)
+    ChatCompletionResponse,
+    ChatCompletionResponseChoice,
+    ChatCompletionStreamChoice,
+    ChatCompletionStreamResponse,
+    ChatMessageReply,
+    DeltaMessage,
+    DeltaToolCall,
+    ToolCall,
+    UsageInfo,
+)
 from jaxvllm.entrypoints.openai.reasoning import ReasoningParserManager
 from jaxvllm.entrypoints.openai.serving_completion import sse
 from jaxvllm.entrypoints.openai.serving_engine import OpenAIServing, engine_error

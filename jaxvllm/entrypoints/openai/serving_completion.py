@@ -8,13 +8,12 @@ from collections import defaultdict
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from jaxvllm.beam_search import beam_search_async
 from jaxvllm.entrypoints.openai.errors import APIError, error_body
 from jaxvllm.entrypoints.openai.logprobs import completion_logprobs, prompt_logprobs_json
 from jaxvllm.entrypoints.openai.protocol import CompletionRequest
-from jaxvllm.entrypoints.openai.protocol_replies import (CompletionResponse,
-                                                         CompletionResponseChoice, UsageInfo)
+from jaxvllm.entrypoints.openai.protocol_replies import CompletionResponse, CompletionResponseChoice, UsageInfo
 from jaxvllm.entrypoints.openai.serving_engine import OpenAIServing, engine_error
-from jaxvllm.beam_search import beam_search_async
 from jaxvllm.sampling_params import BeamSearchParams, RequestOutputKind
 
 

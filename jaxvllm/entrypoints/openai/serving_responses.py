@@ -14,15 +14,22 @@ import asyncio
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from jaxvllm.entrypoints.openai.errors import APIError, error_body, param_of_value_error
+from jaxvllm.entrypoints.openai.errors import APIError, param_of_value_error
 from jaxvllm.entrypoints.openai.message_parser import MessageParser, ParsedMessage
 from jaxvllm.entrypoints.openai.protocol import ChatMessage
 from jaxvllm.entrypoints.openai.protocol_responses import (
-    FunctionCallItem, OutputMessage, OutputText, ReasoningItem, ReasoningText, ResponsesRequest,
-    ResponsesResponse, ResponseUsage)
+    FunctionCallItem,
+    OutputMessage,
+    OutputText,
+    ReasoningItem,
+    ReasoningText,
+    ResponsesRequest,
+    ResponsesResponse,
+    ResponseUsage,
+)
 from jaxvllm.entrypoints.openai.response_store import ResponseStore
-from jaxvllm.entrypoints.openai.responses_stream import ItemWriter, event, new_id
 from jaxvllm.entrypoints.openai.responses_input import as_chat_request, input_messages, responses_param
+from jaxvllm.entrypoints.openai.responses_stream import ItemWriter, event, new_id
 from jaxvllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from jaxvllm.entrypoints.openai.serving_engine import engine_error
 from jaxvllm.entrypoints.openai.tool_choice import check_tools, plan_tools
@@ -185,7 +192,7 @@ class OpenAIServingResponses(OpenAIServingChat):
 
 
 def add_responses_routes(app, engine, model_name, server_args, metrics, renderer, models=None) -> None:
-    from jaxvllm.entrypoints.openai.api_server import cancel_on_disconnect
+    from jaxvllm.entrypoints.openai.disconnect import cancel_on_disconnect
     from jaxvllm.entrypoints.openai.request_body import parse_body
 
     responses = OpenAIServingResponses(engine, model_name, server_args, metrics, renderer, models=models)

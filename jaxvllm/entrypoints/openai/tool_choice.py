@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from jaxvllm.core.structured_output import grammar_for
 from jaxvllm.entrypoints.openai.errors import APIError
 from jaxvllm.entrypoints.openai.legacy_guided import CONSTRAINTS
-from jaxvllm.entrypoints.openai.tool_parsers import (ParsedCall, ParsedOutput, ToolParser,
-                                                     ToolParserManager)
+from jaxvllm.entrypoints.openai.tool_parsers import ParsedCall, ParsedOutput, ToolParser, ToolParserManager
 from jaxvllm.entrypoints.openai.tool_parsers.abstract_tool_parser import json_list_calls
 from jaxvllm.sampling_params import StructuredOutputsParams
 

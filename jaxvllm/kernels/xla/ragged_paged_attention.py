@@ -53,7 +53,7 @@ def ragged_paged_attention(
     q: jax.Array,             # [num_tokens, num_q_heads, head_dim]
     kv_cache: jax.Array,      # [num_layers, 2 (K, V), num_pages, page_size, num_kv_heads, head_dim]
                               # or, kv_layout "tpu", [..., page_size / 8, 8, num_kv_heads * lanes]
-                              # (platforms/tpu.py: a head's lanes are head_dim rounded up to 128)
+                              # (backends/tpu.py: a head's lanes are head_dim rounded up to 128)
     layer: jax.Array,         # i32[]: which layer of kv_cache to read
     kv_lens: jax.Array,       # i32[max_num_seqs]
     page_indices: jax.Array,  # i32[max_num_seqs, pages_per_seq]

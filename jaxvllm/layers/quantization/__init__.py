@@ -3,7 +3,7 @@ methods, quantizing float weights at load or keeping a compressed-tensors checkp
 
 QUANTIZATION_METHODS is the one registry of the names (vLLM's); it imports nothing, so that
 the engine's configuration validates them without JAX. config.py resolves the method of each
-named layer; the platform (jaxvllm/platforms) picks the methods that run them.
+named layer; the engine's backend (jaxvllm/backends) picks the methods that run them.
 """
 QUANTIZATION_METHODS = ("int8", "fp8", "compressed-tensors")
 

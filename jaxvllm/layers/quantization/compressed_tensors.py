@@ -7,7 +7,7 @@ linear's `weight` stored in 8 bits (F8_E4M3 for `float-quantized`, I8 for `int-q
 `channel` strategy, one value for `tensor`), symmetric; the `ignore` list names the linears
 left in float (`lm_head` always). jaxvllm runs them weight-only (vLLM's W8A16): a
 `input_scale` (a static activation scale, for w8a8 kernels) is not needed and not read. The
-tensors are paired in models/loader.py and kept as they are stored (quantized_weight.py).
+tensors are paired in models/loader.py and kept as they are stored (transformers_utils/quantized_weight.py).
 """
 from __future__ import annotations
 

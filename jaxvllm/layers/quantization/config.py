@@ -8,12 +8,15 @@ import re
 
 from jaxvllm.layers.fused_moe import UnquantizedFusedMoEMethod
 from jaxvllm.layers.linear import UnquantizedLinearMethod
-from jaxvllm.models.weight_spec import EXPERTS, LINEAR, Weight
+
+# What a declared weight is (models/weight_spec.Weight.kind): a linear's, stored and run by its
+# linear method; a stack of experts, by the MoE method; anything else, stored as loaded.
+LINEAR, EXPERTS, OTHER = "linear", "experts", "other"
 
 
 class QuantizationConfig:
     def __init__(self, linear_method=None, moe_method=None, ignore: tuple[str, ...] = ()):
-        """linear_method / moe_method: the platform's for the engine's `quantization` (default
+        """linear_method / moe_method: the backend's for the engine's `quantization` (default
         XLA's float ones); ignore: paths ('lm_head', 'layers.0.qkv_proj') or 're:' patterns
         (as a compressed-tensors ignore list writes them) whose linears stay float."""
         self.linear_method = linear_method or UnquantizedLinearMethod()
@@ -24,9 +27,10 @@ class QuantizationConfig:
     def is_ignored(self, prefix: str) -> bool:
         return any(re.fullmatch(p[3:], prefix) if p.startswith("re:") else p == prefix for p in self.ignore)
 
-    def get_quant_method(self, layer: Weight, prefix: str):
-        """The method of the weight at `prefix`: the MoE method for experts, the linear method
-        (or float, where ignored) for a linear, None for the rest (stored as loaded)."""
+    def get_quant_method(self, layer, prefix: str):
+        """The method of the weight at `prefix` (layer: its models/weight_spec.Weight): the MoE
+        method for experts, the linear method (or float, where ignored) for a linear, None for
+        the rest (stored as loaded)."""
         if layer.kind == EXPERTS:
             return self.moe_method
         if layer.kind == LINEAR:

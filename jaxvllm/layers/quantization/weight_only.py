@@ -13,7 +13,7 @@ H100/H200 fp8, but only with quantized activations too (w8a8), which this is not
 
 A tied LM head is the float embedding: `apply` multiplies a plain array as XLA's method does.
 A pre-quantized checkpoint (`quantization="compressed-tensors"`, compressed_tensors.py) brings
-its weights as QArrays already (quantized_weight.py), kept as they are; the linears its
+its weights as QArrays already (transformers_utils/quantized_weight.py), kept as they are; the linears its
 `ignore` list left in float stay float, as in vLLM.
 """
 from __future__ import annotations

@@ -6,7 +6,7 @@ stored so in a compressed-tensors checkpoint (as QArrays, kept as they are).
 The grouped matmul multiplies the token copies by their experts' 8-bit values, converted to
 the activations' dtype; each row's output is then scaled by its expert's channel scales
 (exact, as for the dense linears: the scale is constant along the contraction). Where the
-conversion happens is the platform's grouped matmul's (layers/fused_moe.py): the CPU's tile
+conversion happens is the backend's grouped matmul's (layers/fused_moe.py): the CPU's tile
 loop converts one expert's matrix per (row tile, expert) pair it visits; `ragged_dot` (GPU)
 takes the 8-bit operand and XLA converts it; megablox `gmm` (TPU) multiplies float32 /
 bfloat16 only, so XLA converts the layer's experts before the kernel.

@@ -59,14 +59,14 @@ class DraftModel:
     """The draft's weights and its two programs, built by the spec runner (spec_runner.py)."""
 
     def __init__(self, runner, model: nnx.Module, attend, kv_cache_groups, num_target_layers: int,
-                 platform, abstract_mesh):
+                 backend, abstract_mesh):
         graphdef, params = nnx.split(model)
         self.leaves, treedef = jax.tree.flatten(params)
         self.leaves = tuple(self.leaves)
         self.num_layers = model.args.num_layers
         attend = in_kv_cache_groups(attend, *draft_groups_and_slots(kv_cache_groups, num_target_layers,
                                                                     self.num_layers))
-        layer_loop, argmax = platform.layer_loop, platform.sampler_argmax()
+        layer_loop, argmax = backend.layer_loop, backend.sampler_argmax
         K, bs = runner.num_spec_tokens, runner.block_size
 
         def draft(leaves):

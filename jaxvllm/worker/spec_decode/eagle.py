@@ -29,13 +29,13 @@ from jaxvllm.worker.spec_decode.draft_model import draft_groups_and_slots, one_t
 
 class EagleProposer:
     def __init__(self, runner, model: nnx.Module, attend, kv_cache_groups, num_target_layers: int,
-                 platform, abstract_mesh):
+                 backend, abstract_mesh):
         graphdef, params = nnx.split(model)
         leaves, treedef = jax.tree.flatten(params)
         self.leaves = tuple(leaves)
         self.aux_size = 3 * model.args.target_hidden_size
         attend = in_kv_cache_groups(attend, *draft_groups_and_slots(kv_cache_groups, num_target_layers, 1))
-        argmax, K, bs = platform.sampler_argmax(), runner.num_spec_tokens, runner.block_size
+        argmax, K, bs = backend.sampler_argmax, runner.num_spec_tokens, runner.block_size
 
         def propose(leaves, kv_cache, aux_hidden, step_ids, verify_index, req_of, tokens, num_tokens, commit,
                     p0_index, md, num_reqs):

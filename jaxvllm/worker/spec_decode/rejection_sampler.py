@@ -22,8 +22,8 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from jaxvllm.worker.sampler import (_SAMPLING_EPS, SamplingMetadata, _filter, _gumbel, _suppress,
-                                    first_argmax)
+from jaxvllm.kernels.xla.argmax import first_argmax
+from jaxvllm.worker.sampler import _SAMPLING_EPS, SamplingMetadata, _filter, _gumbel, _suppress
 
 PLACEHOLDER = -1  # positions after the accepted run
 

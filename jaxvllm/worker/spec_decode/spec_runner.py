@@ -105,14 +105,14 @@ class SpecDecodeModelRunner(ModelRunner):
         super().__init__(config, model, kv_cache, attend, *args, **kwargs)
         self.num_spec_tokens = K = spec.num_speculative_tokens
         max_len = config.scheduler.max_model_len
-        sp, argmax = self.step_params, kwargs["platform"].sampler_argmax()
+        sp, argmax = self.step_params, kwargs["backend"].sampler_argmax
         pad_rows = self.max_num_seqs if spec.method == "eagle3" else 0
         abstract_mesh = kwargs.get("abstract_mesh") or kwargs["mesh"].abstract_mesh
         # A proposer on the host (n-gram, suffix) or a drafter on device (a draft model, EAGLE-3).
         self.proposer = self.drafter = None
         if spec.method in ("draft_model", "eagle3"):
             self.drafter = (EagleProposer if spec.method == "eagle3" else DraftModel)(
-                self, draft_model, attend, kwargs.get("kv_cache_groups"), model.args.num_layers, kwargs["platform"],
+                self, draft_model, attend, kwargs.get("kv_cache_groups"), model.args.num_layers, kwargs["backend"],
                 abstract_mesh)
         elif spec.method == "suffix":
             self.proposer = SuffixProposer(K, max_len, spec.suffix_decoding_max_tree_depth,

@@ -8,7 +8,6 @@ import os
 
 import openai
 import pytest
-
 from openai_server import API_KEY, shared_server
 
 TEMPLATE = os.path.join(os.path.dirname(__file__), "tool_chat_template_hermes.jinja")

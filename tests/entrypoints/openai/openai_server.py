@@ -19,9 +19,8 @@ import time
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-
 from conftest import write_tiny_llama
+from prometheus_client.parser import text_string_to_metric_families
 
 API_KEY = "test-key"
 # Programs compile on first use (no warm-up) and the KV pool is small: quick to start.

@@ -6,7 +6,6 @@ import json
 
 import httpx
 import pytest
-
 from openai_server import API_KEY, client, tiny_server  # noqa: F401  (fixtures)
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}

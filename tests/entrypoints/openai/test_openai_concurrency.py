@@ -9,7 +9,6 @@ import json
 import time
 
 import httpx
-
 from openai_server import API_KEY, client, tiny_server  # noqa: F401  (fixtures)
 from vllm_grafana import DASHBOARD_QUERIES, unmatched
 

@@ -13,9 +13,8 @@ import time
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-
 from openai_server import TINY_ENGINE_FLAGS, RemoteServer, tiny_model
+from prometheus_client.parser import text_string_to_metric_families
 
 NUM_REQUESTS, MAX_TOKENS = 4, 6
 

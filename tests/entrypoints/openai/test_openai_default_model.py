@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import openai
 import pytest
+from default_server import default_server, oai  # noqa: F401  (fixtures)
 
 from jaxvllm.sampling_params import SamplingParams
-from default_server import default_server, oai  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.slow
 

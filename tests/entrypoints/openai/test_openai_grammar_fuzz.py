@@ -11,8 +11,8 @@ import json
 import httpx
 import jsonschema
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
-
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from openai_server import API_KEY, tiny_server  # noqa: F401  (a fixture)
 from test_openai_hostile import HealthProbe
 

@@ -12,7 +12,6 @@ import time
 
 import httpx
 import pytest
-
 from openai_server import API_KEY, TINY_ENGINE_FLAGS, module_server, tiny_model
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}

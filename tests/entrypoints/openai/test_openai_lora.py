@@ -13,12 +13,12 @@ import sys
 import httpx
 import numpy as np
 import pytest
+from openai_server import API_KEY, TINY_ENGINE_FLAGS, module_server, tiny_model
 from safetensors.numpy import save_file
 
 from jaxvllm.entrypoints.openai.errors import APIError
 from jaxvllm.entrypoints.openai.server_args import ServerArgs
 from jaxvllm.entrypoints.openai.serving_models import OpenAIServingModels
-from openai_server import API_KEY, TINY_ENGINE_FLAGS, module_server, tiny_model
 
 HIDDEN, HEADS, KV_HEADS, INTER = 64, 4, 2, 128  # write_tiny_llama's defaults
 

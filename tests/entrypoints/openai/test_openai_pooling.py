@@ -10,9 +10,9 @@ import httpx
 import numpy as np
 import openai
 import pytest
+from openai_server import API_KEY, TINY_ENGINE_FLAGS, module_server, tiny_model, tiny_server  # noqa: F401
 
 from jaxvllm import LLM
-from openai_server import API_KEY, TINY_ENGINE_FLAGS, module_server, tiny_model, tiny_server  # noqa: F401
 
 TEXTS = ["The capital of France is Paris.", "Bread is baked in an oven.", "Paris lies on the Seine."]
 

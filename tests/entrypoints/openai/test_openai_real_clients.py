@@ -6,9 +6,9 @@ import dataclasses
 import json
 
 import pytest
+from openai_server import client, tiny_server  # noqa: F401  (fixtures)
 
 from jaxvllm.sampling_params import SamplingParams
-from openai_server import client, tiny_server  # noqa: F401  (fixtures)
 
 SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
 

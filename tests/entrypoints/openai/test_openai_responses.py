@@ -10,14 +10,14 @@ import json
 import httpx
 import openai
 import pytest
-
 from default_server import MODEL, WEATHER, default_server, oai  # noqa: F401  (fixtures)
+from openai_server import API_KEY
+
 from jaxvllm.entrypoints.openai.message_parser import MessageParser
 from jaxvllm.entrypoints.openai.reasoning import ReasoningParserManager
 from jaxvllm.entrypoints.openai.responses_stream import ItemWriter
 from jaxvllm.entrypoints.openai.serving_responses import OpenAIServingResponses
 from jaxvllm.entrypoints.openai.tool_parsers import ToolParserManager
-from openai_server import API_KEY
 
 TOOL = {"type": "function", **WEATHER["function"]}
 

@@ -12,7 +12,6 @@ import time
 
 import httpx
 import pytest
-
 from openai_server import TINY_ENGINE_FLAGS, RemoteServer, tiny_model
 
 SHUTDOWN_TIMEOUT_S = 2.0

@@ -9,9 +9,8 @@ import shutil
 import httpx
 import numpy as np
 import pytest
-from safetensors.numpy import load_file, save_file
-
 from openai_server import API_KEY, TINY_ENGINE_FLAGS, client, module_server, tiny_model, tiny_server  # noqa: F401
+from safetensors.numpy import load_file, save_file
 
 PROMPT = {"model": "tiny", "prompt": "Hello there", "max_tokens": 6, "temperature": 0}
 
@@ -114,7 +113,7 @@ def test_requests_racing_sleep_get_503(sleepy):
     admitted before it is still in flight."""
     c, _ = sleepy
     seen = {}
-    for round_ in range(6):
+    for _ in range(6):
         sleep, statuses = asyncio.run(_race(str(c.base_url), [0.002 * i for i in range(12)]))
         assert sleep in (200, 409), sleep
         assert set(statuses) <= {200, 503}, statuses

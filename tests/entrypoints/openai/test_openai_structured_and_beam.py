@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from openai_server import client, tiny_server  # noqa: F401  (fixtures)
 
 SCHEMA = {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]},

@@ -8,7 +8,6 @@ import asyncio
 import json
 
 import pytest
-
 from default_server import MODEL, WEATHER, default_server, oai  # noqa: F401  (fixtures)
 from openai_server import API_KEY
 
@@ -89,8 +88,15 @@ def test_reasoning_is_split_streamed_and_not(oai):
 
 
 def test_openai_agents_runs_one_tool_turn(default_server):
-    from agents import (Agent, ModelSettings, OpenAIChatCompletionsModel, OpenAIResponsesModel,
-                        Runner, function_tool, set_tracing_disabled)
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIChatCompletionsModel,
+        OpenAIResponsesModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
     from openai import AsyncOpenAI
 
     set_tracing_disabled(True)

@@ -4,7 +4,6 @@ logged once per name. Against the shared tiny server, which has no tool flags.""
 from __future__ import annotations
 
 import pytest
-
 from openai_server import client, tiny_server  # noqa: F401  (fixtures)
 
 FN = {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}

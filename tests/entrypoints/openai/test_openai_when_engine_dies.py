@@ -11,7 +11,6 @@ import time
 
 import httpx
 import pytest
-
 from openai_server import TINY_ENGINE_FLAGS, RemoteServer, tiny_model
 
 ERROR_DEADLINE_S, EXIT_DEADLINE_S = 1.0, 10.0

@@ -13,10 +13,22 @@ from openai.types.responses import Response, ResponseStreamEvent
 
 from jaxvllm.entrypoints.openai.message_parser import MessageParser
 from jaxvllm.entrypoints.openai.protocol_replies import (
-    ChatCompletionResponse, ChatCompletionResponseChoice, ChatCompletionStreamChoice,
-    ChatCompletionStreamResponse, ChatMessageReply, CompletionResponse, CompletionResponseChoice,
-    DeltaFunctionCall, DeltaMessage, DeltaToolCall, FunctionCall, ModelCard, ModelList, ToolCall,
-    UsageInfo)
+    ChatCompletionResponse,
+    ChatCompletionResponseChoice,
+    ChatCompletionStreamChoice,
+    ChatCompletionStreamResponse,
+    ChatMessageReply,
+    CompletionResponse,
+    CompletionResponseChoice,
+    DeltaFunctionCall,
+    DeltaMessage,
+    DeltaToolCall,
+    FunctionCall,
+    ModelCard,
+    ModelList,
+    ToolCall,
+    UsageInfo,
+)
 from jaxvllm.entrypoints.openai.reasoning import ReasoningParserManager
 from jaxvllm.entrypoints.openai.responses_stream import ItemWriter
 from jaxvllm.entrypoints.openai.serving_responses import OpenAIServingResponses

@@ -4,7 +4,11 @@ optional text (which is the content)."""
 from __future__ import annotations
 
 from jaxvllm.entrypoints.openai.tool_parsers.abstract_tool_parser import (
-    JsonCallsParser, ParsedOutput, ToolParserManager, held_back)
+    JsonCallsParser,
+    ParsedOutput,
+    ToolParserManager,
+    held_back,
+)
 
 
 @ToolParserManager.register_module("hermes")

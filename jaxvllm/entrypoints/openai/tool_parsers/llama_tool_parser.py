@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 
 from jaxvllm.entrypoints.openai.tool_parsers.abstract_tool_parser import (
-    JsonCallsParser, ParsedOutput, ToolParserManager)
+    JsonCallsParser,
+    ParsedOutput,
+    ToolParserManager,
+)
 
 _DECODER = json.JSONDecoder()
 

@@ -6,8 +6,16 @@ from __future__ import annotations
 import json
 
 from jaxvllm.entrypoints.openai.tool_parsers.abstract_tool_parser import (
-    JsonCallsParser, ParsedCall, ParsedOutput, ToolParserManager, arguments_prefix, dumps,
-    held_back, json_list_calls, partial_json)
+    JsonCallsParser,
+    ParsedCall,
+    ParsedOutput,
+    ToolParserManager,
+    arguments_prefix,
+    dumps,
+    held_back,
+    json_list_calls,
+    partial_json,
+)
 
 _DECODER = json.JSONDecoder()
 

@@ -11,7 +11,12 @@ from __future__ import annotations
 import ast
 
 from jaxvllm.entrypoints.openai.tool_parsers.abstract_tool_parser import (
-    ParsedCall, ParsedOutput, ToolParser, ToolParserManager, dumps)
+    ParsedCall,
+    ParsedOutput,
+    ToolParser,
+    ToolParserManager,
+    dumps,
+)
 
 _OPEN, _CLOSE = "([{", ")]}"
 

@@ -17,7 +17,13 @@ import json
 import re
 
 from jaxvllm.entrypoints.openai.tool_parsers.abstract_tool_parser import (
-    ParsedCall, ParsedOutput, ToolParser, ToolParserManager, dumps, held_back)
+    ParsedCall,
+    ParsedOutput,
+    ToolParser,
+    ToolParserManager,
+    dumps,
+    held_back,
+)
 
 _FUNCTION = re.compile(r"<function=([^>\n]+)>")
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|(?=</function>))",

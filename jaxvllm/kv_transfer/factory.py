@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import importlib
 
-from jaxvllm.distributed.kv_transfer.base import KVConnectorBase_V1, KVConnectorRole
+from jaxvllm.kv_transfer.base import KVConnectorBase_V1, KVConnectorRole
 
 # name -> (module, scheduler-side class, worker-side class)
 _CONNECTORS = {
-    "OffloadingConnector": ("jaxvllm.distributed.kv_transfer.offloading_connector", "OffloadingConnectorScheduler",
-                            "jaxvllm.distributed.kv_transfer.offloading_worker", "OffloadingConnectorWorker"),
-    "JaxTransferConnector": ("jaxvllm.distributed.kv_transfer.jax_transfer_connector", "JaxTransferConnectorScheduler",
-                             "jaxvllm.distributed.kv_transfer.jax_transfer_worker", "JaxTransferConnectorWorker"),
+    "OffloadingConnector": ("jaxvllm.kv_transfer.offloading_connector", "OffloadingConnectorScheduler",
+                            "jaxvllm.worker.kv_connector.offloading_worker", "OffloadingConnectorWorker"),
+    "JaxTransferConnector": ("jaxvllm.kv_transfer.jax_transfer_connector", "JaxTransferConnectorScheduler",
+                             "jaxvllm.worker.kv_connector.jax_transfer_worker", "JaxTransferConnectorWorker"),
 }
 CONNECTOR_NAMES = tuple(_CONNECTORS)
 

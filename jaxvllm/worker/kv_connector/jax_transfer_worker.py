@@ -30,8 +30,8 @@ import numpy as np
 import zmq
 from jax.experimental import transfer
 
-from jaxvllm.distributed.kv_transfer.base import KVConnectorBase_V1
-from jaxvllm.distributed.kv_transfer.jax_transfer_connector import SENDS, JaxTransferConnectorMetadata
+from jaxvllm.kv_transfer.base import KVConnectorBase_V1
+from jaxvllm.kv_transfer.jax_transfer_connector import SENDS, JaxTransferConnectorMetadata
 from jaxvllm.worker.kv_block_copy import KVBlockCopier
 
 logger = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ import jax
 import numpy as np
 
 from jaxvllm import platforms
-from jaxvllm.distributed.kv_transfer.base import KVConnectorBase_V1
-from jaxvllm.distributed.kv_transfer.offloading_connector import OffloadingConnectorMetadata, num_cpu_blocks
+from jaxvllm.kv_transfer.base import KVConnectorBase_V1
+from jaxvllm.kv_transfer.offloading_connector import OffloadingConnectorMetadata, num_cpu_blocks
 from jaxvllm.worker.kv_block_copy import KVBlockCopier, host_rows
 
 DEFAULT_STAGING_BLOCKS = 32
@@ -44,7 +44,8 @@ class OffloadingConnectorWorker(KVConnectorBase_V1):
     @classmethod
     def reserved_device_bytes(cls, config, block_bytes: int) -> int:
         """The staging buffers: up to num_staging_blocks gathered pages in flight."""
-        return config.kv_transfer.kv_connector_extra_config.get("num_staging_blocks", DEFAULT_STAGING_BLOCKS) * block_bytes
+        extra = config.kv_transfer.kv_connector_extra_config
+        return extra.get("num_staging_blocks", DEFAULT_STAGING_BLOCKS) * block_bytes
 
     def register_kv_caches(self, kv_cache: jax.Array, on_compile) -> None:
         self.copier = KVBlockCopier(kv_cache, self.num_staging_blocks, on_compile)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, field
 
-from jaxvllm.distributed.kv_transfer.base import KVConnectorBase_V1
+from jaxvllm.kv_transfer.base import KVConnectorBase_V1
 from jaxvllm.outputs import KVConnectorOutput
 
 SENDS = ("kv_producer", "kv_both")
