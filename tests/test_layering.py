@@ -32,7 +32,7 @@ LAYERS = [
     ("config",),
     ("core",),
     ("backends",),
-    ("memory_plan", "worker"),
+    ("memory_plan", "roofline", "worker"),
     ("executor", "metrics"),
     ("aot_compile", "engine"),
     ("entrypoints",),
