@@ -13,7 +13,7 @@ import torch
 from conftest import assert_every_spec_method_keeps, write_tiny_moe
 
 from jaxvllm import LLM, SamplingParams
-from jaxvllm.kernels.cpu import build as native_build
+from jaxvllm.backends.cpu import native_kernels_available
 from jaxvllm.kernels.cpu.packed_matmul import PANEL
 from jaxvllm.layers.packed_linear import PackedFusedMoEMethod
 from jaxvllm.sampling_params import StructuredOutputsParams
@@ -56,7 +56,7 @@ def test_greedy_matches_transformers_chunked_and_preempted(moe_model_dir, arch):
     assert core.scheduler.num_preemptions > 0
     pool = core.scheduler.kv_cache_manager.block_pool
     assert pool.get_num_free_blocks() == pool.num_blocks - 1
-    if native_build.available():  # on one CPU device the experts are packed for the native kernel
+    if native_kernels_available():  # on one CPU device, where `auto` picks the native kernels, experts are packed
         model = core.model_executor.driver_worker.model
         assert isinstance(model.quant_config.moe_method, PackedFusedMoEMethod)
         assert model.layers[0]["experts_gate_up"].get_value().shape[-1] == PANEL

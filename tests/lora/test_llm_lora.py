@@ -21,7 +21,7 @@ import transformers
 from peft import LoraConfig, get_peft_model
 
 from jaxvllm import LLM, LoRARequest, SamplingParams
-from jaxvllm.kernels.cpu import build as native_build
+from jaxvllm.backends.cpu import native_kernels_available
 
 rng = np.random.default_rng(0)
 PROMPTS = [[int(t) for t in rng.integers(3, 256, n)] for n in (7, 21, 40)]
@@ -117,7 +117,7 @@ def test_a_batch_mixing_adapters_and_the_base_equals_each_alone(llm, adapters, t
         np.testing.assert_allclose(got[0], lp, rtol=1e-4, atol=1e-5)
     # On one CPU device with the native kernels, each token ran its own slot only (the
     # grouped form); the TP=2 test below runs the dense one.
-    if native_build.available():
+    if native_kernels_available():
         assert all(layout.grouped for layout in runner(llm).lora_manager.layouts.values())
 
 
