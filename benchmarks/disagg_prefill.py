@@ -21,63 +21,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import signal
-import socket
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Process:
-    """A jaxvllm command in its own process group, healthy before it is used."""
-
-    def __init__(self, args: list[str], timeout: float = 600.0):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="jaxvllm-disagg-", suffix=".log", delete=False)
-        self.proc = subprocess.Popen([sys.executable, "-m", "jaxvllm.entrypoints.cli", *args, "--port", str(self.port)],
-                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-                                     env=os.environ | {"PYTHONUNBUFFERED": "1"})
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{args[0]} exited: see {self.log.name}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise TimeoutError(f"{args[0]} not healthy: see {self.log.name}")
-
-    def metrics(self) -> dict[str, float]:
-        """jaxvllm:/vllm: samples summed over labels but `counter` (name -> value)."""
-        out: dict[str, float] = {}
-        for family in text_string_to_metric_families(httpx.get(self.url + "/metrics").text):
-            for s in family.samples:
-                key = s.name + (f"[{s.labels['counter']}]" if "counter" in s.labels else "")
-                out[key] = out.get(key, 0.0) + s.value
-        return out
-
-    def kill(self, sig=signal.SIGTERM) -> None:
-        try:
-            os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
-            return
-        self.proc.wait(60)
+from server_process import ServerProcess, free_port, jaxvllm_server
 
 
 async def stream(client, url: str, body: dict, delay: float) -> dict:
@@ -173,11 +124,11 @@ def serve_args(args, *extra) -> list[str]:
             *args.engine_flags, *extra]
 
 
-def start_pd(args) -> tuple[Process, Process]:
+def start_pd(args) -> tuple[ServerProcess, ServerProcess]:
     def config(role):
         return json.dumps({"kv_connector": "JaxTransferConnector", "kv_role": role, "kv_port": free_port()})
-    return (Process(serve_args(args, "--kv-transfer-config", config("kv_producer"))),
-            Process(serve_args(args, "--kv-transfer-config", config("kv_consumer"))))
+    return (jaxvllm_server(serve_args(args, "--kv-transfer-config", config("kv_producer"))),
+            jaxvllm_server(serve_args(args, "--kv-transfer-config", config("kv_consumer"))))
 
 
 def main(argv=None) -> dict:
@@ -196,12 +147,12 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     requests, kinds = make_requests(args, args.vocab)
 
-    single = Process(serve_args(args))
+    single = jaxvllm_server(serve_args(args))
     one = asyncio.run(workload(single.url, requests))
     single.kill()
 
     prefill, decode = start_pd(args)
-    proxy = Process(["disagg-proxy", "--prefill", prefill.url, "--decode", decode.url])
+    proxy = jaxvllm_server(["disagg-proxy", "--prefill", prefill.url, "--decode", decode.url])
     before = decode.metrics()
     pd = asyncio.run(workload(proxy.url, requests))
     time.sleep(1.5)
