@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from jaxvllm.core.structured_output import grammar_for
 from jaxvllm.entrypoints.openai.errors import APIError
 from jaxvllm.entrypoints.openai.legacy_guided import CONSTRAINTS
+from jaxvllm.entrypoints.openai.strict_schema import strict_schema
 from jaxvllm.entrypoints.openai.tool_parsers import (ParsedCall, ParsedOutput, ToolParser,
                                                      ToolParserManager)
 from jaxvllm.entrypoints.openai.tool_parsers.abstract_tool_parser import json_list_calls
@@ -57,9 +58,11 @@ class ToolPlan:
     max_calls: int | None = None             # parallel_tool_calls: false
 
 
-def _parameters(tool) -> dict:
-    return tool.function.parameters if tool.function.parameters is not None else {
+def _parameters(tool, i: int) -> dict:
+    """The schema the call's arguments are constrained to: as given, or as `strict` makes it."""
+    params = tool.function.parameters if tool.function.parameters is not None else {
         "type": "object", "properties": {}}
+    return strict_schema(params, f"tools[{i}].function.parameters") if tool.function.strict else params
 
 
 def check_tools(tools) -> None:
@@ -76,11 +79,15 @@ def check_tools(tools) -> None:
             raise APIError(f"tools[{i}].function.name {name!r} is defined twice.", 400,
                            f"tools[{i}].function.name")
         seen.add(name)
-        params = _parameters(tool)
         param = f"tools[{i}].function.parameters"
-        if params.get("type", "object") != "object":
+        given = tool.function.parameters or {}
+        if given.get("type", "object") != "object":
             raise APIError(f"{param} must be a JSON schema of type object, got type "
-                           f"{params.get('type')!r}.", 400, param)
+                           f"{given.get('type')!r}.", 400, param)
+        try:
+            params = _parameters(tool, i)
+        except ValueError as e:
+            raise APIError(str(e), 400, param) from e
         try:
             grammar_for(StructuredOutputsParams(json=params))
         except ValueError as e:
@@ -90,8 +97,8 @@ def check_tools(tools) -> None:
 
 def _required_schema(tools, parallel: bool) -> dict:
     calls = [{"type": "object", "additionalProperties": False, "required": ["name", "parameters"],
-              "properties": {"name": {"const": t.function.name}, "parameters": _parameters(t)}}
-             for t in tools]
+              "properties": {"name": {"const": t.function.name}, "parameters": _parameters(t, i)}}
+             for i, t in enumerate(tools)]
     return {"type": "array", "minItems": 1, **({} if parallel else {"maxItems": 1}),
             "items": {"anyOf": calls}, **_COMPACT}
 
@@ -123,9 +130,9 @@ def plan_tools(request, server_args, tokenizer) -> ToolPlan:
         return ToolPlan(dicts, RequiredCallsParser(), StructuredOutputsParams(
             json=_required_schema(tools, parallel)), max_calls)
     name = choice.function.name
-    tool = next((t for t in tools if t.function.name == name), None)
-    if tool is None:
+    i = next((i for i, t in enumerate(tools) if t.function.name == name), None)
+    if i is None:
         raise APIError(f"tool_choice.function.name {name!r} is not one of the request's tools.",
                        400, "tool_choice.function.name")
     return ToolPlan(dicts, NamedCallParser(name),
-                    StructuredOutputsParams(json={**_parameters(tool), **_COMPACT}))
+                    StructuredOutputsParams(json={**_parameters(tools[i], i), **_COMPACT}))
