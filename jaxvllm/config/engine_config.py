@@ -175,8 +175,9 @@ class KVTransferConfig:
     """A KV connector (vLLM's `kv_transfer_config`, distributed/kv_transfer): `kv_connector`
     names it, `kv_role` is kv_producer, kv_consumer or kv_both, `kv_connector_extra_config`
     holds its own settings (OffloadingConnector: num_cpu_blocks or cpu_bytes_to_use,
-    num_staging_blocks; JaxTransferConnector: pull_timeout_s, send_timeout_s). kv_ip and
-    kv_port: where a prefill engine's side channel listens (vLLM's defaults)."""
+    num_staging_blocks; JaxTransferConnector: pull_timeout_s, send_timeout_s,
+    num_send_blocks). kv_ip and kv_port: where a prefill engine's side channel listens
+    (vLLM's defaults)."""
     kv_connector: str | None = None
     kv_role: str = "kv_both"
     kv_connector_extra_config: dict = field(default_factory=dict)

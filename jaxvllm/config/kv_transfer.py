@@ -46,12 +46,14 @@ def verify_kv_transfer(config) -> None:
 
 def _verify_jax_transfer(kv: KVTransferConfig) -> None:
     extra, name = kv.kv_connector_extra_config, "kv_transfer_config.kv_connector_extra_config"
-    if unknown := sorted(set(extra) - {"pull_timeout_s", "send_timeout_s"}):
+    if unknown := sorted(set(extra) - {"pull_timeout_s", "send_timeout_s", "num_send_blocks"}):
         raise ValueError(f"{name} has unknown fields {unknown} for JaxTransferConnector; known: "
-                         "['pull_timeout_s', 'send_timeout_s'].")
+                         "['pull_timeout_s', 'send_timeout_s', 'num_send_blocks'].")
     for field in ("pull_timeout_s", "send_timeout_s"):
         if field in extra and not (type(extra[field]) in (int, float) and extra[field] > 0):
             raise ValueError(f"{name}.{field} must be a positive number of seconds, got {extra[field]!r}.")
+    if "num_send_blocks" in extra and (type(extra["num_send_blocks"]) is not int or extra["num_send_blocks"] < 1):
+        raise ValueError(f"{name}.num_send_blocks must be a positive integer, got {extra['num_send_blocks']!r}.")
     if not isinstance(kv.kv_ip, str) or not kv.kv_ip:
         raise ValueError(f"kv_transfer_config.kv_ip must be a host address, got {kv.kv_ip!r}.")
     if type(kv.kv_port) is not int or not 1 <= kv.kv_port <= 65535:
