@@ -48,8 +48,10 @@ async def stream(client, url: str, body: dict, delay: float) -> dict:
                         text += choice["text"]
                         times.append(time.perf_counter())
     n = len(times)
+    gaps = sorted(b - a for a, b in zip(times, times[1:]))
     return {"text": text, "ttft": times[0] - start, "latency": times[-1] - start,
-            "tpot": (times[-1] - times[0]) / (n - 1) if n > 1 else 0.0}
+            "tpot": (times[-1] - times[0]) / (n - 1) if n > 1 else 0.0,
+            "gap_median": gaps[len(gaps) // 2] if gaps else 0.0, "gap_max": gaps[-1] if gaps else 0.0}
 
 
 async def workload(url: str, requests: list[tuple[dict, float]]) -> list[dict]:
