@@ -2,7 +2,10 @@
 
 - "none": the template sees the tools, the reply is text.
 - "auto": the model decides; the server's `--tool-call-parser` reads calls from the text
-  (only with `--enable-auto-tool-choice`, as in vLLM).
+  (only with `--enable-auto-tool-choice`, as in vLLM). With a `strict` tool, a call that the
+  model begins in the parser's format is held to its function's schema, the text around it
+  free (vLLM's structural tags; llguidance's lazy grammar); a parser whose format is not
+  declared cannot hold it, and the request is a 400 rather than a `strict` ignored.
 - "required" / a named function: the structured-output backend constrains the reply to a
   JSON list of calls (or to the named function's arguments), built from the functions'
   parameter schemas, so it always parses.
@@ -11,9 +14,11 @@ Tool definitions are checked before anything runs, each failure a 400 naming the
 """
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
+from jaxvllm.core.json_schema import with_vllm_defaults
 from jaxvllm.core.structured_output import grammar_for
 from jaxvllm.entrypoints.openai.errors import APIError
 from jaxvllm.entrypoints.openai.legacy_guided import CONSTRAINTS
@@ -103,6 +108,33 @@ def _required_schema(tools, parallel: bool) -> dict:
             "items": {"anyOf": calls}, **_COMPACT}
 
 
+def _strict_calls(tools, parser, parser_name: str, tokenizer) -> StructuredOutputsParams | None:
+    """The lazy grammar that holds "auto" calls of strict tools to their schemas (non-strict
+    ones to theirs as well, as required and named calls are); None without a strict tool."""
+    import llguidance
+
+    strict = next((i for i, t in enumerate(tools) if t.function.strict), None)
+    if strict is None:
+        return None
+    if not parser.call_formats:
+        param = f"tools[{strict}].function.strict"
+        raise APIError(f"{param}: tool_choice \"auto\" with --tool-call-parser {parser_name} cannot hold a call to "
+                       f"its schema; use tool_choice \"required\" or a named function, or strict: false.", 400, param)
+    trigger = os.path.commonprefix([opening for opening, _, _ in parser.call_formats])
+    tags = [llguidance.StructTag(trigger=trigger, begin=opening + t.function.name + middle,
+                                 grammar=with_vllm_defaults({**_parameters(t, i), **_COMPACT}), end=end)
+            for i, t in enumerate(tools) for opening, middle, end in parser.call_formats]
+    special = tokenizer is not None and trigger in getattr(tokenizer, "all_special_tokens", ())
+    return StructuredOutputsParams(grammar=llguidance.StructTag.to_grammar(tags, assume_special=special))
+
+
+def _refuse_other_constraints(request, choice: str) -> None:
+    if (request.structured_outputs is not None or request.response_format is not None
+            or any(getattr(request, name, None) is not None for name in CONSTRAINTS)):
+        raise APIError(f"response_format, structured_outputs and guided_* cannot be combined with "
+                       f"tool_choice {choice}.", 400, "tool_choice")
+
+
 def plan_tools(request, server_args, tokenizer) -> ToolPlan:
     tools, choice = request.tools or None, request.tool_choice
     if tools is None:
@@ -119,13 +151,11 @@ def plan_tools(request, server_args, tokenizer) -> ToolPlan:
         if not (server_args.enable_auto_tool_choice and server_args.tool_call_parser):
             raise APIError(AUTO_NEEDS_FLAGS, 400, "tool_choice")
         parser = ToolParserManager.get_tool_parser(server_args.tool_call_parser)(tokenizer)
-        return ToolPlan(dicts, parser, None, max_calls)
-    if (request.structured_outputs is not None or request.response_format is not None
-            or any(getattr(request, name, None) is not None for name in CONSTRAINTS)):
-        raise APIError("response_format, structured_outputs and guided_* cannot be combined with "
-                       "tool_choice "
-                       f"{choice if isinstance(choice, str) else 'naming a function'}.", 400,
-                       "tool_choice")
+        calls = _strict_calls(tools, parser, server_args.tool_call_parser, tokenizer)
+        if calls is not None:
+            _refuse_other_constraints(request, 'auto with a strict tool')
+        return ToolPlan(dicts, parser, calls, max_calls)
+    _refuse_other_constraints(request, choice if isinstance(choice, str) else 'naming a function')
     if choice == "required":
         return ToolPlan(dicts, RequiredCallsParser(), StructuredOutputsParams(
             json=_required_schema(tools, parallel)), max_calls)

@@ -55,3 +55,40 @@ def test_an_open_object_is_refused(value):
 def test_schemas_strict_mode_cannot_hold_are_refused(schema, match):
     with pytest.raises(ValueError, match=match):
         strict_schema(schema, FIELD)
+
+
+def test_auto_holds_a_strict_tools_calls_to_its_schema_and_leaves_text_free():
+    """tool_choice "auto" with a strict tool and the hermes parser: text stays free, and a call
+    the model begins in hermes' format is held to the closed, all-required schema (vLLM's
+    structural tag); a parser whose format is not declared is a 400 naming the tool's strict."""
+    import llguidance
+    import llguidance.hf
+
+    from jaxvllm.core.structured_output import grammar_for
+    from jaxvllm.entrypoints.openai.errors import APIError
+    from jaxvllm.entrypoints.openai.protocol import ChatCompletionRequest
+    from jaxvllm.entrypoints.openai.server_args import ServerArgs
+    from jaxvllm.entrypoints.openai.tool_choice import plan_tools
+    from jaxvllm.transformers_utils.model_path import default_model_path
+    from jaxvllm.transformers_utils.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(default_model_path())
+    request = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], "tools": [
+        {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER, "strict": True}}]})
+    plan = plan_tools(request, ServerArgs(enable_auto_tool_choice=True, tool_call_parser="hermes"), tokenizer)
+    ll, grammar = llguidance.hf.from_tokenizer(tokenizer), grammar_for(plan.structured_outputs)
+
+    def accepts(text: str) -> bool:
+        matcher = llguidance.LLMatcher(ll, grammar, log_level=0)
+        tokens = tokenizer.encode(text, add_special_tokens=False)
+        return matcher.try_consume_tokens(tokens) == len(tokens) and matcher.is_accepting()
+
+    call = '<tool_call>\n{"name": "get_weather", "arguments": %s}\n</tool_call>'
+    assert accepts("It is sunny, I think.")
+    assert accepts("Let me look. " + call % '{"city":"Paris","unit":"c"}')
+    assert not accepts(call % '{"city":"Paris"}')  # strict: every property required
+    assert not accepts(call % '{"city":"Paris","unit":"c","x":1}')  # and no other
+    assert not accepts(call.replace("get_weather", "get_time") % "{}")  # only the request's functions
+    with pytest.raises(APIError, match=r"tools\[0\].function.strict: tool_choice \"auto\" with --tool-call-parser "
+                                       r"llama3_json cannot hold"):
+        plan_tools(request, ServerArgs(enable_auto_tool_choice=True, tool_call_parser="llama3_json"), tokenizer)
