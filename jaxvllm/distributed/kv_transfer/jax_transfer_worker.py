@@ -16,9 +16,10 @@ admits the next prefill within the memory plan's `num_send_blocks`.
 Receiving: a background thread asks the side channel and starts the pull; each step
 checks, without blocking, whether the pulled chunks have landed, scatters them into the
 request's pages before the forward, and reports the request. A prefill engine that is gone
-is found out at once: its port refuses the connection (or, for a host that does not answer,
-within CONNECT_TIMEOUT_S), before ZeroMQ would retry it silently. A side channel that does
-not answer, an unknown id, a pull that errors or that does not land within `pull_timeout_s`
+is found out at once, before the ask and every ALIVE_CHECK_S while it waits for the answer:
+its port refuses the connection (or, for a host that does not answer, within
+CONNECT_TIMEOUT_S), where ZeroMQ would retry it silently. A side channel that does not
+answer, an unknown id, a pull that errors or that does not land within `pull_timeout_s`
 fails the load too: its pages are reported invalid and computed again.
 """
 from __future__ import annotations
@@ -42,7 +43,7 @@ from jaxvllm.worker.kv_block_copy import KVBlockCopier
 
 logger = logging.getLogger(__name__)
 DEFAULT_PULL_TIMEOUT_S, DEFAULT_SEND_TIMEOUT_S = 3.0, 120.0
-CONNECT_TIMEOUT_S = 1.0
+CONNECT_TIMEOUT_S, ALIVE_CHECK_S = 1.0, 0.25
 
 
 class JaxTransferConnectorWorker(KVConnectorBase_V1):
@@ -181,17 +182,17 @@ class JaxTransferConnectorWorker(KVConnectorBase_V1):
 
     def _pull(self, load) -> list[jax.Array]:
         """Ask the prefill engine's side channel, then start the pull (it lands later)."""
-        try:  # ZeroMQ would retry a dead peer quietly until the poll below gives up
-            tcp.create_connection((load.host, load.port), CONNECT_TIMEOUT_S).close()
-        except OSError as e:
-            raise ConnectionError(f"the prefill engine at {load.host}:{load.port} is gone ({e})") from None
+        self._check_alive(load)
         socket = self._zmq.socket(zmq.REQ)
         socket.setsockopt(zmq.LINGER, 0)
         try:
             socket.connect(f"tcp://{load.host}:{load.port}")
             socket.send(msgpack.packb({"transfer_id": load.transfer_id}))
-            if not socket.poll(int(self.pull_timeout_s * 1000)):
-                raise TimeoutError(f"the prefill engine at {load.host}:{load.port} did not answer")
+            deadline = time.monotonic() + self.pull_timeout_s
+            while not socket.poll(int(1000 * ALIVE_CHECK_S)):  # a peer that dies meanwhile, found out
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the prefill engine at {load.host}:{load.port} did not answer")
+                self._check_alive(load)
             reply = msgpack.unpackb(socket.recv())
         finally:
             socket.close()
@@ -209,6 +210,15 @@ class JaxTransferConnectorWorker(KVConnectorBase_V1):
         specs = [jax.ShapeDtypeStruct(tuple(s), np.dtype(reply["dtype"]), sharding=self._row_sharding)
                  for s in reply["shapes"]]
         return conn.pull(load.transfer_id, specs)
+
+    @staticmethod
+    def _check_alive(load) -> None:
+        """ConnectionError when nothing listens at the prefill engine's side channel any more:
+        ZeroMQ would retry such a peer quietly until pull_timeout_s."""
+        try:
+            tcp.create_connection((load.host, load.port), CONNECT_TIMEOUT_S).close()
+        except OSError as e:
+            raise ConnectionError(f"the prefill engine at {load.host}:{load.port} is gone ({e})") from None
 
     def _scatter(self, kv_cache: jax.Array, load, chunks: list[jax.Array]) -> jax.Array:
         for rows in chunks:  # every chunk checked before the first write (the cache is donated)
