@@ -161,14 +161,14 @@ class JaxTransferConnectorWorker(KVConnectorBase_V1):
                 try:
                     kv_cache = self._scatter(kv_cache, load, future.result())
                 except Exception as e:  # the prefill engine's side failed mid-transfer
-                    self._fail(load, e)
+                    self._fail(load, e, started)
                 else:
                     self.stats["kv_transfer_received_requests"] += 1
                     self.stats["kv_transfer_receive_time"] += time.monotonic() - started
             elif future.done() and future.exception() is not None:
-                self._fail(load, future.exception())
+                self._fail(load, future.exception(), started)
             elif time.monotonic() > deadline:
-                self._fail(load, TimeoutError(f"no KV within pull_timeout_s={self.pull_timeout_s}"))
+                self._fail(load, TimeoutError(f"no KV within pull_timeout_s={self.pull_timeout_s}"), started)
             else:
                 continue
             del self._loads[req_id]
@@ -228,8 +228,9 @@ class JaxTransferConnectorWorker(KVConnectorBase_V1):
             self.stats["kv_transfer_received_bytes"] += len(ids) * self.copier.row_bytes
         return kv_cache
 
-    def _fail(self, load, error: Exception) -> None:
-        logger.warning("KV for request %s not received (%s): computing its prompt here.", load.req_id, error)
+    def _fail(self, load, error: Exception, started: float) -> None:
+        logger.warning("KV for request %s not received after %.2f s (%s): computing its prompt here.", load.req_id,
+                       time.monotonic() - started, error)
         self._invalid.update(b for table in load.block_ids for b in table[load.start_block:])
         self.stats["kv_transfer_failed_receives"] += 1
 
