@@ -74,9 +74,11 @@ SAMPLING_REFUSED = {
     "truncate_prompt_tokens": ((), "prompt truncation is not supported yet; shorten the prompt"),
 }
 STRUCTURED_REFUSED = {
-    "disable_any_whitespace": ((False,), "JSON grammars always allow flexible whitespace"),
-    "disable_additional_properties": ((False,), "schemas are used as written"),
-    "whitespace_pattern": ((), "JSON grammars use llguidance's default whitespace"),
+    "disable_any_whitespace": ((False,), "JSON grammars allow up to 20 whitespace characters between "
+                                         "tokens, tool calls none"),
+    # Both values close objects that declare properties, as vLLM's default backend does.
+    "disable_additional_properties": ((False, True), ""),
+    "whitespace_pattern": ((), "JSON grammars allow up to 20 whitespace characters between tokens"),
     "structural_tag": ((), "structural tags are not supported"),
     "disable_fallback": ((False, True), ""),  # one backend: there is nothing to fall back to
 }

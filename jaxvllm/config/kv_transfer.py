@@ -16,8 +16,9 @@ class KVTransferConfig:
     """A KV connector (vLLM's `kv_transfer_config`, jaxvllm/kv_transfer): `kv_connector`
     names it, `kv_role` is kv_producer, kv_consumer or kv_both, `kv_connector_extra_config`
     holds its own settings (OffloadingConnector: num_cpu_blocks or cpu_bytes_to_use,
-    num_staging_blocks; JaxTransferConnector: pull_timeout_s, send_timeout_s). kv_ip and
-    kv_port: where a prefill engine's side channel listens (vLLM's defaults)."""
+    num_staging_blocks; JaxTransferConnector: pull_timeout_s, send_timeout_s,
+    num_send_blocks). kv_ip and kv_port: where a prefill engine's side channel listens
+    (vLLM's defaults)."""
     kv_connector: str | None = None
     kv_role: str = "kv_both"
     kv_connector_extra_config: dict = field(default_factory=dict)
@@ -61,12 +62,14 @@ def verify_kv_transfer(config) -> None:
 
 def _verify_jax_transfer(kv: KVTransferConfig) -> None:
     extra, name = kv.kv_connector_extra_config, "kv_transfer_config.kv_connector_extra_config"
-    if unknown := sorted(set(extra) - {"pull_timeout_s", "send_timeout_s"}):
+    if unknown := sorted(set(extra) - {"pull_timeout_s", "send_timeout_s", "num_send_blocks"}):
         raise ValueError(f"{name} has unknown fields {unknown} for JaxTransferConnector; known: "
-                         "['pull_timeout_s', 'send_timeout_s'].")
+                         "['pull_timeout_s', 'send_timeout_s', 'num_send_blocks'].")
     for key in ("pull_timeout_s", "send_timeout_s"):
         if key in extra and not (type(extra[key]) in (int, float) and extra[key] > 0):
             raise ValueError(f"{name}.{key} must be a positive number of seconds, got {extra[key]!r}.")
+    if "num_send_blocks" in extra and (type(extra["num_send_blocks"]) is not int or extra["num_send_blocks"] < 1):
+        raise ValueError(f"{name}.num_send_blocks must be a positive integer, got {extra['num_send_blocks']!r}.")
     if not isinstance(kv.kv_ip, str) or not kv.kv_ip:
         raise ValueError(f"kv_transfer_config.kv_ip must be a host address, got {kv.kv_ip!r}.")
     if type(kv.kv_port) is not int or not 1 <= kv.kv_port <= 65535:

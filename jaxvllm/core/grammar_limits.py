@@ -12,6 +12,14 @@ references, and refused (ValueError naming the limit) past:
   multiplied out, alternatives added up), per `pattern` or `regex`.
 The depth bound keeps well clear of where the compiler's recursion overflows an 8 MiB
 stack (about 900 levels of nested objects).
+
+A grammar that compiles may still make each next-token mask slow to compute (many regexes
+alive at once, whose lexer states are built as the reply goes), and masks are computed in
+the engine's busy loop, for every request in the batch. So each request's mask work is
+bounded twice (core/structured_output.py): per step by llguidance's own limits (MASK_LIMITS:
+lexer fuel, Earley items, lexer states; deterministic), and in CPU time by a budget that
+starts at MASK_BUDGET_S and grows by MASK_REFILL_S per sampled token. Past either the
+request ends with an error naming the budget, and the batch goes on.
 """
 from __future__ import annotations
 
@@ -19,16 +27,17 @@ import json
 import re
 import re._parser as sre_parse
 
+from jaxvllm.core.json_schema import SUBSCHEMA, SUBSCHEMA_LISTS, SUBSCHEMA_MAPS
+
 MAX_SCHEMA_DEPTH = 128
 MAX_SCHEMA_NODES = 20_000
 MAX_ENUM_VALUES = 10_000
 MAX_REGEX_SIZE = 10_000
 MAX_GRAMMAR_CHARS = 200_000
+MASK_LIMITS = {"step_lexer_fuel": 50_000, "step_max_items": 50_000, "max_lexer_states": 50_000}
+MASK_BUDGET_S = 0.1
+MASK_REFILL_S = 0.002
 
-_ONE = ("additionalProperties", "items", "contains", "not", "if", "then", "else", "propertyNames",
-        "unevaluatedProperties", "unevaluatedItems", "additionalItems")
-_LIST = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
-_MAP = ("properties", "patternProperties", "dependentSchemas")
 
 
 def check_grammar_limits(field: str, kind: str, value) -> None:
@@ -101,13 +110,13 @@ def _children(field: str, node, root, counts):
     if isinstance(node.get("pattern"), str):
         check_regex(f"{field} pattern", node["pattern"])
     subs = []
-    for key in _ONE:
+    for key in SUBSCHEMA:
         if isinstance(node.get(key), dict):
             subs.append(node[key])
-    for key in _LIST:
+    for key in SUBSCHEMA_LISTS:
         if isinstance(node.get(key), list):
             subs.extend(s for s in node[key] if isinstance(s, dict))
-    for key in _MAP:
+    for key in SUBSCHEMA_MAPS:
         if isinstance(node.get(key), dict):
             if key == "patternProperties":
                 for pattern in node[key]:

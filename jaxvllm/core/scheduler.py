@@ -239,6 +239,8 @@ class Scheduler:
                 hit, num_hit = self.kv_cache_manager.get_computed_blocks(request)
                 if self.connector is not None:
                     num_external, load_async = self.connector.get_num_new_matched_tokens(request, num_hit)
+                    if num_external is None:
+                        break  # the connector cannot take it yet (P/D: the held copies are at their cap)
             if load_async and num_external:
                 if not self._admit_remote(request, hit, num_hit, num_external):
                     break

@@ -43,6 +43,7 @@ class EngineCore:
                              "jaxvllm.executor.multihost.run_follower.")
         self.model_executor = (executor_class or get_executor_class(config))(config)
         kv_cache_config = self._initialize_kv_caches()
+        self.num_kv_groups = len(kv_cache_config.kv_cache_groups)
         hf_config = config.model.hf_config
         self.scheduler = Scheduler(
             config.scheduler, config.cache, kv_cache_config, model_name=config.model.name,
@@ -109,7 +110,8 @@ class EngineCore:
         if request.lora_request is not None and self.config.lora is None:
             raise ValueError("lora_request needs an engine started with enable_lora=True.")
         if request.sampling_params is not None:
-            check_kv_transfer_params(self.config, request.sampling_params.kv_transfer_params)
+            check_kv_transfer_params(self.config, request.sampling_params.kv_transfer_params, len(ids),
+                                     self.num_kv_groups)
         self.scheduler.add_request(Request(
             request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
             sampling_params=request.sampling_params, eos_token_id=request.eos_token_id,

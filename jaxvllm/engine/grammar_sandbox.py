@@ -5,9 +5,10 @@ chain of a few thousand Lark rules, say) overflows the stack and kills the proce
 core/grammar_limits.py can bound JSON schemas and regexes but not every grammar. So the
 front end (the server, or LLM's process) checks each new grammar in a process of its own,
 with a smaller stack than the engine's threads get, under a memory limit and a time
-limit; a grammar that crashes it, runs out of either, or does not compile is the
-request's 400, and the engine core, which compiles it again with more stack, only ever
-sees grammars that compiled here. A new process starts on the next check after a crash.
+limit, at a lower priority (SANDBOX_NICENESS); a grammar that crashes it, runs out of
+either, or does not compile is the request's 400, and the engine core, which compiles it
+again with more stack, only ever sees grammars that compiled here. A new process starts on
+the next check after a crash.
 """
 from __future__ import annotations
 
@@ -16,7 +17,14 @@ import multiprocessing
 import os
 import threading
 
-from jaxvllm.process_utils import init_child_process, limit_address_space, spawn_process, start_spawned, wait_for_exit
+from jaxvllm.process_utils import (
+    SANDBOX_NICENESS,
+    init_child_process,
+    limit_address_space,
+    spawn_process,
+    start_spawned,
+    wait_for_exit,
+)
 from jaxvllm.sampling_params import StructuredOutputsParams
 
 _MEMORY_LIMIT = 2 << 30  # bytes of address space the checking process may add
@@ -39,6 +47,8 @@ def _serve_checks(conn, parent_pid: int) -> None:
     if not init_child_process(parent_pid):
         return
     limit_address_space(_MEMORY_LIMIT)
+    import jaxvllm.core.structured_output  # noqa: F401  (loaded at full priority, before the checks)
+    os.nice(SANDBOX_NICENESS)
     threading.stack_size(_STACK_SIZE)
     while True:
         try:

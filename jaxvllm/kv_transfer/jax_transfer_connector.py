@@ -8,6 +8,10 @@ A request's `kv_transfer_params` (vLLM's names) say its part:
   and the request's last output carries where to pull them from:
   `{"do_remote_prefill": true, "remote_host", "remote_port", "remote_transfer_id",
   "remote_num_tokens"}`. Its pages go back to the pool at once: the send reads a copy.
+  Those copies are device memory beside the pool, so the memory plan reserves
+  `num_send_blocks` rows for them (kv_connector_extra_config; default two prompts of
+  max_model_len): a request is admitted only while its copy fits beside the ones not yet
+  pulled or expired, and waits otherwise.
 - those params on a decode engine (kv_consumer or kv_both): the request is admitted with
   pages for its whole prompt and waits outside the batch while the worker pulls the KV;
   then it computes only its last prompt token (for its logits) and decodes. A pull that
@@ -23,6 +27,21 @@ from jaxvllm.outputs import KVConnectorOutput
 
 SENDS = ("kv_producer", "kv_both")
 RECEIVES = ("kv_consumer", "kv_both")
+CHUNK_BLOCKS = 64  # both engines cut a prompt's pages alike, so chunk shapes match
+
+
+def held_rows(num_tokens: int, block_size: int, num_groups: int, chunk_blocks: int = CHUNK_BLOCKS) -> int:
+    """Rows (a block of every layer) a prompt's device copy takes: its blocks in every group,
+    gathered in chunks each padded to a power of two (worker/kv_block_copy.py's buckets)."""
+    full, rest = divmod(num_groups * -(-num_tokens // block_size), chunk_blocks)
+    return full * chunk_blocks + (min(1 << (rest - 1).bit_length(), chunk_blocks) if rest else 0)
+
+
+def num_send_blocks(config) -> int:
+    """The rows the prefill engine's copies awaiting a pull may take at once (default: two
+    prompts of max_model_len in one group's blocks)."""
+    extra = config.kv_transfer.kv_connector_extra_config
+    return extra.get("num_send_blocks") or 2 * held_rows(config.scheduler.max_model_len, config.cache.block_size, 1)
 
 
 @dataclass
@@ -45,7 +64,7 @@ class JaxTransferConnectorMetadata:
     idle: bool = False  # nothing to compute this step: the worker may wait a moment for a pull
 
 
-def check_kv_transfer_params(config, params) -> None:
+def check_kv_transfer_params(config, params, num_prompt_tokens: int = 0, num_groups: int = 1) -> None:
     """A request's kv_transfer_params against this engine (ValueError naming the field)."""
     if params is None:
         return
@@ -53,9 +72,14 @@ def check_kv_transfer_params(config, params) -> None:
     if kv is None or kv.kv_connector != "JaxTransferConnector":
         raise ValueError("kv_transfer_params needs an engine started with kv_transfer_config "
                          "{\"kv_connector\": \"JaxTransferConnector\"}.")
-    if params.get("do_remote_decode") and kv.kv_role not in SENDS:
-        raise ValueError(f"kv_transfer_params.do_remote_decode needs kv_role in {list(SENDS)}, "
-                         f"this engine's is {kv.kv_role!r}.")
+    if params.get("do_remote_decode"):
+        if kv.kv_role not in SENDS:
+            raise ValueError(f"kv_transfer_params.do_remote_decode needs kv_role in {list(SENDS)}, "
+                             f"this engine's is {kv.kv_role!r}.")
+        need, cap = held_rows(num_prompt_tokens, config.cache.block_size, num_groups), num_send_blocks(config)
+        if need > cap:
+            raise ValueError(f"kv_transfer_params.do_remote_decode: the prompt's copy takes {need} blocks, more than "
+                             f"the prefill engine holds for sends (kv_connector_extra_config.num_send_blocks={cap}).")
     if params.get("do_remote_prefill"):
         if kv.kv_role not in RECEIVES:
             raise ValueError(f"kv_transfer_params.do_remote_prefill needs kv_role in {list(RECEIVES)}, "
@@ -77,12 +101,23 @@ class JaxTransferConnectorScheduler(KVConnectorBase_V1):
         self._sent: dict[str, tuple[int, int]] = {}  # request -> (transfer id, prompt tokens)
         self._to_load: dict[str, dict] = {}  # matched this step, pages not allocated yet
         self._loading: set[str] = set()
+        self._groups = len(kv_cache_config.kv_cache_groups)
+        self._chunk = min(kv_cache_config.num_blocks - 1, CHUNK_BLOCKS)
+        self._send_cap = num_send_blocks(config)
+        self._held: dict[str, int] = {}  # request -> rows its copy takes, from admission until pulled or expired
         self._meta = JaxTransferConnectorMetadata()
         self.worker_stats: dict[str, float] = {}
 
-    def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int, bool]:
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        """(None, False) for a prefill request whose copy does not fit beside the held ones:
+        it waits at the head of the queue."""
         params = request.kv_transfer_params or {}
         if params.get("do_remote_decode"):
+            if request.request_id not in self._held:
+                rows = held_rows(request.num_prompt_tokens, self.block_size, self._groups, self._chunk)
+                if sum(self._held.values()) + rows > self._send_cap:
+                    return None, False
+                self._held[request.request_id] = rows
             self._to_send[request.request_id] = request
         elif params.get("do_remote_prefill"):
             params["do_remote_prefill"] = False  # one try: after a failure it computes here
@@ -120,6 +155,8 @@ class JaxTransferConnectorScheduler(KVConnectorBase_V1):
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         self._loading -= connector_output.finished_recving
+        for req_id in connector_output.finished_sending:  # its copy was pulled, or expired
+            self._held.pop(req_id, None)
         self.worker_stats = connector_output.kv_connector_stats
 
     def request_finished(self, request, block_ids) -> tuple[bool, dict | None]:
@@ -133,6 +170,7 @@ class JaxTransferConnectorScheduler(KVConnectorBase_V1):
             self._meta.cancels.append(req_id)
         sent = self._sent.pop(req_id, None)
         if sent is None:
+            self._held.pop(req_id, None)  # finished before its copy was made
             return False, None
         return False, {"do_remote_prefill": True, "do_remote_decode": False, "remote_host": self.host,
                        "remote_port": self.port, "remote_transfer_id": sent[0], "remote_num_tokens": sent[1]}

@@ -168,17 +168,24 @@ class Worker:
 
     def determine_available_memory(self) -> int:
         """KV cache bytes over the mesh: kv_cache_memory_bytes, else the device's memory
-        less the weights and the largest step's peak (worker/memory_profiling.py)."""
-        c = self.config.cache
+        less the weights and the largest step's peak (worker/memory_profiling.py); either way
+        less what a KV connector holds beside the pool (staging, P/D copies awaiting a pull)."""
+        c, gib = self.config.cache, 2**30
         if c.kv_cache_memory_bytes is not None:
-            return c.kv_cache_memory_bytes
-        memory = self._device_memory(self.device)
-        self.memory_profile = MemoryProfile(*memory, peak_step=self._peak_step_bytes())
-        budget = self.memory_profile.kv_cache_budget(c.hbm_utilization, self.mesh.size)
-        if self.config.kv_transfer is not None:  # a connector's own buffers (staging) come first
-            budget -= KVConnectorFactory.get_connector_class(self.config, KVConnectorRole.WORKER).reserved_device_bytes(
-                self.config, self.block_bytes)
-        how = self.memory_profile.describe(c.hbm_utilization, self.mesh.size)
+            budget, how = c.kv_cache_memory_bytes, f"{c.kv_cache_memory_bytes / gib:.2f} GiB (kv_cache_memory_bytes)"
+        else:
+            memory = self._device_memory(self.device)
+            self.memory_profile = MemoryProfile(*memory, peak_step=self._peak_step_bytes())
+            budget = self.memory_profile.kv_cache_budget(c.hbm_utilization, self.mesh.size)
+            how = self.memory_profile.describe(c.hbm_utilization, self.mesh.size)
+        if self.config.kv_transfer is not None:
+            connector = KVConnectorFactory.get_connector_class(self.config, KVConnectorRole.WORKER)
+            reserved = connector.reserved_device_bytes(self.config, self.block_bytes)
+            if reserved:
+                budget -= reserved
+                how += (f"; of it {reserved / gib:.2f} GiB ({reserved // self.block_bytes} blocks) for the "
+                        f"{self.config.kv_transfer.kv_connector}'s own device buffers, {budget / gib:.2f} GiB "
+                        f"for the pool")
         logger.info("KV cache budget: %s.", how)
         if budget < 2 * self.block_bytes:
             raise ValueError(f"The KV cache budget ({budget} bytes: {how}) holds fewer than 2 blocks of "

@@ -149,6 +149,33 @@ def test_bad_kv_transfer_params_and_settings_are_refused_by_name(engines, tiny_m
             LLM(str(tiny_model_dir), kv_transfer_config=config, **ARGS)
 
 
+def test_the_prefill_engines_held_copies_are_capped(engines, tiny_model_dir):
+    """Copies awaiting a pull take num_send_blocks rows at most: a prefill whose copy does not
+    fit waits in the queue (the engine runs on), and starts once a decode engine pulls one;
+    a prompt whose copy could never fit is refused by name."""
+    expected, _, consumer = engines
+    producer = LLM(str(tiny_model_dir), kv_transfer_config=transfer_config("kv_producer", num_send_blocks=8), **ARGS)
+    engine, sched = producer.llm_engine, producer.llm_engine.engine_core.scheduler
+    params = {}
+    for i in (0, 3, 0):  # 40 and 64 tokens: 4 rows each (3 and 4 blocks, padded to a power of two)
+        engine.add_request(f"p{len(params)}", {"prompt_token_ids": PROMPTS[i]},
+                           with_params({"do_remote_decode": True}, 1))
+        params[f"p{len(params)}"] = None
+    for _ in range(20):
+        params |= {o.request_id: o.kv_transfer_params for o in engine.step() if o.finished}
+    assert params["p0"] and params["p1"] and params["p2"] is None  # the third waits: 4 + 4 + 4 > 8
+    assert [r.request_id for r in sched.waiting] == ["p2"] and sum(sched.connector._held.values()) == 8
+    assert decode(consumer, PROMPTS[:1], [params["p0"]]) == expected[:1]  # one copy pulled: room for p2
+    while engine.has_unfinished_requests():
+        params |= {o.request_id: o.kv_transfer_params for o in engine.step() if o.finished}
+    assert decode(consumer, [PROMPTS[3], PROMPTS[0]], [params["p1"], params["p2"]]) == [expected[3], expected[0]]
+    # Those pulls free their rows (reported at the next step): the next prefill gets them.
+    assert decode(consumer, PROMPTS[3:4], prefill(producer, PROMPTS[3:4])) == expected[3:4]
+    with pytest.raises(ValueError, match=r"copy takes 16 blocks, more than .*num_send_blocks=8"):
+        producer.generate([{"prompt_token_ids": PROMPTS[1] * 2}], with_params({"do_remote_decode": True}, 1))
+    assert_pool_whole(producer)
+
+
 def test_tiny_moe_decodes_from_transferred_kv(tmp_path_factory):
     from jaxvllm.transformers_utils.model_path import default_model_path
     from jaxvllm.transformers_utils.tokenizer import load_tokenizer

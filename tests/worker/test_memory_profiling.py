@@ -73,3 +73,25 @@ def test_the_offload_connectors_staging_blocks_come_out_of_the_budget(tiny_model
     worker.config = worker.config.replace(kv_transfer=KVTransferConfig(
         "OffloadingConnector", "kv_both", {"num_cpu_blocks": 8, "num_staging_blocks": 5}))
     assert worker.determine_available_memory() == plain - 5 * worker.block_bytes
+
+
+@pytest.mark.parametrize("kv_cache_memory_bytes", [None, 16 * MiB], ids=["profiled", "kv_cache_memory_bytes"])
+def test_a_prefill_engines_held_copies_come_out_of_the_budget(tiny_model_dir, monkeypatch, caplog,
+                                                              kv_cache_memory_bytes):
+    """A P/D prefill engine keeps each prompt's pages as a device copy until a decode engine
+    pulls it: the plan leaves num_send_blocks rows for them (by default two prompts of
+    max_model_len, 2 x 8 blocks here), whether the budget was profiled or given; a decode
+    engine holds none."""
+    from jaxvllm.config.engine_config import KVTransferConfig
+    platform = MemoryReportingCpu(64 * MiB)
+    worker = worker_under(platform, tiny_model_dir, monkeypatch)
+    in_use = platform.device_memory(worker.device)[1]
+    monkeypatch.setattr(platform, "device_memory", lambda device: (64 * MiB, in_use))  # the same both times
+    worker.config = worker.config.replace(cache=dataclasses.replace(
+        worker.config.cache, kv_cache_memory_bytes=kv_cache_memory_bytes))
+    plain = worker.determine_available_memory()
+    for role, extra, rows in [("kv_producer", {}, 16), ("kv_both", {"num_send_blocks": 5}, 5), ("kv_consumer", {}, 0)]:
+        worker.config = worker.config.replace(kv_transfer=KVTransferConfig("JaxTransferConnector", role, extra))
+        with caplog.at_level(logging.INFO, logger="jaxvllm.worker.worker"):
+            assert worker.determine_available_memory() == plain - rows * worker.block_bytes
+        assert not rows or f"({rows} blocks) for the JaxTransferConnector's own device buffers" in caplog.text

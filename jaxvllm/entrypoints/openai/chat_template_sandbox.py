@@ -4,7 +4,9 @@ A template is a program: nested loops can run for minutes or build gigabytes. It
 in a separate process, in Jinja's immutable sandbox with the environment transformers
 gives chat templates, under a memory limit; the server waits `timeout_s` for the text and
 kills the process past it (a new one starts on the next render). Output past `max_chars`
-is refused. The model's own template is trusted and renders in a thread of the server.
+is refused. It renders at a lower priority (SANDBOX_NICENESS), so that a template spinning
+for its whole timeout leaves the cores to the server (its /health) and the engine. The
+model's own template is trusted and renders in a thread of the server.
 """
 from __future__ import annotations
 
@@ -14,7 +16,13 @@ import multiprocessing
 import os
 import threading
 
-from jaxvllm.process_utils import init_child_process, limit_address_space, spawn_process, start_spawned
+from jaxvllm.process_utils import (
+    SANDBOX_NICENESS,
+    init_child_process,
+    limit_address_space,
+    spawn_process,
+    start_spawned,
+)
 
 _MEMORY_LIMIT = 1 << 30  # bytes of address space the rendering process may add
 
@@ -52,6 +60,8 @@ def _serve_renders(conn, parent_pid: int) -> None:
     if not init_child_process(parent_pid):
         return
     limit_address_space(_MEMORY_LIMIT)
+    import jinja2.sandbox  # noqa: F401  (loaded at full priority, before the renders)
+    os.nice(SANDBOX_NICENESS)
     while True:
         try:
             template, context, max_chars = conn.recv()

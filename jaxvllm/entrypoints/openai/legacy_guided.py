@@ -32,8 +32,8 @@ class LegacyGuidedFields(BaseModel):
         if self.guided_decoding_backend is not None:
             warn_legacy_once("guided_decoding_backend", "the server's one backend (llguidance)")
         if self.guided_whitespace_pattern is not None:
-            raise ValueError("guided_whitespace_pattern is not supported: JSON grammars use "
-                             "llguidance's default whitespace.")
+            raise ValueError("guided_whitespace_pattern is not supported: JSON grammars allow up to "
+                             "20 whitespace characters between tokens.")
         if not given:
             return None
         if len(given) > 1:

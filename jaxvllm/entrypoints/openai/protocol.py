@@ -12,6 +12,7 @@ from typing import Any, ClassVar, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 from jaxvllm.entrypoints.openai.legacy_guided import LegacyGuidedFields
+from jaxvllm.entrypoints.openai.strict_schema import strict_schema
 from jaxvllm.sampling_params import SamplingParams, StructuredOutputsParams
 
 _SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
@@ -54,7 +55,10 @@ class ResponseFormat(OpenAIBaseModel):
         if self.type == "json_schema":
             if self.json_schema is None or self.json_schema.schema_ is None:
                 raise ValueError("response_format.json_schema.schema is required for type json_schema.")
-            return StructuredOutputsParams(json=self.json_schema.schema_)
+            schema = self.json_schema.schema_
+            if self.json_schema.strict:
+                schema = strict_schema(schema, "response_format.json_schema.schema")
+            return StructuredOutputsParams(json=schema)
         raise ValueError(f"response_format.type must be text, json_object or json_schema; "
                          f"got {self.type!r}.")
 

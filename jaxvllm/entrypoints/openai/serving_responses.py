@@ -32,6 +32,7 @@ from jaxvllm.entrypoints.openai.responses_input import as_chat_request, input_me
 from jaxvllm.entrypoints.openai.responses_stream import ItemWriter, event, new_id
 from jaxvllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from jaxvllm.entrypoints.openai.serving_engine import engine_error
+from jaxvllm.entrypoints.openai.strict_schema import strict_schema
 from jaxvllm.entrypoints.openai.tool_choice import check_tools, plan_tools
 from jaxvllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
@@ -122,7 +123,11 @@ class OpenAIServingResponses(OpenAIServingChat):
             if fmt.schema_ is None:
                 raise APIError("text.format.schema is required for type json_schema.", 400,
                                "text.format.schema")
-            kwargs["structured_outputs"] = StructuredOutputsParams(json=fmt.schema_)
+            try:
+                schema = strict_schema(fmt.schema_, "text.format.schema") if fmt.strict else fmt.schema_
+            except ValueError as e:
+                raise APIError(str(e), 400, "text.format.schema") from e
+            kwargs["structured_outputs"] = StructuredOutputsParams(json=schema)
         if plan.parser is not None and plan.parser.keeps_special_tokens:
             kwargs["skip_special_tokens"] = False
         try:

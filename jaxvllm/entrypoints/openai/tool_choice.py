@@ -2,7 +2,10 @@
 
 - "none": the template sees the tools, the reply is text.
 - "auto": the model decides; the server's `--tool-call-parser` reads calls from the text
-  (only with `--enable-auto-tool-choice`, as in vLLM).
+  (only with `--enable-auto-tool-choice`, as in vLLM). With a `strict` tool, a call that the
+  model begins in the parser's format is held to its function's schema, the text around it
+  free (vLLM's structural tags; llguidance's lazy grammar); a parser whose format is not
+  declared cannot hold it, and the request is a 400 rather than a `strict` ignored.
 - "required" / a named function: the structured-output backend constrains the reply to a
   JSON list of calls (or to the named function's arguments), built from the functions'
   parameter schemas, so it always parses.
@@ -11,12 +14,15 @@ Tool definitions are checked before anything runs, each failure a 400 naming the
 """
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
+from jaxvllm.core.json_schema import with_vllm_defaults
 from jaxvllm.core.structured_output import grammar_for
 from jaxvllm.entrypoints.openai.errors import APIError
 from jaxvllm.entrypoints.openai.legacy_guided import CONSTRAINTS
+from jaxvllm.entrypoints.openai.strict_schema import strict_schema
 from jaxvllm.entrypoints.openai.tool_parsers import ParsedCall, ParsedOutput, ToolParser, ToolParserManager
 from jaxvllm.entrypoints.openai.tool_parsers.abstract_tool_parser import json_list_calls
 from jaxvllm.sampling_params import StructuredOutputsParams
@@ -56,9 +62,11 @@ class ToolPlan:
     max_calls: int | None = None             # parallel_tool_calls: false
 
 
-def _parameters(tool) -> dict:
-    return tool.function.parameters if tool.function.parameters is not None else {
+def _parameters(tool, i: int) -> dict:
+    """The schema the call's arguments are constrained to: as given, or as `strict` makes it."""
+    params = tool.function.parameters if tool.function.parameters is not None else {
         "type": "object", "properties": {}}
+    return strict_schema(params, f"tools[{i}].function.parameters") if tool.function.strict else params
 
 
 def check_tools(tools) -> None:
@@ -75,11 +83,15 @@ def check_tools(tools) -> None:
             raise APIError(f"tools[{i}].function.name {name!r} is defined twice.", 400,
                            f"tools[{i}].function.name")
         seen.add(name)
-        params = _parameters(tool)
         param = f"tools[{i}].function.parameters"
-        if params.get("type", "object") != "object":
+        given = tool.function.parameters or {}
+        if given.get("type", "object") != "object":
             raise APIError(f"{param} must be a JSON schema of type object, got type "
-                           f"{params.get('type')!r}.", 400, param)
+                           f"{given.get('type')!r}.", 400, param)
+        try:
+            params = _parameters(tool, i)
+        except ValueError as e:
+            raise APIError(str(e), 400, param) from e
         try:
             grammar_for(StructuredOutputsParams(json=params))
         except ValueError as e:
@@ -89,10 +101,37 @@ def check_tools(tools) -> None:
 
 def _required_schema(tools, parallel: bool) -> dict:
     calls = [{"type": "object", "additionalProperties": False, "required": ["name", "parameters"],
-              "properties": {"name": {"const": t.function.name}, "parameters": _parameters(t)}}
-             for t in tools]
+              "properties": {"name": {"const": t.function.name}, "parameters": _parameters(t, i)}}
+             for i, t in enumerate(tools)]
     return {"type": "array", "minItems": 1, **({} if parallel else {"maxItems": 1}),
             "items": {"anyOf": calls}, **_COMPACT}
+
+
+def _strict_calls(tools, parser, parser_name: str, tokenizer) -> StructuredOutputsParams | None:
+    """The lazy grammar that holds "auto" calls of strict tools to their schemas (non-strict
+    ones to theirs as well, as required and named calls are); None without a strict tool."""
+    import llguidance
+
+    strict = next((i for i, t in enumerate(tools) if t.function.strict), None)
+    if strict is None:
+        return None
+    if not parser.call_formats:
+        param = f"tools[{strict}].function.strict"
+        raise APIError(f"{param}: tool_choice \"auto\" with --tool-call-parser {parser_name} cannot hold a call to "
+                       f"its schema; use tool_choice \"required\" or a named function, or strict: false.", 400, param)
+    trigger = os.path.commonprefix([opening for opening, _, _ in parser.call_formats])
+    tags = [llguidance.StructTag(trigger=trigger, begin=opening + t.function.name + middle,
+                                 grammar=with_vllm_defaults({**_parameters(t, i), **_COMPACT}), end=end)
+            for i, t in enumerate(tools) for opening, middle, end in parser.call_formats]
+    special = tokenizer is not None and trigger in getattr(tokenizer, "all_special_tokens", ())
+    return StructuredOutputsParams(grammar=llguidance.StructTag.to_grammar(tags, assume_special=special))
+
+
+def _refuse_other_constraints(request, choice: str) -> None:
+    if (request.structured_outputs is not None or request.response_format is not None
+            or any(getattr(request, name, None) is not None for name in CONSTRAINTS)):
+        raise APIError(f"response_format, structured_outputs and guided_* cannot be combined with "
+                       f"tool_choice {choice}.", 400, "tool_choice")
 
 
 def plan_tools(request, server_args, tokenizer) -> ToolPlan:
@@ -111,20 +150,18 @@ def plan_tools(request, server_args, tokenizer) -> ToolPlan:
         if not (server_args.enable_auto_tool_choice and server_args.tool_call_parser):
             raise APIError(AUTO_NEEDS_FLAGS, 400, "tool_choice")
         parser = ToolParserManager.get_tool_parser(server_args.tool_call_parser)(tokenizer)
-        return ToolPlan(dicts, parser, None, max_calls)
-    if (request.structured_outputs is not None or request.response_format is not None
-            or any(getattr(request, name, None) is not None for name in CONSTRAINTS)):
-        raise APIError("response_format, structured_outputs and guided_* cannot be combined with "
-                       "tool_choice "
-                       f"{choice if isinstance(choice, str) else 'naming a function'}.", 400,
-                       "tool_choice")
+        calls = _strict_calls(tools, parser, server_args.tool_call_parser, tokenizer)
+        if calls is not None:
+            _refuse_other_constraints(request, 'auto with a strict tool')
+        return ToolPlan(dicts, parser, calls, max_calls)
+    _refuse_other_constraints(request, choice if isinstance(choice, str) else 'naming a function')
     if choice == "required":
         return ToolPlan(dicts, RequiredCallsParser(), StructuredOutputsParams(
             json=_required_schema(tools, parallel)), max_calls)
     name = choice.function.name
-    tool = next((t for t in tools if t.function.name == name), None)
-    if tool is None:
+    i = next((i for i, t in enumerate(tools) if t.function.name == name), None)
+    if i is None:
         raise APIError(f"tool_choice.function.name {name!r} is not one of the request's tools.",
                        400, "tool_choice.function.name")
     return ToolPlan(dicts, NamedCallParser(name),
-                    StructuredOutputsParams(json={**_parameters(tool), **_COMPACT}))
+                    StructuredOutputsParams(json={**_parameters(tools[i], i), **_COMPACT}))

@@ -9,17 +9,23 @@ group's, as whole rows of the cache) are gathered on device into chunks of at mo
 CHUNK_BLOCKS, a copy the pool no longer holds, and kept for `send_timeout_s` under a random
 transfer id. A side channel (ZeroMQ REQ/REP, msgpack) at kv_ip:kv_port answers a decode
 engine's ask for that id: the transfer server then offers the chunks for one pull, and the
-reply says where and in which shapes. An id nobody asks for expires, its copy dropped.
+reply says where and in which shapes. An id nobody asks for expires, its copy dropped. Each
+copy handed to a pull or dropped is reported (`finished_sending`), so that the scheduler
+admits the next prefill within the memory plan's `num_send_blocks`.
 
 Receiving: a background thread asks the side channel and starts the pull; each step
 checks, without blocking, whether the pulled chunks have landed, scatters them into the
-request's pages before the forward, and reports the request. A side channel that does not
-answer, an unknown id, a pull that errors (the prefill engine died) or that does not land
-within `pull_timeout_s` fails the load: its pages are reported invalid and computed again.
+request's pages before the forward, and reports the request. A prefill engine that is gone
+is found out at once, before the ask and every ALIVE_CHECK_S while it waits for the answer:
+its port refuses the connection (or, for a host that does not answer, within
+CONNECT_TIMEOUT_S), where ZeroMQ would retry it silently. A side channel that does not
+answer, an unknown id, a pull that errors or that does not land within `pull_timeout_s`
+fails the load too: its pages are reported invalid and computed again.
 """
 from __future__ import annotations
 
 import logging
+import socket as tcp
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -31,12 +37,17 @@ import zmq
 from jax.experimental import transfer
 
 from jaxvllm.kv_transfer.base import KVConnectorBase_V1
-from jaxvllm.kv_transfer.jax_transfer_connector import SENDS, JaxTransferConnectorMetadata
+from jaxvllm.kv_transfer.jax_transfer_connector import (
+    CHUNK_BLOCKS,
+    SENDS,
+    JaxTransferConnectorMetadata,
+    num_send_blocks,
+)
 from jaxvllm.worker.kv_block_copy import KVBlockCopier
 
 logger = logging.getLogger(__name__)
-CHUNK_BLOCKS = 64  # both engines cut a prompt's pages alike, so chunk shapes match
 DEFAULT_PULL_TIMEOUT_S, DEFAULT_SEND_TIMEOUT_S = 3.0, 120.0
+CONNECT_TIMEOUT_S, ALIVE_CHECK_S = 1.0, 0.25
 
 
 class JaxTransferConnectorWorker(KVConnectorBase_V1):
@@ -48,7 +59,8 @@ class JaxTransferConnectorWorker(KVConnectorBase_V1):
         self.pull_timeout_s = extra.get("pull_timeout_s", DEFAULT_PULL_TIMEOUT_S)
         self.send_timeout_s = extra.get("send_timeout_s", DEFAULT_SEND_TIMEOUT_S)
         self.block_size = kv_cache_config.block_size
-        self._sends: dict[int, tuple[list[jax.Array], int, float]] = {}  # id -> (chunks, blocks, expiry)
+        self._sends: dict[int, tuple[list[jax.Array], int, float, str]] = {}  # id -> (chunks, blocks, expiry, request)
+        self._released: set[str] = set()  # requests whose copy was handed to a pull or dropped
         self._lock = threading.Lock()
         self._loads: dict[str, tuple] = {}  # request -> (RemoteLoad, future of the pulled chunks, deadline)
         self._finished: set[str] = set()
@@ -62,6 +74,11 @@ class JaxTransferConnectorWorker(KVConnectorBase_V1):
         self._serve_sends = kv.kv_role in SENDS
         self._address = f"{kv.kv_ip}:{kv.kv_port}"
         self._side_thread = None
+
+    @classmethod
+    def reserved_device_bytes(cls, config, block_bytes: int) -> int:
+        """A prefill engine's copies awaiting a pull: num_send_blocks rows beside the pool."""
+        return num_send_blocks(config) * block_bytes if config.kv_transfer.kv_role in SENDS else 0
 
     def register_kv_caches(self, kv_cache: jax.Array, on_compile) -> None:
         self.copier = KVBlockCopier(kv_cache, CHUNK_BLOCKS, on_compile)
@@ -90,15 +107,17 @@ class JaxTransferConnectorWorker(KVConnectorBase_V1):
     def wait_for_save(self, kv_cache: jax.Array) -> None:
         """Gather the prompts this step completed; drop the sends nobody pulled in time."""
         meta, now = self._metadata, time.monotonic()
-        for _, transfer_id, tables in meta.sends if meta is not None else ():
+        for req_id, transfer_id, tables in meta.sends if meta is not None else ():
             ids = [b for table in tables for b in table]
             chunks = [self.copier.gather(kv_cache, chunk) for chunk in self.copier.chunks(ids)]
             with self._lock:
-                self._sends[transfer_id] = (chunks, len(ids), now + self.send_timeout_s)
+                self._sends[transfer_id] = (chunks, len(ids), now + self.send_timeout_s, req_id)
         with self._lock:
-            for transfer_id in [t for t, (_, _, expiry) in self._sends.items() if expiry < now]:
-                del self._sends[transfer_id]
+            for transfer_id in [t for t, (_, _, expiry, _) in self._sends.items() if expiry < now]:
+                self._released.add(self._sends.pop(transfer_id)[3])
                 self.stats["kv_transfer_expired_sends"] += 1
+        if meta is not None and meta.idle and self._sends:  # prefills wait for a pull: no busy loop
+            time.sleep(0.002)
 
     def _side_channel(self, socket) -> None:
         """Answer each ask for a transfer id: offer its chunks to one pull, say where."""
@@ -118,9 +137,10 @@ class JaxTransferConnectorWorker(KVConnectorBase_V1):
                 socket.send(msgpack.packb({"error": f"no KV to send under transfer id {transfer_id} "
                                                     f"(never computed here, already pulled, or expired)"}))
                 continue
-            chunks, num_blocks, _ = entry
+            chunks, num_blocks, _, req_id = entry
             self.server.await_pull(transfer_id, chunks)
             with self._lock:
+                self._released.add(req_id)
                 self.stats["kv_transfer_sent_requests"] += 1
                 self.stats["kv_transfer_sent_bytes"] += num_blocks * self.copier.row_bytes
             socket.send(msgpack.packb({"address": self.server.address(), "block_size": self.block_size,
@@ -145,14 +165,14 @@ class JaxTransferConnectorWorker(KVConnectorBase_V1):
                 try:
                     kv_cache = self._scatter(kv_cache, load, future.result())
                 except Exception as e:  # the prefill engine's side failed mid-transfer
-                    self._fail(load, e)
+                    self._fail(load, e, started)
                 else:
                     self.stats["kv_transfer_received_requests"] += 1
                     self.stats["kv_transfer_receive_time"] += time.monotonic() - started
             elif future.done() and future.exception() is not None:
-                self._fail(load, future.exception())
+                self._fail(load, future.exception(), started)
             elif time.monotonic() > deadline:
-                self._fail(load, TimeoutError(f"no KV within pull_timeout_s={self.pull_timeout_s}"))
+                self._fail(load, TimeoutError(f"no KV within pull_timeout_s={self.pull_timeout_s}"), started)
             else:
                 continue
             del self._loads[req_id]
@@ -166,13 +186,17 @@ class JaxTransferConnectorWorker(KVConnectorBase_V1):
 
     def _pull(self, load) -> list[jax.Array]:
         """Ask the prefill engine's side channel, then start the pull (it lands later)."""
+        self._check_alive(load)
         socket = self._zmq.socket(zmq.REQ)
         socket.setsockopt(zmq.LINGER, 0)
         try:
             socket.connect(f"tcp://{load.host}:{load.port}")
             socket.send(msgpack.packb({"transfer_id": load.transfer_id}))
-            if not socket.poll(int(self.pull_timeout_s * 1000)):
-                raise TimeoutError(f"the prefill engine at {load.host}:{load.port} did not answer")
+            deadline = time.monotonic() + self.pull_timeout_s
+            while not socket.poll(int(1000 * ALIVE_CHECK_S)):  # a peer that dies meanwhile, found out
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the prefill engine at {load.host}:{load.port} did not answer")
+                self._check_alive(load)
             reply = msgpack.unpackb(socket.recv())
         finally:
             socket.close()
@@ -191,6 +215,15 @@ class JaxTransferConnectorWorker(KVConnectorBase_V1):
                  for s in reply["shapes"]]
         return conn.pull(load.transfer_id, specs)
 
+    @staticmethod
+    def _check_alive(load) -> None:
+        """ConnectionError when nothing listens at the prefill engine's side channel any more:
+        ZeroMQ would retry such a peer quietly until pull_timeout_s."""
+        try:
+            tcp.create_connection((load.host, load.port), CONNECT_TIMEOUT_S).close()
+        except OSError as e:
+            raise ConnectionError(f"the prefill engine at {load.host}:{load.port} is gone ({e})") from None
+
     def _scatter(self, kv_cache: jax.Array, load, chunks: list[jax.Array]) -> jax.Array:
         for rows in chunks:  # every chunk checked before the first write (the cache is donated)
             rows.block_until_ready()  # landed already; raises if the transfer failed
@@ -199,14 +232,18 @@ class JaxTransferConnectorWorker(KVConnectorBase_V1):
             self.stats["kv_transfer_received_bytes"] += len(ids) * self.copier.row_bytes
         return kv_cache
 
-    def _fail(self, load, error: Exception) -> None:
-        logger.warning("KV for request %s not received (%s): computing its prompt here.", load.req_id, error)
+    def _fail(self, load, error: Exception, started: float) -> None:
+        logger.warning("KV for request %s not received after %.2f s (%s): computing its prompt here.", load.req_id,
+                       time.monotonic() - started, error)
         self._invalid.update(b for table in load.block_ids for b in table[load.start_block:])
         self.stats["kv_transfer_failed_receives"] += 1
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
+        """(requests whose copy was pulled or dropped, requests whose load ended)."""
         finished, self._finished = self._finished, set()
-        return set(), finished
+        with self._lock:
+            released, self._released = self._released, set()
+        return released, finished
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         invalid, self._invalid = self._invalid, set()

@@ -11,10 +11,10 @@ import json
 import httpx
 import jsonschema
 import pytest
+from health_probe import HealthProbe
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openai_server import API_KEY, tiny_server  # noqa: F401  (a fixture)
-from test_openai_hostile import HealthProbe
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 LEAF = {"type": "integer"}
@@ -79,18 +79,25 @@ def pids(tiny_server):
     return tiny_server.proc.pid, tiny_server.engine_core_pid
 
 
+@pytest.fixture(scope="module")
+def probe(tiny_server):
+    probe = HealthProbe(tiny_server.url)
+    yield probe
+    probe.close()
+
+
 @settings(max_examples=40, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                  HealthCheck.data_too_large])
 @given(schema=SCHEMAS, via=st.sampled_from(["response_format", "structured_outputs"]))
-def test_any_schema_gets_a_valid_answer_or_a_4xx(tiny_server, pids, schema, via):
+def test_any_schema_gets_a_valid_answer_or_a_4xx(tiny_server, pids, probe, schema, via):
     body = {"model": "tiny", "max_tokens": 12, "temperature": 0,
             "messages": [{"role": "user", "content": "Answer in JSON."}]}
     if via == "response_format":
         body["response_format"] = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
     else:
         body["structured_outputs"] = {"json": schema}
-    with HealthProbe(tiny_server.url) as probe:
+    with probe.window() as health:
         r = httpx.post(tiny_server.url + "/v1/chat/completions", json=body, headers=AUTH, timeout=60)
     if r.status_code == 200:
         choice = r.json()["choices"][0]
@@ -101,7 +108,7 @@ def test_any_schema_gets_a_valid_answer_or_a_4xx(tiny_server, pids, schema, via)
         assert 400 <= r.status_code < 500, r.text
         error = r.json()["error"]
         assert error["code"] == r.status_code and error["message"] and "Traceback" not in error["message"]
-    assert not probe.failures, probe.failures
+    assert not health.failures, health.failures
     assert (tiny_server.proc.pid, tiny_server.engine_core_pid) == pids
     assert tiny_server.proc.poll() is None
     ok = httpx.post(tiny_server.url + "/v1/completions", headers=AUTH, timeout=60,

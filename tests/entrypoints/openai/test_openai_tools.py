@@ -59,6 +59,29 @@ def test_two_turn_tool_loop(oai, choice, stream):
     assert final.usage.prompt_tokens > 150  # the tools, the call and its result were rendered
 
 
+def weather_with_unit(strict: bool) -> dict:
+    """Issue 71's tool: no additionalProperties, as a new user writes it."""
+    return {"type": "function", "function": {
+        "name": "get_weather", "description": "The current weather of a city.", **({"strict": True} if strict else {}),
+        "parameters": {"type": "object", "required": ["city", "unit"], "properties": {
+            "city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}}}}}
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["loose", "strict"])
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}],
+                         ids=["required", "named"])
+def test_greedy_calls_end_holding_only_declared_keys(oai, choice, strict):
+    """The default model, greedy, with room to ramble: the call ends (undeclared keys are
+    refused by default, as vLLM's grammar backend does, and whitespace is bounded)."""
+    reply = oai.chat.completions.create(model=MODEL, messages=QUESTION, tools=[weather_with_unit(strict)],
+                                        tool_choice=choice, temperature=0, max_completion_tokens=128).choices[0]
+    assert reply.finish_reason == "tool_calls" and reply.message.tool_calls, reply
+    for call in reply.message.tool_calls:
+        arguments = json.loads(call.function.arguments)
+        assert call.function.name == "get_weather" and set(arguments) <= {"city", "unit"}, arguments
+        assert not strict or set(arguments) == {"city", "unit"}
+
+
 # What the hermes format looks like, forced through the structured-output backend.
 HERMES_CALL = r'<tool_call>\n\{"name": "get_weather", "arguments": \{"city": "[A-Z][a-z]{1,8}"\}\}\n</tool_call>'
 

@@ -3,6 +3,8 @@ request); "auto" without the server's flags is a 400 naming them; unknown reques
 logged once per name. Against the shared tiny server, which has no tool flags."""
 from __future__ import annotations
 
+import json
+
 import pytest
 from openai_server import client, tiny_server  # noqa: F401  (fixtures)
 
@@ -29,6 +31,8 @@ CASES = [
                                                                  "maximum": 1}}})], "required",
      "tools[0].function.parameters"),
     ("the same name twice", [tool(**FN), tool(**FN)], "required", "tools[1].function.name"),
+    ("strict with an open object", [tool(name="f", strict=True, parameters={
+        **FN["parameters"], "additionalProperties": True})], "none", "tools[0].function.parameters"),
     ("a named function not in tools", [tool(**FN)], {"type": "function", "function": {"name": "g"}},
      "tool_choice.function.name"),
     ("tool_choice of an unknown kind", [tool(**FN)], "sometimes", "tool_choice"),
@@ -46,6 +50,33 @@ def test_bad_tools_are_a_400_naming_the_field(client, tools, choice, param):  # 
     ok = client.post("/v1/chat/completions", json={
         "model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
     assert ok.status_code == 200, ok.text
+
+
+OPEN = {"type": "object", "properties": {"a": {"type": "object", "patternProperties": {"^x": {}}}}}
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/chat/completions", {"tools": [tool(name="f", parameters=OPEN, strict=True)], "tool_choice": "none"},
+     "tools[0].function.parameters"),
+    ("/v1/chat/completions", {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": OPEN, "strict": True}}}, "response_format.json_schema.schema"),
+    ("/v1/responses", {"tools": [{"type": "function", "name": "f", "parameters": OPEN, "strict": True}],
+                       "tool_choice": "none"},
+     "tools[0].parameters"),
+    ("/v1/responses", {"text": {"format": {"type": "json_schema", "name": "x", "schema": OPEN, "strict": True}}},
+     "text.format.schema"),
+], ids=["chat tool", "response_format", "responses tool", "responses text.format"])
+def test_what_strict_mode_cannot_express_is_a_400_naming_the_keyword(client, path, body, param):  # noqa: F811
+    """As OpenAI answers it; without `strict` the same schema is served."""
+    base = ({"input": "hi", "max_output_tokens": 2} if path == "/v1/responses" else
+            {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    r = client.post(path, json={"model": "tiny", **base, **body})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and "strict mode does not support 'patternProperties' (at properties.a)" in \
+        error["message"], error
+    loose = json.loads(json.dumps(body).replace('"strict": true', '"strict": false'))
+    assert client.post(path, json={"model": "tiny", **base, **loose}).status_code == 200
 
 
 def test_auto_without_the_flags_is_a_400_naming_them(client):  # noqa: F811

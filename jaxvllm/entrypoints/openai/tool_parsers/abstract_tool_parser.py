@@ -86,6 +86,10 @@ class ToolParser:
 
     # Special tokens the format uses: kept in the text for the parser (vLLM's adjust_request).
     keeps_special_tokens = False
+    # How a call is written, for strict tools under tool_choice "auto" (tool_choice.py):
+    # (text before the function's name, between the name and its arguments, after them);
+    # each opening must start with the same trigger. Empty: the format is not constrained.
+    call_formats: tuple[tuple[str, str, str], ...] = ()
 
     def __init__(self, tokenizer=None):
         self.tokenizer = tokenizer

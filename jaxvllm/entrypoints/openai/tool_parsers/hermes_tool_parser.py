@@ -15,6 +15,8 @@ from jaxvllm.entrypoints.openai.tool_parsers.abstract_tool_parser import (
 class HermesToolParser(JsonCallsParser):
     start, end = "<tool_call>", "</tool_call>"
     keeps_special_tokens = True  # Qwen's <tool_call> is a special token
+    call_formats = (('<tool_call>\n{"name": "', '", "arguments": ', '}\n</tool_call>'),
+                    ('<tool_call>{"name": "', '", "arguments": ', '}</tool_call>'))
 
     def parse(self, text: str, final: bool, tools=None) -> ParsedOutput:
         at = text.find(self.start)
