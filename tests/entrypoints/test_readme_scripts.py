@@ -28,7 +28,8 @@ REPO = Path(__file__).resolve().parents[2]
 # use the README's server; scaling-out.md loads the checkpoint sleep-mode.md converts.
 PAGES = ["README.md", "docs/serving.md", "docs/python-api.md", "docs/cli.md", "docs/tools-and-reasoning.md",
          "docs/sleep-mode.md", "docs/scaling-out.md", "docs/quantization.md", "docs/speculative-decoding.md",
-         "docs/lora.md", "docs/kv-connectors.md", "docs/compile.md", "docs/benchmarks.md", "docs/models.md",
+         "docs/lora.md", "docs/kv-connectors.md", "docs/disaggregated-prefill.md", "docs/structured-outputs.md",
+         "docs/compile.md", "docs/benchmarks.md", "docs/models.md",
          "docs/design.md"]
 LOG_RECORD = re.compile(r"(DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w.]+: ")
 SERVER = "http://127.0.0.1:8000"
