@@ -15,6 +15,7 @@ os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
 import numpy as np
 import pytest
+from _pytest.nodeid import NodeId
 
 BLOCK = 16
 
@@ -33,6 +34,11 @@ def pytest_collection_modifyitems(config, items):
         group = ("openai-servers" if item.module in uses_server or item.path.parent.name == "openai"
                  else "default-model" if item.module in slow else item.module.__name__)
         item.add_marker(pytest.mark.xdist_group(group))
+        if getattr(config.option, "loadgroup", False) and not item.nodeid.endswith(f"@{group}"):
+            # The scheduler reads the group from the node id's "@group" suffix; xdist 3.8 writes
+            # it to Item._nodeid, which pytest 9 no longer reads, so without this every test was
+            # its own scope and a module's fixtures were built on both workers.
+            item._id = NodeId.parse(f"{item.nodeid}@{group}")
 
 
 def _free_memory() -> None:
