@@ -36,12 +36,12 @@ def summary(report: dict) -> dict:
                 errors=[(r["program"], r["error"]) for r in rows if not r["compiled"]])
 
 
-def pool_temporaries(path: str, target: str, extra: dict, kv_cache_dtype: str) -> dict:
+def pool_temporaries(path: str, target: str, extra: dict, kv_cache_dtype: str, threads: int) -> dict:
     """Each forward bucket's temporaries (MiB per chip) at each pool size, and the largest growth."""
     temps = {}
     for blocks in POOLS:
         report = compile_for_target(path, target, programs=("forward",), kv_cache_dtype=kv_cache_dtype,
-                                    num_gpu_blocks_override=blocks, **extra)
+                                    num_gpu_blocks_override=blocks, compile_threads=threads, **extra)
         temps[blocks] = {r["program"]: r["temp_bytes"] / 2**20 for r in report["programs"] if r["compiled"]}
     small, large = temps[POOLS[0]], temps[POOLS[-1]]
     growth = max((large[p] - small[p]) / max(small[p], 1e-9) for p in small) if small.keys() == large.keys() else None
@@ -55,6 +55,10 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--skip-pools", action="store_true", help="only the every-program compile")
     p.add_argument("--results-dir", default=str(Path(__file__).resolve().parent / "results"),
                    help="each run's full report is written here too")
+    # One by default: on this 2-core machine two at once crashed libtpu twice (a stack overflow
+    # in its SparseCore code generator, on its own fiber threads: Llama-3.1-8B on v6e-4 and
+    # Qwen3-8B on v6e-1); a 15-minute rerun with two did not, so it is not pinned down.
+    p.add_argument("--compile-threads", type=int, default=1)
     p.add_argument("--json")
     ns = p.parse_args(argv)
     out = []
@@ -67,7 +71,7 @@ def main(argv=None) -> list[dict]:
                 json.dump(MODELS[model], f)
             row = dict(model=model, **extra)
             try:
-                report = compile_for_target(path, target, **extra)
+                report = compile_for_target(path, target, compile_threads=ns.compile_threads, **extra)
             except ValueError as e:
                 out.append(dict(row, target=target, error=str(e)))
                 print(f"{model} on {target}: refused: {e}", flush=True)
@@ -77,7 +81,7 @@ def main(argv=None) -> list[dict]:
                 json.dump(report, f, indent=1)
             row.update(summary(report))
             if not ns.skip_pools:
-                row["pools"] = [pool_temporaries(path, target, extra, kv) for kv in ("auto", "fp8")]
+                row["pools"] = [pool_temporaries(path, target, extra, kv, ns.compile_threads) for kv in ("auto", "fp8")]
             out.append(row)
             print(json.dumps(row), flush=True)
     if ns.json:
