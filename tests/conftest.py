@@ -189,14 +189,14 @@ def assert_every_spec_method_keeps(path, prompts, plain, params, aux_layer_ids, 
 
 
 def backend_for(platform: str, attention_backend: str = "auto", *, dtype: str = "float32",
-                quantization: str | None = None, tensor_parallel_size: int = 1):
+                quantization: str | None = None, tensor_parallel_size: int = 1, scheme=None):
     """The backend (jaxvllm/backends) of an engine on `platform` with these settings."""
     from jaxvllm.backends import get_backend
     from jaxvllm.config import EngineConfig, ModelConfig, ParallelConfig, QuantizationConfig
     from jaxvllm.platforms import get_platform
     config = EngineConfig(model=ModelConfig(dtype=dtype, attention_backend=attention_backend),
                           parallel=ParallelConfig(tensor_parallel_size=tensor_parallel_size),
-                          quant_config=QuantizationConfig(quantization))
+                          quant_config=QuantizationConfig(quantization, scheme))
     return get_backend(config, get_platform(platform))
 
 

@@ -22,6 +22,7 @@ from jaxvllm.layers.attention import get_attention
 from jaxvllm.layers.fused_moe import UnquantizedFusedMoEMethod
 from jaxvllm.layers.kv_cache_dtype import kv_cache_dtype
 from jaxvllm.layers.linear import UnquantizedLinearMethod
+from jaxvllm.layers.quantization.scheme import WeightScheme
 from jaxvllm.models.layer_loops import unrolled_layers
 from jaxvllm.platforms import Platform
 
@@ -43,8 +44,9 @@ class Backend:
         self.kv_dtype = kv_cache_dtype(config.cache.kv_cache_dtype, jnp.dtype(config.dtype),
                                        platform.kv_cache_floats_as_bits)
         tp = config.parallel.tensor_parallel_size  # every mesh of the engine (a stage's too) is this size
-        self.linear_method = self.get_linear_method(config.quantization, config.dtype, tp)
-        self.moe_method = self.get_moe_method(config.quantization, tp)
+        scheme = config.quant_config.weights
+        self.linear_method = self.get_linear_method(config.quantization, config.dtype, tp, scheme)
+        self.moe_method = self.get_moe_method(config.quantization, tp, scheme)
         # A draft model's and the LoRA adapters' (they load unquantized).
         self.float_linear_method = self.get_linear_method(None, config.dtype, tp)
         self.float_moe_method = self.get_moe_method(None, tp)
@@ -99,22 +101,27 @@ class Backend:
         return (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim)
 
     # ---- matmuls --------------------------------------------------------------------
-    def get_linear_method(self, quantization: str | None, dtype: str, num_devices: int):
+    # What XLA stores a 4-bit value in here: TPU and GPU pack two in a byte.
+    int4_bytes = 0.5
+
+    def get_linear_method(self, quantization: str | None, dtype: str, num_devices: int,
+                          scheme: WeightScheme | None = None):
         """How the model's matmuls run and store their weights (jaxvllm/layers/linear.py):
-        XLA's; with `quantization`, int8 / fp8 weights dequantized into XLA's dot
-        (jaxvllm/layers/quantization/weight_only.py). dtype: the model's."""
+        XLA's; with `quantization`, quantized weights (int8 / fp8 at load, or a checkpoint's
+        `scheme`) multiplied by XLA (jaxvllm/layers/quantization/weight_only.py). dtype: the
+        model's."""
         if quantization is not None:
             from jaxvllm.layers.quantization.weight_only import WeightOnlyLinearMethod
-            return WeightOnlyLinearMethod(quantization)
+            return WeightOnlyLinearMethod(quantization, scheme, self.int4_bytes)
         return UnquantizedLinearMethod()
 
-    def get_moe_method(self, quantization: str | None, num_devices: int):
+    def get_moe_method(self, quantization: str | None, num_devices: int, scheme: WeightScheme | None = None):
         """How a mixture-of-experts layer runs its experts (jaxvllm/layers/fused_moe.py): the
-        grouped matmul over the token copies sorted by expert; with `quantization`, 8-bit
+        grouped matmul over the token copies sorted by expert; with `quantization`, quantized
         experts (jaxvllm/layers/quantization/weight_only_moe.py)."""
         if quantization is not None:
             from jaxvllm.layers.quantization.weight_only_moe import WeightOnlyFusedMoEMethod
-            return WeightOnlyFusedMoEMethod(quantization, self.grouped_matmul())
+            return WeightOnlyFusedMoEMethod(quantization, self.grouped_matmul(), scheme, self.int4_bytes)
         return UnquantizedFusedMoEMethod(self.grouped_matmul())
 
     def grouped_matmul(self) -> Callable:

@@ -17,6 +17,7 @@ from jaxvllm.kernels.cpu import build
 from jaxvllm.kernels.xla.argmax import blocked_argmax
 from jaxvllm.kernels.xla.grouped_matmul import grouped_matmul
 from jaxvllm.layers.linear import UnquantizedLinearMethod
+from jaxvllm.layers.quantization.scheme import WeightScheme
 from jaxvllm.models.layer_loops import switched_layers
 
 
@@ -56,7 +57,11 @@ class CpuBackend(Backend):
             return ragged_paged_attention
         return super().load_attention_kernel()
 
-    def get_linear_method(self, quantization: str | None, dtype: str, num_devices: int):
+    # XLA:CPU stores a 4-bit value in a byte.
+    int4_bytes = 1
+
+    def get_linear_method(self, quantization: str | None, dtype: str, num_devices: int,
+                          scheme: WeightScheme | None = None):
         """The native packed matmul beside the native attention, on one device (packed
         weights are not sharded), for a float32 or bfloat16 model; else XLA's, a bfloat16 or
         float16 model's dots accumulating in float32 (4x faster on XLA:CPU than a bfloat16
@@ -67,15 +72,15 @@ class CpuBackend(Backend):
                 return PackedLinearMethod()
             if jnp.dtype(dtype) != jnp.float32:
                 return UnquantizedLinearMethod(accumulate_dtype=jnp.float32)
-        return super().get_linear_method(quantization, dtype, num_devices)
+        return super().get_linear_method(quantization, dtype, num_devices, scheme)
 
-    def get_moe_method(self, quantization: str | None, num_devices: int):
+    def get_moe_method(self, quantization: str | None, num_devices: int, scheme: WeightScheme | None = None):
         """Float32 experts packed for the native grouped kernel where the linear method packs
         (one device, native kernels); else the base's, over `grouped_matmul`."""
         if self.packs(num_devices) and quantization is None:
             from jaxvllm.layers.packed_linear import PackedFusedMoEMethod
             return PackedFusedMoEMethod(self.grouped_matmul())
-        return super().get_moe_method(quantization, num_devices)
+        return super().get_moe_method(quantization, num_devices, scheme)
 
     def packs(self, num_devices: int) -> bool:
         """The packed methods go with the native attention, on one device."""

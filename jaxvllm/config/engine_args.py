@@ -27,8 +27,9 @@ from jaxvllm.config.engine_config import (
 from jaxvllm.config.kv_transfer import parse_kv_transfer_config
 from jaxvllm.config.pooler import resolve_runner
 from jaxvllm.config.speculative import parse_speculative_config, resolve_draft_model
-from jaxvllm.layers.quantization.compressed_tensors import resolve_quantization
+from jaxvllm.layers.quantization.checkpoint import resolve_quantization
 from jaxvllm.platforms import Platform, get_platform
+from jaxvllm.transformers_utils.gguf_utils import is_gguf
 
 # The sections EngineArgs fills field by field, by name.
 SECTIONS = (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig, LoadConfig, CompilationConfig,
@@ -56,8 +57,9 @@ class EngineArgs:
     quantization: str | None = QuantizationConfig.method
     """Quantize the matmul weights at load, from any float checkpoint: int8 or fp8 (e4m3),
     weight-only with one scale per output channel; None keeps them in dtype. A checkpoint
-    quantized already (compressed-tensors fp8 or int8) is detected from its config.json and
-    loads as stored: leave this unset (or name its method, compressed-tensors)."""
+    quantized already (fp8, compressed-tensors, awq, gptq) is detected from its config.json
+    and loads as stored: leave this unset (or name its method). gguf: a .gguf file's weights
+    kept in their quantized blocks (unset, they are dequantized to dtype)."""
     kv_cache_dtype: str = CacheConfig.kv_cache_dtype
     attention_backend: str = ModelConfig.attention_backend
     enable_prefix_caching: bool = CacheConfig.enable_prefix_caching
@@ -129,7 +131,7 @@ class EngineArgs:
         config = _section(
             EngineConfig, values, model=model, cache=_section(CacheConfig, values), parallel=parallel,
             scheduler=_section(SchedulerConfig, values), load=_section(LoadConfig, values),
-            quant_config=QuantizationConfig(resolve_quantization(self.quantization, hf_config)),
+            quant_config=QuantizationConfig(*resolve_quantization(self.quantization, hf_config, is_gguf(model.path))),
             compilation=_section(CompilationConfig, values), speculative=speculative, lora=lora,
             kv_transfer=parse_kv_transfer_config(self.kv_transfer_config))
         config.verify()

@@ -20,6 +20,7 @@ from jaxvllm.config.kv_transfer import KVTransferConfig
 from jaxvllm.config.pooler import PoolerConfig
 from jaxvllm.config.speculative import SpeculativeConfig
 from jaxvllm.config.verify import verify_engine_config
+from jaxvllm.layers.quantization.scheme import WeightScheme
 
 
 @dataclass(frozen=True)
@@ -161,7 +162,10 @@ class LoadConfig:
 @dataclass(frozen=True)
 class QuantizationConfig:
     method: str | None = None
-    """int8 or fp8 (weight-only, quantized at load), compressed-tensors (as stored), None."""
+    """int8 or fp8 (weight-only, quantized at load), a quantized checkpoint's method (fp8,
+    compressed-tensors, awq, gptq: as stored; gguf: a .gguf file's blocks), None."""
+    weights: WeightScheme | None = None
+    """The checkpoint's weight scheme (from its config.json); None: float, or a GGUF's own."""
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,10 @@ class UnquantizedFusedMoEMethod:
     def process_weights_after_loading(self, w: jax.Array) -> jax.Array:
         return w
 
+    def stored_form(self, w: jax.ShapeDtypeStruct):
+        """The abstract stack as this method stores it once loaded (compiling ahead of time)."""
+        return jax.eval_shape(self.process_weights_after_loading, w)
+
     def weight_bytes(self, shape: tuple[int, ...], dtype) -> int:
         """What one stack of experts takes on device (the memory plan's figure)."""
         return math.prod(shape) * jnp.dtype(dtype).itemsize

@@ -41,6 +41,10 @@ class UnquantizedLinearMethod:
     def process_weights_after_loading(self, w: jax.Array) -> jax.Array:
         return w
 
+    def stored_form(self, w: jax.ShapeDtypeStruct):
+        """The abstract weight as this method stores it once loaded (compiling ahead of time)."""
+        return jax.eval_shape(self.process_weights_after_loading, w)
+
     def apply(self, x: jax.Array, w: jax.Array, num_rows: jax.Array | None = None) -> jax.Array:
         """x [..., in] @ w -> [..., *out]. num_rows (how many leading rows of x are real) is
         for kernels that skip bucket padding; XLA computes every row."""

@@ -36,6 +36,9 @@ class PackedLinearMethod:
     def process_weights_after_loading(self, w: jax.Array) -> jax.Array:
         return pack_weight(w.reshape(w.shape[0], -1))
 
+    def stored_form(self, w: jax.ShapeDtypeStruct):
+        return jax.eval_shape(self.process_weights_after_loading, w)
+
     def apply(self, x: jax.Array, w: jax.Array, num_rows: jax.Array | None = None) -> jax.Array:
         return packed_matmul(x, w, num_rows)
 

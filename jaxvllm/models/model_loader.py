@@ -8,9 +8,9 @@ import logging
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding
 
-from jaxvllm.distributed.partition import padded_heads, param_name, param_sharding, place
+from jaxvllm.distributed.partition import fit_spec, padded_heads, param_name, param_sharding, place
 from jaxvllm.layers.linear import UnquantizedLinearMethod
 from jaxvllm.layers.quantization.config import QuantizationConfig
 from jaxvllm.models.loader import load_weights
@@ -63,9 +63,9 @@ def shard_abstract(model: nnx.Module, mesh: Mesh, expert_parallel: bool = False)
 
 
 def store_abstract(model: nnx.Module) -> nnx.Module:
-    """The sharded abstract model's weights as their methods keep them once loaded: an int8 or
-    fp8 QArray (values, per-channel scales) where weight-only quantization runs, each part
-    sharded as its weight with the axes a scale reduces replicated. Compiling ahead of time
+    """The sharded abstract model's weights as their methods keep them once loaded: a QArray
+    (values, scales, zero points) where quantization runs, each part sharded as its weight
+    (a scale's input axis split as the weight's where it has several groups). Compiling ahead of time
     takes what the worker holds after loading, not the checkpoint's floats."""
     for path in model.weights():
         method = model.quant_method(path)
@@ -73,7 +73,7 @@ def store_abstract(model: nnx.Module) -> nnx.Module:
             continue  # not a matmul weight, or a tied head read from the embedding
         param = model._param(path)
         weight = param.get_value()
-        stored = jax.eval_shape(method.process_weights_after_loading, weight)
+        stored = method.stored_form(weight)
         param.set_value(jax.tree.map(lambda x, w=weight: jax.ShapeDtypeStruct(
             x.shape, x.dtype, sharding=_part_sharding(w, x.shape)), stored))
     return model
@@ -83,8 +83,8 @@ def _part_sharding(weight: jax.ShapeDtypeStruct, shape: tuple[int, ...]) -> Name
     spec = tuple(weight.sharding.spec) + (None,) * (weight.ndim - len(weight.sharding.spec))
     if len(shape) != weight.ndim:
         raise ValueError(f"A stored weight part of shape {shape} has no axis map to its weight's {weight.shape}.")
-    return NamedSharding(weight.sharding.mesh, PartitionSpec(*(s if n == m else None
-                                                               for s, n, m in zip(spec, shape, weight.shape))))
+    # As `place` splits them: an axis the weight splits, where the part's size divides too.
+    return NamedSharding(weight.sharding.mesh, fit_spec(spec, shape, weight.sharding.mesh))
 
 
 def get_model(model_path: str, hf_config, mesh: Mesh, *, dtype: str, expert_parallel: bool = False,

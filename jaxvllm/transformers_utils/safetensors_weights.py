@@ -1,6 +1,6 @@
 """A Hugging Face directory's safetensors, read without torch: float32 numpy arrays, a
-pre-quantized checkpoint's 8-bit weights kept as stored, each paired with its scales
-(QuantizedWeight)."""
+quantized checkpoint's weights kept as stored, each paired with its scales (QuantizedWeight,
+quantized_tensors.py)."""
 from __future__ import annotations
 
 import glob
@@ -11,11 +11,10 @@ import ml_dtypes
 import numpy as np
 from safetensors import safe_open
 
+from jaxvllm.transformers_utils.quantized_tensors import EIGHT_BIT, pair_quantized
 from jaxvllm.transformers_utils.quantized_weight import QuantizedWeight
 
 _INDEX = "model.safetensors.index.json"
-# What pre-quantized checkpoints store their weights in (with a scale each).
-_QUANTIZED_DTYPES = (np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(np.int8))
 
 
 def load_safetensors(model: str) -> dict[str, np.ndarray | QuantizedWeight]:
@@ -39,8 +38,8 @@ def load_safetensors(model: str) -> dict[str, np.ndarray | QuantizedWeight]:
                     weights[name] = w.view(ml_dtypes.float8_e4m3fn).reshape(header[name]["shape"])
                     continue
                 w = f.get_tensor(name)
-                weights[name] = w if w.dtype in _QUANTIZED_DTYPES else w.astype(np.float32, copy=False)
-    return _pair_quantized(weights)
+                weights[name] = w if w.dtype in EIGHT_BIT or w.dtype.kind in "iu" else w.astype(np.float32, copy=False)
+    return pair_quantized(weights, _quantization_config(model))
 
 
 def _header(file: str) -> tuple[dict, int]:
@@ -51,17 +50,9 @@ def _header(file: str) -> tuple[dict, int]:
         return json.loads(f.read(size)), 8 + size
 
 
-def _pair_quantized(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray | QuantizedWeight]:
-    """Each 8-bit `X.weight` with its `X.weight_scale` as one QuantizedWeight (compressed-tensors,
-    layers/quantization/compressed_tensors.py); `X.input_scale`, for activations quantized too,
-    is dropped: the weights run weight-only."""
-    for key in [k for k in weights if k.endswith(".weight_scale")]:
-        base = key.removesuffix("_scale")
-        if base not in weights or weights[base].dtype not in _QUANTIZED_DTYPES:
-            raise ValueError(f"Checkpoint tensor {key!r} scales no 8-bit tensor {base!r}.")
-        weights[base] = QuantizedWeight.from_checkpoint(base, weights[base], weights.pop(key))
-        weights.pop(base.removesuffix("weight") + "input_scale", None)
-    for key, w in weights.items():
-        if isinstance(w, np.ndarray) and w.dtype in _QUANTIZED_DTYPES:
-            raise ValueError(f"Checkpoint tensor {key!r} is stored in {w.dtype} without a {key}_scale.")
-    return weights
+def _quantization_config(model: str) -> dict | None:
+    path = os.path.join(model, "config.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f).get("quantization_config")

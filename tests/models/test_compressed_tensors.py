@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save_file
 
 from jaxvllm import LLM, EngineArgs, SamplingParams
 from jaxvllm.layers.linear import UnquantizedLinearMethod
-from jaxvllm.layers.quantization.compressed_tensors import checkpoint_quantization
+from jaxvllm.layers.quantization.checkpoint import checkpoint_quantization
 from jaxvllm.layers.quantization.weight_only import WeightOnlyLinearMethod
 from jaxvllm.layers.quantization.weight_only_moe import WeightOnlyFusedMoEMethod
 from jaxvllm.models.loader import load_weights
@@ -75,7 +75,7 @@ def test_loaded_values_are_the_files_and_logits_the_dequantized_models(tmp_path,
         write_tiny_moe(src, arch)
     dequantized = write_compressed_tensors(src, path := tmp_path / "ct", fmt, strategy)
     hf_config = load_hf_config(str(path))
-    assert checkpoint_quantization(hf_config) == "compressed-tensors"
+    assert checkpoint_quantization(hf_config)[0] == "compressed-tensors"
     model_cls, args_cls = get_model_class(hf_config)
     args = args_cls.from_hf_config(hf_config)
     moe = any(w.kind == EXPERTS for w in model_cls.weight_spec(args))
@@ -132,17 +132,19 @@ def test_quantization_that_contradicts_the_checkpoint_is_refused(tmp_path, tiny_
 
 
 @pytest.mark.parametrize("group, error", [
-    ({"format": "pack-quantized", "weights": {"num_bits": 4, "type": "int", "strategy": "group"}},
-     "format 'pack-quantized' is not supported"),
+    ({"format": "pack-quantized", "weights": {"num_bits": 3, "type": "int", "strategy": "group"}},
+     "num_bits=3, type='int'; format 'pack-quantized' loads num_bits in \\(4, 8\\)"),
     ({"format": "float-quantized", "weights": {"num_bits": 8, "type": "float", "strategy": "group"}},
-     "strategy='group'"),
+     "strategy='group' needs group_size > 0"),
     ({"format": "int-quantized", "weights": {"num_bits": 8, "type": "int", "strategy": "channel",
                                              "symmetric": False}}, "symmetric=False"),
+    ({"format": "marlin-24", "weights": {"num_bits": 4, "type": "int", "strategy": "group"}},
+     "format 'marlin-24' is not supported"),
 ])
 def test_formats_that_do_not_load_are_named(group, error):
     config = SimpleNamespace(quantization_config={"quant_method": "compressed-tensors",
                                                   "config_groups": {"group_0": group}})
     with pytest.raises(ValueError, match=error):
         checkpoint_quantization(config)
-    with pytest.raises(ValueError, match="quant_method='awq' is not supported"):
-        checkpoint_quantization(SimpleNamespace(quantization_config={"quant_method": "awq"}))
+    with pytest.raises(ValueError, match="quant_method='bitsandbytes' is not supported"):
+        checkpoint_quantization(SimpleNamespace(quantization_config={"quant_method": "bitsandbytes"}))

@@ -21,7 +21,8 @@ class QuantizationConfig:
         (as a compressed-tensors ignore list writes them) whose linears stay float."""
         self.linear_method = linear_method or UnquantizedLinearMethod()
         self.moe_method = moe_method or UnquantizedFusedMoEMethod()
-        self.ignore = tuple(ignore)
+        # The linears the method's checkpoint format leaves in float (its head) are ignored too.
+        self.ignore = tuple(ignore) + getattr(self.linear_method, "float_layers", ())
         self.float_method = UnquantizedLinearMethod()
 
     def is_ignored(self, prefix: str) -> bool:

@@ -1,20 +1,17 @@
-"""Weight-only quantized matmuls (vLLM's Fp8LinearMethod / TPU int8 linear method meaning):
-each matmul weight is quantized once at load, from any float checkpoint, with one scale per
-output channel, and stored as a Qwix `QArray` (qvalue [in, *out] int8 or float8_e4m3fn,
-scale [1, *out] float32), so a weight is a quarter of its float32 bytes. int8 scales map each
-channel's absolute maximum to 127.5 (qwix's); fp8 scales are chosen by llm-compressor's `mse`
-observer (`_quantize_mse`).
+"""Quantized matmul weights (vLLM's Fp8LinearMethod, AWQ / GPTQ / compressed-tensors linear
+methods' meaning), stored as Qwix `QArray`s:
 
-Activations stay in the model dtype: the product is x @ qvalue in that dtype, times the
-scale on the output. Scaling the [tokens, out] output instead of the [in, out] weight is
-exact (the scale is constant along the contraction) and leaves XLA a plain convert feeding
-the dot, which it fuses on TPU and GPU. A TPU's MXU also multiplies int8 natively and an
-H100/H200 fp8, but only with quantized activations too (w8a8), which this is not.
+- quantized once at load from any float checkpoint (`quantization` int8 / fp8), one scale
+  per output channel (qvalue [in, *out] int8 or float8_e4m3fn, scale [1, *out] float32): a
+  quarter of float32's bytes. int8 scales map each channel's absolute maximum to 127.5
+  (qwix's); fp8 scales are chosen by llm-compressor's `mse` observer (`_quantize_mse`);
+- or a quantized checkpoint's weights as stored (its WeightScheme, scheme.py; read by
+  transformers_utils/quantized_weight.py): 4- or 8-bit values, per-channel or group scales,
+  zero points, act order. The linears it left in float (its head) stay float, as in vLLM.
 
-A tied LM head is the float embedding: `apply` multiplies a plain array as XLA's method does.
-A pre-quantized checkpoint (`quantization="compressed-tensors"`, compressed_tensors.py) brings
-its weights as QArrays already (transformers_utils/quantized_weight.py), kept as they are; the linears its
-`ignore` list left in float stay float, as in vLLM.
+quantized_matmul.py multiplies them (activations in the model's dtype, except a W8A8
+checkpoint's, quantized per token to int8). A tied LM head is the float embedding: `apply`
+multiplies a plain array as XLA's method does.
 """
 from __future__ import annotations
 
@@ -26,37 +23,55 @@ import qwix
 
 from jaxvllm.layers.linear import UnquantizedLinearMethod
 from jaxvllm.layers.quantization import verify_quantization
-from jaxvllm.layers.quantization.compressed_tensors import QUANT_METHOD
+from jaxvllm.layers.quantization.quantized_matmul import is_quantized, quantized_matmul
+from jaxvllm.layers.quantization.scheme import WeightScheme
 
-# Each `quantization` (the registry: layers/quantization/__init__.py) -> the dtype float weights
-# are quantized to at load (None: the checkpoint's own 8-bit weights only).
-WEIGHT_DTYPES = {"int8": jnp.int8, "fp8": jnp.float8_e4m3fn, QUANT_METHOD: None}
+# The `quantization`s that quantize float weights at load (layers/quantization/__init__.py)
+# -> the dtype they quantize to; the others only keep a checkpoint's quantized weights.
+WEIGHT_DTYPES = {"int8": jnp.int8, "fp8": jnp.float8_e4m3fn}
 
 
 class WeightOnlyLinearMethod(UnquantizedLinearMethod):
-    """x @ w with w an int8 / fp8 QArray, per-output-channel scales."""
+    """x @ w with w a QArray: int8 / fp8 per output channel quantized at load, or a
+    checkpoint's weights as stored (scheme: their format; quantized_matmul.py multiplies
+    them). int4_bytes: what XLA stores a 4-bit value in on this device (half a byte on TPU
+    and GPU, a byte on the CPU)."""
 
-    def __init__(self, quantization: str):
+    def __init__(self, quantization: str, scheme: WeightScheme | None = None, int4_bytes: float = 0.5):
         verify_quantization(quantization)
-        self.quantization = quantization
-        self.qtype = WEIGHT_DTYPES[quantization]
+        self.quantization, self.scheme, self.int4_bytes = quantization, scheme, int4_bytes
+        self.qtype = WEIGHT_DTYPES.get(quantization) if scheme is None else None
+        # A checkpoint keeps its head in float (every format that loads does).
+        self.float_layers = ("lm_head",) if scheme is not None else ()
 
     def weight_bytes(self, in_features: int, out_shape: tuple[int, ...], dtype=None) -> int:
-        out = math.prod(out_shape)
-        return in_features * out + out * 4  # 8-bit values, a float32 scale per output channel
+        out, s = math.prod(out_shape), self.scheme
+        if s is None:  # 8-bit values, a float32 scale per output channel
+            return in_features * out + out * 4
+        value = in_features * out * (self.int4_bytes if s.bits == 4 else 1)
+        scales = s.groups(in_features) * out * 4 * (1 + s.zero_point)
+        return int(value) + scales + 4 * in_features * s.act_order
 
-    def process_weights_after_loading(self, w: jax.Array | qwix.QArray) -> jax.Array | qwix.QArray:
-        if isinstance(w, qwix.QArray) or self.qtype is None:  # quantized in the checkpoint, or left float
+    def stored_form(self, w: jax.ShapeDtypeStruct):
+        """The abstract weight as loaded and stored (compiling ahead of time holds this)."""
+        s = self.scheme
+        if s is None:
+            return jax.eval_shape(self.process_weights_after_loading, w)
+        scale = jax.ShapeDtypeStruct((s.groups(w.shape[0]), *w.shape[1:]), jnp.float32)
+        q = qwix.QArray(jax.ShapeDtypeStruct(w.shape, jnp.dtype(s.qtype)), scale, scale if s.zero_point else None)
+        return (q, jax.ShapeDtypeStruct((w.shape[0], *(1,) * (w.ndim - 1)), jnp.int32)) if s.act_order else q
+
+    def process_weights_after_loading(self, w):
+        if is_quantized(w) or self.qtype is None:  # quantized in the checkpoint, or left float
             return w
         # A weight on the mesh is quantized where it lies: the scale's max over the input
         # axis is XLA's (an all-reduce for a row-parallel weight).
         return quantize_weight(w, self.qtype, tuple(range(1, w.ndim)))
 
     def apply(self, x: jax.Array, w, num_rows: jax.Array | None = None) -> jax.Array:
-        if not isinstance(w, qwix.QArray):
+        if not is_quantized(w):
             return super().apply(x, w, num_rows)
-        y = jax.lax.dot_general(x, w.qvalue.astype(x.dtype), (((x.ndim - 1,), (0,)), ((), ())))
-        return y * w.scale[0].astype(x.dtype)
+        return quantized_matmul(x, w, self.scheme and self.scheme.input_dtype)
 
 
 def quantize_weight(w: jax.Array, qtype, channelwise_axes: tuple[int, ...]) -> qwix.QArray:
