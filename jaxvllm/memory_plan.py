@@ -25,6 +25,7 @@ from jaxvllm.config import QuantizationConfig as QuantizationSection
 from jaxvllm.core.kv_cache_interface import KVCacheSpec, blocks_per_request, describe_groups, group_layers
 from jaxvllm.layers.quantization import QUANTIZATION_METHODS
 from jaxvllm.layers.quantization.config import QuantizationConfig
+from jaxvllm.layers.quantization.scheme import WeightScheme
 from jaxvllm.models.causal_lm import layer_windows
 from jaxvllm.models.weight_spec import EXPERTS, LINEAR, expand
 from jaxvllm.platforms import get_platform
@@ -79,9 +80,9 @@ class MemoryPlan:
 
 def engine_config(*, dtype: str = "bfloat16", quantization: str | None = None, kv_cache_dtype: str = "auto",
                   hbm_utilization: float = 0.9, block_size: int = 16, max_model_len: int = 8192,
-                  tensor_parallel_size: int = 1) -> EngineConfig:
+                  tensor_parallel_size: int = 1, weight_scheme: WeightScheme | None = None) -> EngineConfig:
     """The config sections a plan reads, from the flags below (no checkpoint is read)."""
-    return EngineConfig(model=ModelConfig(dtype=dtype), quant_config=QuantizationSection(quantization),
+    return EngineConfig(model=ModelConfig(dtype=dtype), quant_config=QuantizationSection(quantization, weight_scheme),
                         cache=CacheConfig(block_size=block_size, hbm_utilization=hbm_utilization,
                                           kv_cache_dtype=kv_cache_dtype),
                         scheduler=SchedulerConfig(max_model_len=max_model_len),
@@ -145,6 +146,21 @@ def parse_bytes(text: str) -> int:
     return int(float(m.group(1)) * 1024 ** " KMGT".index(unit or " "))
 
 
+def parse_scheme(text: str) -> WeightScheme:
+    """QTYPE[:GROUP_SIZE][:zp], e.g. uint4:128:zp (AWQ's usual), int4:128 (GPTQ), float8_e4m3fn:128."""
+    qtype, *rest = text.split(":")
+    zero_point = rest[-1:] == ["zp"]
+    group = rest[:len(rest) - zero_point]
+    try:
+        return WeightScheme(qtype, int(group[0]) if group else 0, zero_point=zero_point)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"--weight-scheme: {e}") from None
+
+
+# Formats that describe a checkpoint: how many bits and groups depends on the checkpoint.
+CHECKPOINT_FORMATS = ("awq", "gptq")
+
+
 def main(argv=None) -> None:
     from jaxvllm.models.gemma import GemmaArgs, GemmaForCausalLM
     from jaxvllm.models.llama import LlamaForCausalLM
@@ -163,11 +179,23 @@ def main(argv=None) -> None:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-model-len", type=int, default=8192)
     p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--weight-scheme", type=parse_scheme, default=None,
+                   help="a quantized checkpoint's stored weights, QTYPE[:GROUP_SIZE][:zp] (needed with awq and "
+                        "gptq; with fp8 or compressed-tensors, blocks or 4 bits), e.g. uint4:128:zp")
     ns = p.parse_args(argv)
+    if ns.quantization == "gguf":
+        p.error("--quantization gguf: a .gguf file's tensors each have their own type; plan it from the file "
+                "(jaxvllm compile --model FILE.gguf).")
+    if ns.quantization in CHECKPOINT_FORMATS and ns.weight_scheme is None:
+        p.error(f"--quantization {ns.quantization} describes a checkpoint's own format: give its --weight-scheme "
+                f"(e.g. uint4:128:zp for AWQ, int4:128 for GPTQ).")
+    if ns.weight_scheme is not None and ns.quantization not in (*CHECKPOINT_FORMATS, "fp8", "compressed-tensors"):
+        p.error(f"--weight-scheme describes a quantized checkpoint; --quantization {ns.quantization} has none.")
     args = SHAPES[ns.shape]
     config = engine_config(dtype=ns.dtype, quantization=ns.quantization, kv_cache_dtype=ns.kv_cache_dtype,
                            hbm_utilization=ns.hbm_utilization, block_size=ns.block_size,
-                           max_model_len=ns.max_model_len, tensor_parallel_size=ns.tensor_parallel_size)
+                           max_model_len=ns.max_model_len, tensor_parallel_size=ns.tensor_parallel_size,
+                           weight_scheme=ns.weight_scheme)
     model_cls = GemmaForCausalLM if isinstance(args, GemmaArgs) else LlamaForCausalLM
     result = plan(model_cls, args, config, get_backend(config, get_platform(ns.platform)), ns.device_memory)
     print(f"{ns.shape}, {ns.dtype}, quantization={ns.quantization}, kv_cache_dtype={ns.kv_cache_dtype}, "

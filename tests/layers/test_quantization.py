@@ -125,6 +125,26 @@ def test_memory_plan_cli_for_llama3_8b_on_16gib(capsys):
     assert "blocks that fit: none" in capsys.readouterr().out
 
 
+def test_memory_plan_cli_plans_a_checkpoints_packed_weights(capsys):
+    """An AWQ checkpoint's weights at 4 bits with group scales and zeros; a format that depends
+    on the checkpoint is refused without its scheme (it was planned at 8 bits, silently)."""
+    def matmul_mib(*flags):
+        memory_plan_main(["--shape", "llama3-8b", "--device-memory", "16GiB", *flags])
+        line = next(x for x in capsys.readouterr().out.splitlines() if "in matmuls" in x)
+        return float(line.split("(")[1].split(" MiB")[0].replace(",", ""))
+    bf16, int8 = matmul_mib(), matmul_mib("--quantization", "int8")
+    awq = matmul_mib("--quantization", "awq", "--weight-scheme", "uint4:128:zp")
+    fp8_blocks = matmul_mib("--quantization", "fp8", "--weight-scheme", "float8_e4m3fn:128")
+    assert awq < 0.35 * bf16 and awq < 0.7 * int8 and int8 < fp8_blocks < 0.6 * bf16  # the head stays float
+    for flags, error in [(["--quantization", "awq"], "give its --weight-scheme"),
+                         (["--quantization", "gguf"], "plan it from the file"),
+                         (["--quantization", "gptq", "--weight-scheme", "int3:128"], "WeightScheme.qtype"),
+                         (["--quantization", "int8", "--weight-scheme", "int4:128"], "has none")]:
+        with pytest.raises(SystemExit):
+            memory_plan_main(["--shape", "llama3-8b", "--device-memory", "16GiB", *flags])
+        assert error in capsys.readouterr().err
+
+
 def test_memory_plan_counts_the_tpu_layouts_lane_padding(capsys):
     """On a TPU each KV head takes whole 128-lane vregs: SmolLM2's heads of 64 take twice their
     bytes, so its pool holds half the blocks the portable layout would."""
