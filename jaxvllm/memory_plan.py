@@ -176,7 +176,7 @@ def main(argv=None) -> None:
     p.add_argument("--dtype", default="bfloat16", help="weights and activations (the platform's on TPU/GPU)")
     p.add_argument("--device-memory", type=parse_bytes, required=True, help="per device, e.g. 16GiB")
     p.add_argument("--hbm-utilization", type=float, default=0.9)
-    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--block-size", type=int, default=None, help="tokens per KV block (default: the platform's)")
     p.add_argument("--max-model-len", type=int, default=8192)
     p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--weight-scheme", type=parse_scheme, default=None,
@@ -193,7 +193,8 @@ def main(argv=None) -> None:
         p.error(f"--weight-scheme describes a quantized checkpoint; --quantization {ns.quantization} has none.")
     args = SHAPES[ns.shape]
     config = engine_config(dtype=ns.dtype, quantization=ns.quantization, kv_cache_dtype=ns.kv_cache_dtype,
-                           hbm_utilization=ns.hbm_utilization, block_size=ns.block_size,
+                           hbm_utilization=ns.hbm_utilization,
+                           block_size=ns.block_size or get_platform(ns.platform).default_block_size,
                            max_model_len=ns.max_model_len, tensor_parallel_size=ns.tensor_parallel_size,
                            weight_scheme=ns.weight_scheme)
     model_cls = GemmaForCausalLM if isinstance(args, GemmaArgs) else LlamaForCausalLM

@@ -120,7 +120,7 @@ def test_memory_plan_cli_for_llama3_8b_on_16gib(capsys):
     memory_plan_main(["--shape", "llama3-8b", "--quantization", "int8", "--kv-cache-dtype", "fp8",
                       "--device-memory", "16GiB", "--max-model-len", "8192"])
     out = capsys.readouterr().out
-    assert "1,048,576 bytes per block" in out and "requests of 8192 tokens" in out
+    assert "2,097,152 bytes per block of 32 tokens" in out and "requests of 8192 tokens" in out  # the TPU's pages
     memory_plan_main(["--shape", "llama3-8b", "--device-memory", "16GiB"])  # bfloat16 weights
     assert "blocks that fit: none" in capsys.readouterr().out
 
