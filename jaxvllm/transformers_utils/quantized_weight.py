@@ -145,8 +145,10 @@ class QuantizedWeight:
         """The Qwix QArray of these values, scales and zero points, each host array placed by
         put; with act order, (QArray, perm) (layers/quantization/group_linear.py)."""
         import qwix  # here: the checkpoint readers (transformers_utils) import no JAX
-        value = self.value.astype(_DEVICE_DTYPES[self.qtype]) if self.qtype in _DEVICE_DTYPES else self.value
-        q = qwix.QArray(put(value), put(self.scale), None if self.zero is None else put(self.zero))
+        value = put(self.value)
+        if self.qtype in _DEVICE_DTYPES and not _on_cpu(value):
+            value = value.astype(_DEVICE_DTYPES[self.qtype])  # two values a byte on TPU and GPU
+        q = qwix.QArray(value, put(self.scale), None if self.zero is None else put(self.zero))
         if self.perm is None:
             return q
         perm_shape = [1] * self.ndim
@@ -157,6 +159,14 @@ class QuantizedWeight:
         if func not in _FUNCTIONS:
             raise TypeError(f"numpy.{func.__name__} does not take quantized checkpoint weights.")
         return _FUNCTIONS[func](*args, **kwargs)
+
+
+def _on_cpu(array) -> bool:
+    """4-bit values stay in their byte on the CPU: XLA:CPU stores a byte per 4-bit value
+    anyway, and its ahead-of-time compiled steps refuse a committed 4-bit argument (compiled
+    for 4 bits a value, the array holding 8: jax 0.10.2), so every warmed AWQ / GPTQ step
+    failed on its first call."""
+    return all(d.platform == "cpu" for d in array.devices())
 
 
 def common_format(weights) -> list[QuantizedWeight]:
