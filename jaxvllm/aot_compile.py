@@ -117,7 +117,7 @@ def compile_for_target(model: str, target: str, *, programs: tuple[str, ...] | N
     from jaxvllm.transformers_utils.config import load_hf_config
     from jaxvllm.transformers_utils.model_path import resolve_model
     from jaxvllm.worker.compiled_programs import run_on_pool
-    from jaxvllm.worker.memory_profiling import MemoryProfile, peak_step_bytes
+    from jaxvllm.worker.memory_profiling import MemoryProfile, peak_step_bytes, profile_num_blocks
     from jaxvllm.worker.spec_decode.spec_runner import runner_class
 
     path = model if os.path.isfile(os.path.join(model, "config.json")) else resolve_model(model)
@@ -158,7 +158,7 @@ def compile_for_target(model: str, target: str, *, programs: tuple[str, ...] | N
     block_bytes = math.prod(backend.kv_cache_shape(num_layers, 1, bs, a.num_kv_heads, a.head_dim)) \
         * kv_format.storage.itemsize  # whole mesh, as the worker counts it
     utilization = config.cache.hbm_utilization
-    peak = None
+    peak = profile_blocks = None
 
     def refuse(num_blocks: int):
         if config.cache.num_gpu_blocks_override is not None or config.cache.kv_cache_memory_bytes is not None:
@@ -181,7 +181,9 @@ def compile_for_target(model: str, target: str, *, programs: tuple[str, ...] | N
     elif config.cache.kv_cache_memory_bytes is not None:
         num_blocks = config.cache.kv_cache_memory_bytes // block_bytes
     else:
-        peak = peak_step_bytes(runner_for(pages_per_request + 1), mesh)
+        profile_blocks = profile_num_blocks(backend.platform, pages_per_request, block_bytes // tp,
+                                            int(spec.chip.hbm_bytes * utilization) - weights)
+        peak = peak_step_bytes(runner_for(profile_blocks), mesh)
         budget = MemoryProfile(spec.chip.hbm_bytes, weights, peak).kv_cache_budget(utilization, tp)
         num_blocks = max(budget // block_bytes, 0)
     max_concurrency = max(num_blocks - 1, 0) // pages_per_request
@@ -228,6 +230,7 @@ def compile_for_target(model: str, target: str, *, programs: tuple[str, ...] | N
                 max_num_batched_tokens=config.scheduler.max_num_batched_tokens, roofline_context=context,
                 fits=fits, hbm_bytes=spec.chip.hbm_bytes,
                 weights_bytes=weights, kv_blocks=num_blocks, kv_cache_bytes=kv_bytes, peak_step_bytes=peak,
+                profile_kv_blocks=profile_blocks,
                 max_concurrency=max_concurrency, compile_threads=threads,
                 compile_s=round(sum(r["compile_s"] for r in rows), 2), compile_wall_s=round(compile_wall, 1),
                 wall_s=round(time.perf_counter() - start, 1), programs=rows)

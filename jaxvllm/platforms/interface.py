@@ -36,6 +36,10 @@ class Platform:
     # Warm-up compiles the programs not found on disk on this many threads
     # (worker/compiled_programs.warm_all): an accelerator's host has cores to spare at start-up.
     compile_threads = min(8, os.cpu_count() or 1)
+    # The smallest KV pool per device the memory profile compiles against
+    # (worker/memory_profiling.profile_num_blocks): where the compiler may keep a small pool
+    # on chip, a step's temporaries are only what serving will see beside a larger one.
+    profile_kv_cache_bytes = 0
     # Save warmed step programs as serialized executables (worker/compiled_programs.py), and
     # back weights and KV cache with huge pages: measured to pay on the CPU only.
     serialize_executables = False

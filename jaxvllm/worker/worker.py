@@ -41,7 +41,7 @@ from jaxvllm.transformers_utils.config import load_hf_config
 from jaxvllm.transformers_utils.orbax_checkpoint import is_orbax_checkpoint
 from jaxvllm.worker import sleep_mode
 from jaxvllm.worker.async_output import AsyncModelRunnerOutput
-from jaxvllm.worker.memory_profiling import MemoryProfile, peak_step_bytes
+from jaxvllm.worker.memory_profiling import MemoryProfile, peak_step_bytes, profile_num_blocks
 from jaxvllm.worker.model_runner import ModelRunner
 from jaxvllm.worker.pooling_runner import PoolingModelRunner
 from jaxvllm.worker.spec_decode.draft_model import DRAFT_PREFIX
@@ -175,7 +175,8 @@ class Worker:
             budget, how = c.kv_cache_memory_bytes, f"{c.kv_cache_memory_bytes / gib:.2f} GiB (kv_cache_memory_bytes)"
         else:
             memory = self._device_memory(self.device)
-            self.memory_profile = MemoryProfile(*memory, peak_step=self._peak_step_bytes())
+            free = int(memory[0] * c.hbm_utilization) - memory[1]
+            self.memory_profile = MemoryProfile(*memory, peak_step=self._peak_step_bytes(free))
             budget = self.memory_profile.kv_cache_budget(c.hbm_utilization, self.mesh.size)
             how = self.memory_profile.describe(c.hbm_utilization, self.mesh.size)
         if self.config.kv_transfer is not None:
@@ -200,12 +201,15 @@ class Worker:
                              "set kv_cache_memory_bytes or num_gpu_blocks_override.")
         return memory
 
-    def _peak_step_bytes(self) -> int:
-        """The largest step's memory beyond its arguments, from its programs compiled for a
-        small abstract KV cache (a step's temporaries scale with its tokens, not the cache)."""
-        blocks = -(-self.config.scheduler.max_model_len // self.config.cache.block_size) + 1
+    def _peak_step_bytes(self, free_bytes: int) -> int:
+        """The largest step's memory beyond its arguments, from its programs compiled for an
+        abstract KV cache (memory_profiling.profile_num_blocks: one request's, or on a TPU at
+        least 1 GiB per device where free_bytes, per device, hold it)."""
         draft = {} if self.draft_model is None else {"draft_model": self.draft_model}
         slots = self.args.num_layers + (self.draft_model.args.num_layers if draft else 0)
+        pages = -(-self.config.scheduler.max_model_len // self.config.cache.block_size)
+        block_bytes = math.prod(self._kv_cache_shape(slots, 1)) * self.kv_dtype.storage.itemsize // self.mesh.size
+        blocks = profile_num_blocks(self.backend.platform, pages, block_bytes, free_bytes)
         layout = self.backend.platform.kv_cache_layout
         kv_cache = jax.ShapeDtypeStruct(self._kv_cache_shape(slots, blocks), self.kv_dtype.storage,
                                         sharding=kv_cache_sharding(self.mesh, layout))

@@ -101,6 +101,14 @@ def test_every_forward_bucket_compiles_at_a_shipped_context_and_the_default_batc
     assert [r["program"] for r in report["programs"]] == [f"forward T={2**k}" for k in range(4, 12)]
     assert [(r["program"], r["error"]) for r in report["programs"] if not r["compiled"]] == []
     assert report["fits"] and report["max_concurrency"] >= 1, report
+    # The memory profile's pool (1 GiB, not one request's 1,025 blocks, which libtpu keeps in
+    # VMEM: the step then had no HBM temporaries at all) gives the step the temporaries it
+    # has beside the real pool.
+    assert report["profile_kv_blocks"] == 2**30 // (report["kv_cache_bytes"] // report["kv_blocks"])
+    profiled = compile_for_target(models["tiny-32k"], "tpu-v6e-1", programs=("forward T=2048",),
+                                  num_gpu_blocks_override=report["profile_kv_blocks"])["programs"][0]
+    served = report["programs"][-1]["temp_bytes"]
+    assert served > 0 and abs(profiled["temp_bytes"] - served) <= served / 10, (profiled, served)
 
 
 @pytest.mark.parametrize("model,backend,kv_cache_dtype", [
