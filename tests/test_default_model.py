@@ -11,6 +11,7 @@ import torch
 from conftest import run_prefill, write_tiny_eagle3
 
 from jaxvllm import LLM, SamplingParams
+from jaxvllm.layers.quantization.quantized_matmul import is_quantized
 from jaxvllm.sampling_params import StructuredOutputsParams
 from jaxvllm.transformers_utils.model_path import default_model_path
 
@@ -88,11 +89,16 @@ def test_greedy_matches_transformers(llm, prompts, hf_greedy):
     dict(num_gpu_blocks_override=24, preemption_mode="swap", swap_space=0.05),
     # the platform picks async scheduling on the CPU; the synchronous steps here
     dict(max_num_batched_tokens=32, num_gpu_blocks_override=24, async_scheduling=False),
-], ids=["chunked", "preempt", "no-prefix-caching", "preempt-swap", "chunked-preempt-sync"])
+    # the GGUF's own Q4_1 linears and Q8_0 embedding (the tied head), kept in their blocks
+    dict(quantization="gguf"),
+], ids=["chunked", "preempt", "no-prefix-caching", "preempt-swap", "chunked-preempt-sync", "gguf-blocks"])
 def test_greedy_matches_transformers_under_pressure(prompts, hf_greedy, engine_kwargs):
     llm = LLM(**{**dict(max_num_seqs=16, max_model_len=256, skip_warmup=True), **engine_kwargs})
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outputs] == hf_greedy
+    if "quantization" in engine_kwargs:
+        model = llm.llm_engine.engine_core.model_executor.driver_worker.model
+        assert is_quantized(model.embed_tokens.get_value()) and is_quantized(model.layers[0].qkv_proj.get_value())
     if "num_gpu_blocks_override" in engine_kwargs:
         assert llm.llm_engine.engine_core.scheduler.num_preemptions > 0
     stats = llm.llm_engine.engine_core.get_stats()

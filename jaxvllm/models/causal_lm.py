@@ -19,6 +19,7 @@ from jaxvllm.distributed.logical_axes import EMBED, SEQUENCE, VOCAB, constrain
 from jaxvllm.layers.attention import AttentionMetadata
 from jaxvllm.layers.linear import Linear
 from jaxvllm.layers.quantization.config import QuantizationConfig
+from jaxvllm.layers.quantization.quantized_matmul import embedding_rows
 from jaxvllm.models import hf_weights
 from jaxvllm.models.weight_spec import EXPERTS, LINEAR, Weight, canonical, convert, expand
 
@@ -81,7 +82,11 @@ class CausalLM(nnx.Module):
         return layer_windows(self.args)
 
     def embed(self, input_ids: jax.Array) -> jax.Array:
-        return constrain(self.embed_tokens.get_value()[input_ids], SEQUENCE, EMBED)
+        return constrain(self.embedding_rows(input_ids), SEQUENCE, EMBED)
+
+    def embedding_rows(self, input_ids: jax.Array) -> jax.Array:
+        """The embedding's rows of input_ids (kept quantized, a GGUF's are dequantized here)."""
+        return embedding_rows(self.embed_tokens.get_value(), input_ids, self.dtype)
 
     def layer_weights(self) -> list[dict]:
         """Each layer's weights for the layer functions, its linears bound to their methods."""

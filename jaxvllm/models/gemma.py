@@ -114,8 +114,8 @@ class GemmaForCausalLM(CausalLM):
     weight_spec = staticmethod(weight_spec)
 
     def embed(self, input_ids: jax.Array) -> jax.Array:
-        embed = self.embed_tokens.get_value()
-        return constrain(embed[input_ids] * jnp.asarray(self.args.hidden_size ** 0.5, embed.dtype), SEQUENCE, EMBED)
+        rows = self.embedding_rows(input_ids)
+        return constrain(rows * jnp.asarray(self.args.hidden_size ** 0.5, rows.dtype), SEQUENCE, EMBED)
 
     def final_norm(self, h: jax.Array) -> jax.Array:
         return gemma_rms_norm(h, self.norm.get_value(), self.args.rms_norm_eps)

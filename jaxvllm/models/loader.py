@@ -17,8 +17,11 @@ from jaxvllm.transformers_utils.quantized_weight import QuantizedWeight
 from jaxvllm.transformers_utils.safetensors_weights import load_safetensors
 
 
-def load_weights(model: str) -> dict[str, np.ndarray | QuantizedWeight]:
+def load_weights(model: str, keep_gguf_blocks: bool = False) -> dict[str, np.ndarray | QuantizedWeight]:
     """A resolved model's tensors by their Hugging Face names ([out, in] for linears): a
-    GGUF's converted copy where one is cached, else the GGUF itself."""
+    GGUF's converted copy where one is cached, else the GGUF itself; with keep_gguf_blocks
+    (quantization='gguf'), the GGUF itself, its quantized blocks kept."""
+    if keep_gguf_blocks:
+        return load_gguf_weights(model, keep_blocks=True)
     source = hf_source(model)
     return load_gguf_weights(model) if is_gguf(source) else load_safetensors(source)

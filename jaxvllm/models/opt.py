@@ -125,7 +125,7 @@ class OPTForCausalLM(CausalLM):
     checkpoint_aliases = (("model.decoder.", "decoder."),)
 
     def embed(self, input_ids: jax.Array) -> jax.Array:
-        h = self.embed_tokens.get_value()[input_ids]
+        h = self.embedding_rows(input_ids)
         if self.args.word_embed_proj_dim != self.args.hidden_size:
             h = self.bind("project_in", self.project_in.get_value())(h)
         return h

@@ -18,11 +18,12 @@ from jaxvllm.transformers_utils.orbax_checkpoint import is_orbax_checkpoint
 
 
 def get_stage_models(model_path: str, hf_config, meshes: list[Mesh], layer_ranges: list[range], *, dtype: str,
-                     expert_parallel: bool = False, linear_method=None, moe_method=None) -> list[nnx.Module]:
+                     expert_parallel: bool = False, linear_method=None, moe_method=None,
+                     keep_gguf_blocks: bool = False) -> list[nnx.Module]:
     if is_orbax_checkpoint(model_path):
         raise ValueError("pipeline_parallel_size > 1 loads GGUF or safetensors checkpoints, not "
                          "Orbax ones; serve the original checkpoint.")
-    weights = load_weights(model_path)
+    weights = load_weights(model_path, keep_gguf_blocks)
     stages = []
     for s, (mesh, layers) in enumerate(zip(meshes, layer_ranges)):
         model = get_model(model_path, hf_config, mesh, dtype=dtype, expert_parallel=expert_parallel,

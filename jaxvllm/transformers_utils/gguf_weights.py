@@ -8,8 +8,10 @@ import gguf
 import numpy as np
 
 from jaxvllm.transformers_utils.config import load_hf_config
+from jaxvllm.transformers_utils.gguf_blocks import gguf_block_weight
 from jaxvllm.transformers_utils.gguf_cache import write_cache
 from jaxvllm.transformers_utils.gguf_utils import check_gguf_arch, gguf_reader
+from jaxvllm.transformers_utils.quantized_weight import QuantizedWeight
 from jaxvllm.transformers_utils.tokenizer import load_tokenizer
 
 # The GGUF architectures (gguf_utils.GGUF_ARCHS) map 1:1 onto Hugging Face's Llama-style names;
@@ -30,15 +32,21 @@ _GGUF_LAYER_NAMES = {
 }
 
 
+# What quantization='gguf' keeps in blocks: the linears and the embedding (a tied head reads it).
+_BLOCK_PARTS = {"token_embd", "output", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"}
+_FLOAT_TYPES = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16)
+
 # Gemma's norms (gemma2, gemma3): llama.cpp stores each RMSNorm weight as 1 + w, Hugging Face as w.
 _GEMMA_LAYER_NAMES = dict(_GGUF_LAYER_NAMES, ffn_norm="pre_feedforward_layernorm",
                           post_attention_norm="post_attention_layernorm",
                           post_ffw_norm="post_feedforward_layernorm")
 
 
-def load_gguf_weights(model: str) -> dict[str, np.ndarray]:
+def load_gguf_weights(model: str, keep_blocks: bool = False) -> dict[str, np.ndarray | QuantizedWeight]:
     """A GGUF's tensors, dequantized to float32, with Hugging Face names and layout; the
-    first read of a whole model also writes its converted copy (gguf_cache.py).
+    first read of a whole model also writes its converted copy (gguf_cache.py). keep_blocks
+    (quantization='gguf'): the linears' and the embedding's quantized blocks kept as they are
+    (gguf_blocks.py), nothing cached.
 
     A GGUF without `output.weight` has tied embeddings, and gets no `lm_head.weight` here either.
     """
@@ -57,20 +65,25 @@ def load_gguf_weights(model: str) -> dict[str, np.ndarray]:
         base = _GGUF_NAMES.get(part) if layer is None else layer_names.get(part)
         if base is None:
             raise ValueError(f"{model}: tensor {tensor.name!r} has no Hugging Face equivalent we know of")
-        # Copy: dequantize returns F32 tensors as views into the memory-mapped file.
-        w = np.array(gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+        if keep_blocks and part in _BLOCK_PARTS and tensor.tensor_type not in _FLOAT_TYPES:
+            rows_cols = (tensor.data.shape[0], int(tensor.shape[0]))  # GGUF lists a shape innermost first
+            w = gguf_block_weight(tensor.name, tensor.data, tensor.tensor_type, rows_cols)
+        else:  # a copy: dequantize returns F32 tensors as views into the memory-mapped file
+            w = np.array(gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
         if arch == "llama" and part in heads:
             w = _unpermute(w, heads[part])
         if gemma and base.endswith("norm"):
             w -= 1.0
         name = f"{base}.{kind}" if layer is None else f"model.layers.{layer}.{base}.{kind}"
         weights[name] = w
-    if "tokenizer.ggml.model" in reader.fields:  # a whole model, not a bare tensor file: cache it
+    if "tokenizer.ggml.model" in reader.fields and not keep_blocks:  # a whole model: cache it
         write_cache(model, weights, lambda: load_hf_config(model), lambda: load_tokenizer(model))
     return weights
 
 
-def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
-    """Undo llama.cpp's Q/K row order (its RoPE pairs adjacent rows; Hugging Face's pairs halves)."""
+def _unpermute(w, n_heads: int):
+    """Undo llama.cpp's Q/K row order (its RoPE pairs adjacent rows; Hugging Face's pairs
+    halves): an array's or kept blocks' rows (their scales move with them)."""
     rows = w.shape[0]
-    return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    pairs = w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:])
+    return pairs.transpose(0, 2, 1, *range(3, pairs.ndim)).reshape(w.shape)

@@ -32,7 +32,8 @@ class PipelineWorker(Worker):
         config, model_path, hf_config = self.config, self.model_path, self.config.model.hf_config
         self.stages = get_stage_models(model_path, hf_config, self.meshes, self.layer_ranges, dtype=config.dtype,
                                        expert_parallel=config.parallel.enable_expert_parallel,
-                                       linear_method=self.backend.linear_method, moe_method=self.backend.moe_method)
+                                       linear_method=self.backend.linear_method, moe_method=self.backend.moe_method,
+                                       keep_gguf_blocks=config.quantization == "gguf")
         self.model = self.stages[-1]
         # A KV block spans every layer (each stage holding its own layers' part of it).
         self.args = dataclasses.replace(self.model.args, num_layers=hf_config.num_hidden_layers)

@@ -108,7 +108,7 @@ class Worker:
     def _load_model(self) -> None:
         config, model_path, hf_config, backend = self.config, self.model_path, self.config.model.hf_config, self.backend
         # Read here so that update_weights knows the checkpoint's names and shapes.
-        weights = None if is_orbax_checkpoint(model_path) else load_weights(model_path)
+        weights = None if is_orbax_checkpoint(model_path) else load_weights(model_path, config.quantization == "gguf")
         self.model = get_model(model_path, hf_config, self.mesh, dtype=config.dtype, weights=weights,
                                expert_parallel=config.parallel.enable_expert_parallel,
                                linear_method=backend.linear_method, moe_method=backend.moe_method)

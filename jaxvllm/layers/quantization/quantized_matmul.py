@@ -43,6 +43,14 @@ def dequantize(w: qwix.QArray, dtype, in_axis: int = 0) -> jax.Array:
     return (q * per_group(w.scale)).reshape(w.shape)
 
 
+def embedding_rows(table, ids: jax.Array, dtype) -> jax.Array:
+    """table[ids] in dtype; a quantized table (a GGUF's kept embedding, [vocab, hidden] with
+    its groups along hidden) is dequantized for those rows only."""
+    if not isinstance(table, qwix.QArray):
+        return table[ids]
+    return dequantize(jax.tree.map(lambda a: a[ids], table), dtype, in_axis=1)
+
+
 def quantized_matmul(x: jax.Array, w, input_dtype: str | None = None) -> jax.Array:
     """x [..., in] @ w -> [..., *out] in x's dtype."""
     w, perm = split_act_order(w)
