@@ -25,8 +25,14 @@ from jaxvllm.roofline import predict
 
 
 def _per_device_bytes(tree) -> int:
+    """Bytes per chip; a TPU packs two 4-bit values in a byte (numpy's itemsize says one)."""
     import jax
-    return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(tree))
+    import jax.numpy as jnp
+
+    def nbytes(x) -> float:
+        per_value = 0.5 if x.dtype in (jnp.int4, jnp.uint4) else x.dtype.itemsize
+        return math.prod(x.sharding.shard_shape(x.shape)) * per_value
+    return int(sum(nbytes(x) for x in jax.tree.leaves(tree)))
 
 
 def _abstract_model(config, hf_config, mesh, backend, draft: bool = False):
@@ -166,16 +172,20 @@ def compile_for_target(model: str, target: str, *, programs: tuple[str, ...] | N
                              f"request of max_model_len={max_len} needs ({pages_per_request + 1}); raise "
                              "num_gpu_blocks_override / kv_cache_memory_bytes or lower max_model_len.")
         fit = _smallest_fit(spec, weights * tp, pages_per_request * block_bytes, peak or 0, utilization)
+        halved = kv_format.storage.itemsize == 2 and _smallest_fit(
+            spec, weights * tp, pages_per_request * block_bytes // 2, peak or 0, utilization) == target
         raise ValueError(
             f"{config.model.name} does not fit {target} at tensor_parallel_size={tp}: {weights / 2**30:.2f} GiB of "
             f"weights per chip leave {num_blocks} KV blocks of {bs} tokens in {spec.chip.hbm_bytes / 2**30:g} GiB "
             f"x {utilization}, fewer than one request of max_model_len={max_len} needs "
             f"({pages_per_request + 1}). " + (f"The smallest slice that fits: {fit} (tensor_parallel_size="
-                                              f"{TARGETS[fit].num_chips}); or lower max_model_len." if fit else
-                                              "No known slice fits; lower max_model_len or quantize."))
+                                              f"{TARGETS[fit].num_chips}); or lower max_model_len" if fit else
+                                              "No known slice fits; lower max_model_len or quantize")
+            + ("; or kv_cache_dtype='fp8', whose KV (half the bytes) fits this one." if halved else "."))
 
     if (weights + pages_per_request * block_bytes / tp) > spec.chip.hbm_bytes * utilization:
-        refuse(0)  # before compiling anything: not even the weights and one request fit
+        # before compiling anything: not even the weights and one request fit
+        refuse(max(int(spec.chip.hbm_bytes * utilization) - weights, 0) * tp // block_bytes)
     if config.cache.num_gpu_blocks_override is not None:
         num_blocks = config.cache.num_gpu_blocks_override
     elif config.cache.kv_cache_memory_bytes is not None:
