@@ -181,7 +181,9 @@ def compile_for_target(model: str, target: str, *, programs: tuple[str, ...] | N
             f"({pages_per_request + 1}). " + (f"The smallest slice that fits: {fit} (tensor_parallel_size="
                                               f"{TARGETS[fit].num_chips}); or lower max_model_len" if fit else
                                               "No known slice fits; lower max_model_len or quantize")
-            + ("; or kv_cache_dtype='fp8', whose KV (half the bytes) fits this one." if halved else "."))
+            + ("; or kv_cache_dtype='fp8', which halves the KV: the weights and one request would then fit this "
+               "slice" + (" (before the step's own memory, not yet compiled)." if peak is None else ".")
+               if halved else "."))
 
     if (weights + pages_per_request * block_bytes / tp) > spec.chip.hbm_bytes * utilization:
         # before compiling anything: not even the weights and one request fit

@@ -176,12 +176,12 @@ def test_a_model_too_large_for_the_slice_or_an_unknown_target_is_refused_by_name
     with pytest.raises(ValueError, match=r"Unknown target 'tpu-v9-1'; known targets: tpu-v5e-1, .*tpu-v6e-4"):
         compile_for_target(str(tmp_path), "tpu-v9-1")
     # Llama 3.1 8B in AWQ's 4 bits (packed two a byte on TPU: 5.6 GiB with its float head and
-    # embedding) at its 131,072 tokens: one request's bfloat16 KV (16 GiB) does not fit, its
-    # fp8 KV does.
+    # embedding) at its 131,072 tokens: one request's bfloat16 KV (16 GiB) does not fit; the
+    # refusal points at an fp8 KV, which halves it (not yet counting the step's own memory).
     awq = dict(llama3_8b, max_position_embeddings=131072, quantization_config=dict(
         quant_method="awq", bits=4, group_size=128, zero_point=True, version="gemm"))
     (tmp_path / "config.json").write_text(json.dumps(awq))
-    with pytest.raises(ValueError, match=r"5\.61 GiB of weights per chip .* kv_cache_dtype='fp8', whose KV"):
+    with pytest.raises(ValueError, match=r"5\.61 GiB of weights per chip .* kv_cache_dtype='fp8', which halves the KV"):
         compile_for_target(str(tmp_path), "tpu-v5e-1")
 
 
