@@ -4,6 +4,8 @@ features, never dequantized to float.
 
 - Q4_0: 32 values, an f16 scale d, 16 bytes of nibbles (value j low, j + 16 high): (q - 8) d.
 - Q4_1: 32 values, d and a minimum m (f16), nibbles as Q4_0: q d + m.
+- Q5_0: 32 values, d, 4 bytes of fifth bits (bit j for value j), nibbles as Q4_0: (q - 16) d.
+- Q5_1: as Q5_0 with a minimum m after d: q d + m.
 - Q8_0: 32 values, d, 32 int8: q d.
 - Q4_K: 256 values in 8 groups of 32: d and dmin (f16), 12 bytes holding each group's 6-bit
   scale and minimum, 128 bytes of nibbles (groups 2i and 2i + 1 in the low and high nibbles of
